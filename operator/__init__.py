@@ -1,0 +1,1 @@
+"""zerotrain.operator: the kopf operator for ZeroTrainingJob. Imports no torch."""

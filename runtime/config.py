@@ -1,0 +1,105 @@
+"""The runtime's configuration (`spec.zero` of a ZeroTrainingJob).
+
+Torch-free on purpose: the operator embeds this model in the CRD schema and must not import torch.
+"""
+
+from __future__ import annotations
+
+from enum import Enum, IntEnum
+
+from pydantic import ConfigDict, Field, model_validator
+
+from zerotrain._model import SpecModel
+
+
+class Stage(IntEnum):
+    """ZeRO stage: what is partitioned across the data-parallel ranks."""
+
+    DATA_PARALLEL = 0
+    OPTIMIZER_STATES = 1
+    GRADIENTS = 2
+    PARAMETERS = 3
+
+
+class Precision(str, Enum):
+    """Floating-point format of a tensor class."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+
+
+class LossScaleConfig(SpecModel):
+    """Dynamic loss scaling, used only when `precision` is fp16."""
+
+    initial_scale: float = Field(default=2.0**16, gt=0)
+    """Loss scale at the first step."""
+    growth_factor: float = Field(default=2.0, gt=1)
+    """Factor the scale grows by after `growthInterval` steps without overflow."""
+    backoff_factor: float = Field(default=0.5, gt=0, lt=1)
+    """Factor the scale shrinks by on a step whose gradients overflowed (that step is skipped)."""
+    growth_interval: int = Field(default=1000, ge=1)
+    """Consecutive finite steps before the scale grows."""
+    min_scale: float = Field(default=1.0, gt=0)
+    """The scale never falls below this."""
+
+
+class ZeroConfig(SpecModel):
+    """How the ZeRO runtime partitions, communicates and saves memory."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.offloadActivationCheckpoints) || !self.offloadActivationCheckpoints || "
+                    "(has(self.activationCheckpointing) && self.activationCheckpointing)",
+                    "message": "offloadActivationCheckpoints needs activationCheckpointing; enable it or turn the offload off",
+                },
+            ]
+        }
+    )
+
+    stage: Stage = Stage.PARAMETERS
+    """ZeRO stage 0-3: 0 plain data parallel, 1 shards optimizer states, 2 also gradients, 3 also parameters."""
+    unit_modules: list[str] = Field(default_factory=list)
+    """Module class names that each form one partition unit (e.g. the transformer block class); every
+    other parameter goes into the root unit. Stage 3 gathers one unit at a time."""
+    precision: Precision = Precision.FP32
+    """Compute dtype of forward and backward; master weights and optimizer state stay fp32."""
+    reduce_dtype: Precision = Precision.FP32
+    """Dtype gradients are reduced in."""
+    loss_scale: LossScaleConfig = Field(default_factory=LossScaleConfig)
+    """Dynamic loss scaling for fp16."""
+    reduce_bucket_elements: int = Field(default=50_000_000, ge=1)
+    """Elements per gradient-reduction bucket (a constant-size, reused buffer; ZeRO-R)."""
+    allgather_bucket_elements: int = Field(default=50_000_000, ge=1)
+    """Elements per parameter all-gather bucket for stages 1 and 2."""
+    prefetch_units: int = Field(default=1, ge=0)
+    """Stage 3: how many units ahead to start gathering asynchronously, so communication overlaps compute."""
+    param_persistence_elements: int = Field(default=0, ge=0)
+    """Stage 3: units with at most this many elements stay gathered (resident) instead of being freed."""
+    overlap_comm: bool = True
+    """Launch gradient reduction while backward still runs."""
+    contiguous_gradients: bool = True
+    """Keep reduced gradient shards in one contiguous buffer (ZeRO-R memory defragmentation)."""
+    activation_checkpointing: bool = False
+    """Recompute each unit's activations in backward instead of storing them (ZeRO-R)."""
+    offload_activation_checkpoints: bool = False
+    """Keep checkpointed activations in host memory (ZeRO-R Pa+cpu); needs activationCheckpointing."""
+    gradient_accumulation_steps: int = Field(default=1, ge=1)
+    """Micro-batches whose gradients are summed before one optimizer step."""
+    gradient_clipping: float | None = Field(default=1.0, gt=0)
+    """Clip the global gradient norm (over all shards) to this; null disables clipping."""
+    no_weight_decay: list[str] = Field(default_factory=lambda: ["*.bias", "*norm*"])
+    """Parameter-name glob patterns that get no weight decay (norms and biases by default)."""
+    collective_timeout_seconds: int = Field(default=300, ge=1)
+    """A collective not finished in this time fails with an error naming the rank and unit, never hangs."""
+
+    @model_validator(mode="after")
+    def _offload_needs_checkpointing(self) -> ZeroConfig:
+        if self.offload_activation_checkpoints and not self.activation_checkpointing:
+            raise ValueError(
+                "offloadActivationCheckpoints=true needs activationCheckpointing=true; "
+                "enable activationCheckpointing or turn the offload off"
+            )
+        return self

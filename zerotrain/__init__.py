@@ -1,0 +1,3 @@
+"""zerotrain: ZeRO training on Kubernetes."""
+
+__version__ = "0.1.0"

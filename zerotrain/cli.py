@@ -1,0 +1,38 @@
+"""The `zerotrain` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from rich.console import Console
+
+from zerotrain import __version__
+from zerotrain.commands import crd, plan, validate
+from zerotrain.errors import EXIT_BAD_INPUT, UserError
+
+# Each module adds one subcommand; later subcommands (run, operator, ...) are appended here.
+COMMANDS = [plan, validate, crd]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="zerotrain", description="ZeRO training on Kubernetes and locally.")
+    parser.add_argument("--version", action="version", version=f"zerotrain {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in COMMANDS:
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except UserError as e:
+        Console(stderr=True).print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,27 @@
+"""`zerotrain validate JOB.yaml`: check a manifest the way the operator will, without a cluster."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+
+from zerotrain.manifest import load_job
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("validate", help="check a ZeroTrainingJob manifest", description=__doc__)
+    p.add_argument("manifest", help="path of the ZeroTrainingJob YAML")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    job = load_job(args.manifest)
+    name = job.metadata.get("name", "(unnamed)")
+    spec = job.spec
+    Console().print(
+        f"{args.manifest}: ZeroTrainingJob {name} is valid: stage {spec.zero.stage.value}, "
+        f"{spec.replicas} pod(s) × {spec.nproc_per_node} rank(s) = {spec.world_size} ranks",
+        highlight=False,
+    )
+    return 0

@@ -1,0 +1,45 @@
+"""Reading ZeroTrainingJob manifests from YAML, with errors a user can act on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from zerotrain.errors import UserError, describe_validation_error
+from zerotrain.spec import KIND, ZeroTrainingJob, ZeroTrainingJobSpec
+
+
+def parse_job(doc: Any, source: str = "manifest") -> ZeroTrainingJob:
+    """Validate one manifest document; UserError names every bad field, its value and the fix."""
+    if not isinstance(doc, dict):
+        raise UserError(f"{source}: expected a {KIND} mapping, got {type(doc).__name__}")
+    try:
+        return ZeroTrainingJob.model_validate(doc)
+    except ValidationError as e:
+        raise UserError(f"{source} is invalid:\n{describe_validation_error(e, model=ZeroTrainingJob)}") from None
+
+
+def parse_spec(spec: Any, source: str = "spec") -> ZeroTrainingJobSpec:
+    """Validate a bare `spec` (as the operator receives it); field paths start with `spec.`."""
+    try:
+        return ZeroTrainingJobSpec.model_validate(spec)
+    except ValidationError as e:
+        raise UserError(describe_validation_error(e, prefix="spec", model=ZeroTrainingJobSpec)) from None
+
+
+def load_job(path: str | Path) -> ZeroTrainingJob:
+    """Read and validate the single ZeroTrainingJob in a YAML file."""
+    p = Path(path)
+    try:
+        docs = [d for d in yaml.safe_load_all(p.read_text()) if d is not None]
+    except OSError as e:
+        raise UserError(f"{p}: cannot read manifest ({e.strerror}); check the path") from None
+    except yaml.YAMLError as e:
+        raise UserError(f"{p}: not valid YAML: {e}") from None
+    jobs = [d for d in docs if isinstance(d, dict) and d.get("kind") == KIND]
+    if len(jobs) != 1:
+        raise UserError(f"{p}: expected exactly one {KIND} document, found {len(jobs)}; put one job per file")
+    return parse_job(jobs[0], source=str(p))

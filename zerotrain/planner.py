@@ -1,0 +1,182 @@
+"""The ZeRO memory planner: per-device model-state memory and communication volume by stage.
+
+Pure arithmetic after the ZeRO paper (Rajbhandari et al., 2020), with Ψ parameters, data-parallel
+size N, K optimizer-state bytes per parameter and the bytes of one weight and one gradient:
+
+    stage 0  (w + g + K)·Ψ          stage 1  w·Ψ + g·Ψ + K·Ψ/N
+    stage 2  w·Ψ + (g + K)·Ψ/N      stage 3  (w + g + K)·Ψ/N
+
+Communication per step, in elements moved by each rank's collectives, is 2Ψ for stages 0-2
+(all-reduce = reduce-scatter + all-gather) and 3Ψ for stage 3 (a second parameter all-gather in
+backward). Activation recomputation in stage 3 costs one more all-gather (+Ψ) only when a recomputed
+segment's parameters were freed before backward; the zerotrain runtime gathers a unit once for its
+recompute and its backward, so it stays at 3Ψ.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import Field
+
+from zerotrain._model import SpecModel
+from zerotrain.runtime.config import Stage
+
+DEFAULT_HEADROOM = 0.2
+
+
+class PlanInput(SpecModel):
+    """What the planner needs."""
+
+    parameters: int = Field(ge=1)
+    """Ψ, the model's parameter count."""
+    data_parallel: int = Field(ge=1)
+    """N, the data-parallel size (world size)."""
+    optimizer_multiplier: float = Field(default=12.0, gt=0)
+    """K, optimizer-state bytes per parameter (12: fp32 master copy, momentum and variance)."""
+    bytes_per_weight: float = Field(default=2.0, gt=0)
+    """Bytes of one compute-precision weight (2 for fp16/bf16)."""
+    bytes_per_gradient: float = Field(default=2.0, gt=0)
+    """Bytes of one gradient element (2 for fp16/bf16)."""
+    device_memory: int | None = Field(default=None, ge=1)
+    """Bytes of one device; enables the recommendation."""
+    headroom: float = Field(default=DEFAULT_HEADROOM, ge=0, lt=1)
+    """Fraction of device memory kept free for activations, buffers and fragmentation."""
+
+
+class StagePlan(SpecModel):
+    """One stage's cost per device."""
+
+    stage: Stage
+    """ZeRO stage."""
+    model_state_bytes: int
+    """Parameters + gradients + optimizer states on one device."""
+    parameter_bytes: int
+    """Weights held by one device."""
+    gradient_bytes: int
+    """Gradients held by one device."""
+    optimizer_bytes: int
+    """Optimizer states held by one device."""
+    comm_elements_per_step: int
+    """Elements each rank sends per optimizer step (Ψ multiples, before the (N-1)/N ring factor)."""
+    comm_elements_with_recompute: int
+    """The same when activation recomputation re-gathers freed parameters (stage 3 only differs)."""
+    fits: bool | None = None
+    """Whether model states fit within the usable device memory (null: no device memory given)."""
+
+
+class MemoryPlan(SpecModel):
+    """The verdict for one job."""
+
+    parameters: int
+    """Ψ."""
+    data_parallel: int
+    """N."""
+    optimizer_multiplier: float
+    """K."""
+    device_memory: int | None = None
+    """Bytes of one device, when known."""
+    usable_memory: int | None = None
+    """Device memory less headroom."""
+    stages: list[StagePlan]
+    """Costs of stages 0-3."""
+    recommended_stage: Stage | None = None
+    """Lowest stage that fits (least communication); null if none fits or no device memory is known."""
+    reason: str = ""
+    """Why this stage, or what would fit."""
+
+
+def stage_bytes(stage: Stage, p: PlanInput) -> tuple[float, float, float]:
+    """(parameter, gradient, optimizer) bytes per device for one stage."""
+    psi, n = float(p.parameters), float(p.data_parallel)
+    w, g, k = p.bytes_per_weight * psi, p.bytes_per_gradient * psi, p.optimizer_multiplier * psi
+    shard = {
+        Stage.DATA_PARALLEL: (1, 1, 1),
+        Stage.OPTIMIZER_STATES: (1, 1, n),
+        Stage.GRADIENTS: (1, n, n),
+        Stage.PARAMETERS: (n, n, n),
+    }[stage]
+    return w / shard[0], g / shard[1], k / shard[2]
+
+
+def comm_elements(stage: Stage, parameters: int, recompute_regathers: bool = False) -> int:
+    """Elements moved per step: 2Ψ for stages 0-2, 3Ψ for stage 3 (+Ψ if recompute re-gathers)."""
+    if stage < Stage.PARAMETERS:
+        return 2 * parameters
+    return (4 if recompute_regathers else 3) * parameters
+
+
+def min_data_parallel(stage: Stage, p: PlanInput, usable: float) -> int | None:
+    """Smallest N at which `stage` fits in `usable` bytes, or None if no N does."""
+    psi = float(p.parameters)
+    w, g, k = p.bytes_per_weight * psi, p.bytes_per_gradient * psi, p.optimizer_multiplier * psi
+    fixed, sharded = {
+        Stage.DATA_PARALLEL: (w + g + k, 0.0),
+        Stage.OPTIMIZER_STATES: (w + g, k),
+        Stage.GRADIENTS: (w, g + k),
+        Stage.PARAMETERS: (0.0, w + g + k),
+    }[stage]
+    if fixed > usable or (sharded > 0 and fixed == usable):
+        return None
+    return 1 if sharded == 0 else max(1, math.ceil(sharded / (usable - fixed)))
+
+
+def plan(p: PlanInput) -> MemoryPlan:
+    """The per-stage costs and, with a device memory, the recommended stage and why."""
+    usable = None if p.device_memory is None else int(p.device_memory * (1 - p.headroom))
+    stages = []
+    for stage in Stage:
+        pb, gb, ob = stage_bytes(stage, p)
+        total = pb + gb + ob
+        stages.append(
+            StagePlan(
+                stage=stage,
+                model_state_bytes=round(total),
+                parameter_bytes=round(pb),
+                gradient_bytes=round(gb),
+                optimizer_bytes=round(ob),
+                comm_elements_per_step=comm_elements(stage, p.parameters),
+                comm_elements_with_recompute=comm_elements(stage, p.parameters, recompute_regathers=True),
+                fits=None if usable is None else total <= usable,
+            )
+        )
+    result = MemoryPlan(
+        parameters=p.parameters,
+        data_parallel=p.data_parallel,
+        optimizer_multiplier=p.optimizer_multiplier,
+        device_memory=p.device_memory,
+        usable_memory=usable,
+        stages=stages,
+    )
+    if usable is not None:
+        result.recommended_stage, result.reason = _recommend(p, stages, usable)
+    return result
+
+
+def _recommend(p: PlanInput, stages: list[StagePlan], usable: int) -> tuple[Stage | None, str]:
+    budget = f"{format_bytes(usable)} usable ({format_bytes(p.device_memory or 0)} less {p.headroom:.0%} headroom)"
+    for sp in stages:
+        if sp.fits:
+            lower = ""
+            if sp.stage > Stage.DATA_PARALLEL:
+                prev = stages[sp.stage - 1]
+                lower = f"; stage {prev.stage.value} would need {format_bytes(prev.model_state_bytes)}"
+            comm = "2Ψ" if sp.stage < Stage.PARAMETERS else "3Ψ"
+            return sp.stage, (
+                f"stage {sp.stage.value} is the lowest that fits: {format_bytes(sp.model_state_bytes)} of model "
+                f"states per device within {budget}{lower}; it moves {comm} per step"
+            )
+    need = min_data_parallel(Stage.PARAMETERS, p, usable)
+    hint = f"stage 3 fits from N = {need} ranks" if need else "no data-parallel size fits"
+    return None, (
+        f"no stage fits: even stage 3 needs {format_bytes(stages[-1].model_state_bytes)} per device, more than "
+        f"{budget}; {hint}, or use devices with more memory"
+    )
+
+
+def format_bytes(n: float) -> str:
+    """Decimal units, as the ZeRO paper counts (GB = 1e9 bytes)."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:.0f} B"

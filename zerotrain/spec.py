@@ -1,0 +1,427 @@
+"""The ZeroTrainingJob resource (`zerotrain.dev/v1alpha1`) as pydantic models.
+
+One source of truth: the operator validates manifests with these models, `zerotrain run` reads them,
+and `zerotrain crd` generates the CRD's OpenAPI schema from them.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from enum import Enum
+from typing import Any
+
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from zerotrain._model import SpecModel
+from zerotrain.planner import MemoryPlan
+from zerotrain.runtime.config import ZeroConfig
+
+GROUP = "zerotrain.dev"
+VERSION = "v1alpha1"
+KIND = "ZeroTrainingJob"
+PLURAL = "zerotrainingjobs"
+SINGULAR = "zerotrainingjob"
+SHORT_NAMES = ["ztj"]
+API_VERSION = f"{GROUP}/{VERSION}"
+
+_ENTRYPOINT = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$|^\S+\.py$")
+_QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
+
+
+class GangMode(str, Enum):
+    """How the pods of a job are scheduled together."""
+
+    NONE = "none"
+    COSCHEDULING = "coscheduling"
+    VOLCANO = "volcano"
+
+
+class OptimizerName(str, Enum):
+    """The element-wise torch optimizer run on each rank's fp32 shard."""
+
+    ADAMW = "adamw"
+    ADAM = "adam"
+    SGD = "sgd"
+
+
+class Resources(SpecModel):
+    """Compute resources of one pod (all its local ranks together)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.gpuMemory) || (has(self.gpu) && self.gpu > 0)",
+                    "message": "gpuMemory is set but gpu is 0; request GPUs with resources.gpu or drop gpuMemory",
+                },
+            ]
+        }
+    )
+
+    cpu: str | None = Field(default=None, pattern=_QUANTITY)
+    """CPU request and limit per pod, a Kubernetes quantity (e.g. "8" or "500m")."""
+    memory: str | None = Field(default=None, pattern=_QUANTITY)
+    """Memory request and limit per pod, a Kubernetes quantity (e.g. "64Gi")."""
+    gpu: int = Field(default=0, ge=0)
+    """`nvidia.com/gpu` per pod; normally equal to nprocPerNode."""
+    gpu_memory: str | None = Field(default=None, pattern=_QUANTITY)
+    """Memory of one GPU (e.g. "80Gi"), used by admission to check the memory plan fits."""
+
+    @model_validator(mode="after")
+    def _gpu_memory_needs_gpu(self) -> Resources:
+        if self.gpu_memory is not None and self.gpu == 0:
+            raise ValueError("gpuMemory is set but gpu is 0; request GPUs with resources.gpu or drop gpuMemory")
+        return self
+
+
+class ModelInfo(SpecModel):
+    """What the operator needs to know about the model to plan memory."""
+
+    parameters: int | None = Field(default=None, ge=1)
+    """Total parameter count Ψ; enables the memory plan at admission."""
+    optimizer_multiplier: float = Field(default=12.0, gt=0)
+    """K: optimizer-state bytes per parameter (12 for mixed-precision Adam: fp32 master, momentum, variance)."""
+
+
+class OptimizerSpec(SpecModel):
+    """Optimizer hyper-parameters."""
+
+    name: OptimizerName = OptimizerName.ADAMW
+    """Which torch optimizer."""
+    lr: float = Field(default=1e-3, gt=0)
+    """Learning rate."""
+    weight_decay: float = Field(default=0.0, ge=0)
+    """Decoupled (AdamW) or L2 (Adam, SGD) weight decay, except on zero.noWeightDecay parameters."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """Adam betas."""
+    eps: float = Field(default=1e-8, gt=0)
+    """Adam epsilon."""
+    momentum: float = Field(default=0.0, ge=0)
+    """SGD momentum."""
+
+
+class TrainingSpec(SpecModel):
+    """The training loop the runtime drives."""
+
+    steps: int = Field(default=100, ge=1)
+    """Optimizer steps to run."""
+    optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
+    """Optimizer and its hyper-parameters."""
+    seed: int = 0
+    """Random seed (model initialisation and data order are identical on every rank)."""
+    log_every: int = Field(default=1, ge=1)
+    """Report loss and throughput every this many steps."""
+
+
+class CheckpointSpec(SpecModel):
+    """Where and how often sharded checkpoints are written."""
+
+    claim_name: str | None = None
+    """PersistentVolumeClaim mounted at `path` in every pod; without it the path is an emptyDir."""
+    path: str = "/checkpoints"
+    """Directory of the checkpoints (in the pod, or on the local disk for `zerotrain run`)."""
+    interval_steps: int = Field(default=100, ge=1)
+    """Save every this many optimizer steps (and at the end)."""
+    keep_last: int = Field(default=3, ge=1)
+    """How many complete checkpoints to keep; older ones are deleted after a newer one commits."""
+
+
+class MetricsSpec(SpecModel):
+    """Per-rank Prometheus metrics."""
+
+    enabled: bool = True
+    """Serve /metrics from every rank."""
+    port: int = Field(default=9400, ge=1024, le=65535)
+    """Port of local rank 0; local rank r serves on port + r."""
+
+
+class FailurePolicy(SpecModel):
+    """What a failed rank does to the job."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.permanentExitCodes) || !has(self.retryableExitCodes) || self.permanentExitCodes.all(c, !(c in self.retryableExitCodes))",
+                    "message": "an exit code is both permanent and retryable; list each code in only one of permanentExitCodes and retryableExitCodes",
+                },
+            ]
+        }
+    )
+
+    backoff_limit: int = Field(default=3, ge=0)
+    """Gang restarts allowed for failures (preemption and eviction don't count)."""
+    permanent_exit_codes: list[int] = Field(default_factory=lambda: [2], max_length=64)
+    """Exit codes that fail the job at once (2: the runtime refused its configuration)."""
+    retryable_exit_codes: list[int] = Field(default_factory=list, max_length=64)
+    """If non-empty, only these codes restart the gang; any other non-zero code fails the job."""
+
+    @model_validator(mode="after")
+    def _disjoint(self) -> FailurePolicy:
+        both = sorted(set(self.permanent_exit_codes) & set(self.retryable_exit_codes))
+        if both:
+            raise ValueError(
+                f"exit codes {both} are both permanent and retryable; list each code in only one of "
+                "permanentExitCodes and retryableExitCodes"
+            )
+        return self
+
+
+class Toleration(SpecModel):
+    """A Kubernetes toleration."""
+
+    key: str | None = None
+    """Taint key; empty with operator Exists matches every taint."""
+    operator: str = Field(default="Equal", pattern="^(Equal|Exists)$")
+    """Equal or Exists."""
+    value: str | None = None
+    """Taint value for Equal."""
+    effect: str | None = Field(default=None, pattern="^(NoSchedule|PreferNoSchedule|NoExecute)$")
+    """Taint effect to tolerate; empty means all."""
+    toleration_seconds: int | None = None
+    """For NoExecute: how long the pod stays bound after the taint appears."""
+
+
+class Scheduling(SpecModel):
+    """Placement of the job's pods."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.gang) || self.gang != 'volcano' || !has(self.schedulerName) || self.schedulerName == 'volcano'",
+                    "message": "gang=volcano needs schedulerName volcano; drop schedulerName or set it to volcano",
+                },
+            ]
+        }
+    )
+
+    scheduler_name: str | None = None
+    """Scheduler of the pods (set automatically for gang modes when empty)."""
+    priority_class_name: str | None = None
+    """PriorityClass of the pods."""
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    """Node labels the pods require."""
+    tolerations: list[Toleration] = Field(default_factory=list)
+    """Taints the pods tolerate."""
+    gang: GangMode = GangMode.NONE
+    """Gang scheduling: none, coscheduling (scheduler-plugins PodGroup) or volcano (Volcano PodGroup)."""
+    startup_timeout_seconds: int = Field(default=600, ge=1)
+    """A pod Pending longer than this is reported in the Unschedulable condition."""
+
+    @model_validator(mode="after")
+    def _volcano_scheduler(self) -> Scheduling:
+        if self.gang == GangMode.VOLCANO and self.scheduler_name not in (None, "volcano"):
+            raise ValueError(
+                f"gang=volcano needs schedulerName volcano, got {self.scheduler_name!r}; "
+                "drop schedulerName or set it to volcano"
+            )
+        return self
+
+
+class EnvVar(SpecModel):
+    """An environment variable for every rank."""
+
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    """Variable name."""
+    value: str = ""
+    """Variable value."""
+
+
+class VolumeMount(SpecModel):
+    """A volume mounted into the training container."""
+
+    name: str
+    """Name of a volume in `volumes`."""
+    mount_path: str
+    """Path in the container."""
+    read_only: bool = False
+    """Mount read-only."""
+    sub_path: str | None = None
+    """Sub-path of the volume to mount."""
+
+
+class ZeroTrainingJobSpec(SpecModel):
+    """Desired state of a ZeRO training job."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.resources) || !has(self.resources.gpu) || self.resources.gpu == 0 || self.resources.gpu == self.nprocPerNode",
+                    "message": "resources.gpu must equal nprocPerNode (one GPU per rank) or be 0 for CPU training",
+                },
+            ]
+        }
+    )
+
+    image: str = Field(min_length=1)
+    """Container image with zerotrain, torch and the entry point's code."""
+    entrypoint: str
+    """`package.module:function` returning model, loss and data for a rank, or a script path ending in .py."""
+    args: list[str] = Field(default_factory=list)
+    """Arguments for a script entry point."""
+    entrypoint_args: dict[str, Any] = Field(
+        default_factory=dict, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True}
+    )
+    """Keyword arguments passed to a `module:function` entry point (model size, data, batch size...)."""
+    replicas: int = Field(default=1, ge=1)
+    """Pods (nodes) in the gang."""
+    nproc_per_node: int = Field(default=1, ge=1)
+    """Ranks per pod; world size = replicas × nprocPerNode."""
+    resources: Resources = Field(default_factory=Resources)
+    """Per-pod resources."""
+    zero: ZeroConfig = Field(default_factory=ZeroConfig)
+    """The ZeRO runtime configuration."""
+    training: TrainingSpec = Field(default_factory=TrainingSpec)
+    """Steps, optimizer and seed."""
+    model: ModelInfo = Field(default_factory=ModelInfo)
+    """Model facts for memory planning."""
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    """Sharded checkpoints."""
+    metrics: MetricsSpec = Field(default_factory=MetricsSpec)
+    """Prometheus metrics of each rank."""
+    failure_policy: FailurePolicy = Field(default_factory=FailurePolicy)
+    """Restarts and permanent failures."""
+    active_deadline_seconds: int | None = Field(default=None, ge=1)
+    """Fail the job when it has run this long."""
+    ttl_seconds_after_finished: int | None = Field(default=None, ge=0)
+    """Delete the job this long after it succeeded or failed."""
+    suspend: bool = False
+    """Delete the pods but keep the job; setting it back to false resumes from the newest checkpoint."""
+    scheduling: Scheduling = Field(default_factory=Scheduling)
+    """Pod placement."""
+    env: list[EnvVar] = Field(default_factory=list)
+    """Extra environment of every rank."""
+    volumes: list[dict[str, Any]] = Field(
+        default_factory=list,
+        json_schema_extra={"items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+    )
+    """Extra pod volumes (Kubernetes Volume objects)."""
+    volume_mounts: list[VolumeMount] = Field(default_factory=list)
+    """Mounts of `volumes` into the training container."""
+
+    @field_validator("entrypoint")
+    @classmethod
+    def _entrypoint_form(cls, v: str) -> str:
+        if not _ENTRYPOINT.match(v):
+            raise ValueError("must be `package.module:function` or a script path ending in .py")
+        return v
+
+    @model_validator(mode="after")
+    def _one_gpu_per_rank(self) -> ZeroTrainingJobSpec:
+        if self.resources.gpu not in (0, self.nproc_per_node):
+            raise ValueError(
+                f"resources.gpu is {self.resources.gpu} but nprocPerNode is {self.nproc_per_node}; each rank "
+                "drives one GPU, so set resources.gpu to nprocPerNode (or 0 for CPU training)"
+            )
+        return self
+
+    @property
+    def world_size(self) -> int:
+        """Total ranks."""
+        return self.replicas * self.nproc_per_node
+
+
+class Phase(str, Enum):
+    """Lifecycle phase of a job."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    SUSPENDED = "Suspended"
+
+
+class Condition(SpecModel):
+    """A Kubernetes-style condition."""
+
+    type: str
+    """Condition type (Created, Running, Restarting, Succeeded, Failed, Suspended, InvalidSpec, ...)."""
+    status: str = Field(pattern="^(True|False|Unknown)$")
+    """True, False or Unknown."""
+    reason: str = ""
+    """CamelCase machine-readable reason."""
+    message: str = ""
+    """Human-readable detail."""
+    last_transition_time: datetime | None = None
+    """When status last changed."""
+
+
+class RankCounts(SpecModel):
+    """Ranks by state (a pod's ranks count together)."""
+
+    total: int = 0
+    """Ranks the job runs."""
+    ready: int = 0
+    """Ranks in Ready pods."""
+    running: int = 0
+    """Ranks in Running pods."""
+    succeeded: int = 0
+    """Ranks in Succeeded pods."""
+    failed: int = 0
+    """Ranks in Failed pods."""
+
+
+class Restarts(SpecModel):
+    """Gang restarts."""
+
+    total: int = 0
+    """All gang restarts."""
+    failures: int = 0
+    """Restarts counted against failurePolicy.backoffLimit."""
+    by_cause: dict[str, int] = Field(default_factory=dict)
+    """Restarts per cause (Failed, Evicted, Preempted, NodeLost...)."""
+
+
+class CheckpointStatus(SpecModel):
+    """The newest committed checkpoint."""
+
+    step: int
+    """Optimizer step it holds."""
+    path: str = ""
+    """Its directory."""
+    time: datetime | None = None
+    """When it was committed."""
+
+
+class ZeroTrainingJobStatus(SpecModel):
+    """Observed state of a ZeRO training job."""
+
+    phase: Phase = Phase.PENDING
+    """Pending, Running, Restarting, Succeeded, Failed or Suspended."""
+    conditions: list[Condition] = Field(default_factory=list)
+    """Latest observations."""
+    ranks: RankCounts = Field(default_factory=RankCounts)
+    """Ranks by state."""
+    restarts: Restarts = Field(default_factory=Restarts)
+    """Gang restarts."""
+    step: int | None = None
+    """Latest optimizer step reported by rank 0."""
+    start_time: datetime | None = None
+    """When the first gang started."""
+    completion_time: datetime | None = None
+    """When the job succeeded or failed."""
+    last_checkpoint: CheckpointStatus | None = None
+    """Newest committed checkpoint; a restarted gang resumes from it."""
+    memory_plan: MemoryPlan | None = None
+    """Per-rank model-state memory by ZeRO stage for this job."""
+    observed_generation: int | None = None
+    """metadata.generation this status describes."""
+
+
+class ZeroTrainingJob(SpecModel):
+    """A whole manifest."""
+
+    api_version: str = Field(default=API_VERSION, pattern=f"^{re.escape(API_VERSION)}$")
+    """Must be zerotrain.dev/v1alpha1."""
+    kind: str = Field(default=KIND, pattern=f"^{KIND}$")
+    """Must be ZeroTrainingJob."""
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    """Kubernetes object metadata."""
+    spec: ZeroTrainingJobSpec
+    """Desired state."""
+    status: ZeroTrainingJobStatus | None = None
+    """Observed state (written by the operator)."""
