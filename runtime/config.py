@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from enum import Enum, IntEnum
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-from zerotrain._model import SpecModel
+from zerotrain._model import SpecModel, cel_rules
 
 
 class Stage(IntEnum):
@@ -47,16 +47,12 @@ class LossScaleConfig(SpecModel):
 class ZeroConfig(SpecModel):
     """How the ZeRO runtime partitions, communicates and saves memory."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                {
-                    "rule": "!has(self.offloadActivationCheckpoints) || !self.offloadActivationCheckpoints || "
-                    "(has(self.activationCheckpointing) && self.activationCheckpointing)",
-                    "message": "offloadActivationCheckpoints needs activationCheckpointing; enable it or turn the offload off",
-                },
-            ]
-        }
+    model_config = cel_rules(
+        (
+            "!has(self.offloadActivationCheckpoints) || !self.offloadActivationCheckpoints "
+            "|| (has(self.activationCheckpointing) && self.activationCheckpointing)",
+            "offloadActivationCheckpoints needs activationCheckpointing; enable it or turn the offload off",
+        ),
     )
 
     stage: Stage = Stage.PARAMETERS

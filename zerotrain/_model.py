@@ -21,3 +21,12 @@ class SpecModel(BaseModel):
     def to_wire(self) -> dict:
         """The camelCase dict a manifest or the API server holds, without unset optional fields."""
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def cel_rules(*rules: tuple[str, str]) -> ConfigDict:
+    """Model config carrying CRD `x-kubernetes-validations` (rule, message) pairs.
+
+    Each rule mirrors a pydantic validator on the same model, so the API server refuses what the operator
+    and `zerotrain run` refuse.
+    """
+    return ConfigDict(json_schema_extra={"x-kubernetes-validations": [{"rule": r, "message": m} for r, m in rules]})

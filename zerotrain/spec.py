@@ -11,9 +11,9 @@ from datetime import datetime
 from enum import Enum
 from typing import Any
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from zerotrain._model import SpecModel
+from zerotrain._model import SpecModel, cel_rules
 from zerotrain.planner import MemoryPlan
 from zerotrain.runtime.config import ZeroConfig
 
@@ -48,15 +48,11 @@ class OptimizerName(str, Enum):
 class Resources(SpecModel):
     """Compute resources of one pod (all its local ranks together)."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                {
-                    "rule": "!has(self.gpuMemory) || (has(self.gpu) && self.gpu > 0)",
-                    "message": "gpuMemory is set but gpu is 0; request GPUs with resources.gpu or drop gpuMemory",
-                },
-            ]
-        }
+    model_config = cel_rules(
+        (
+            "!has(self.gpuMemory) || (has(self.gpu) && self.gpu > 0)",
+            "gpuMemory is set but gpu is 0; request GPUs with resources.gpu or drop gpuMemory",
+        ),
     )
 
     cpu: str | None = Field(default=None, pattern=_QUANTITY)
@@ -139,15 +135,13 @@ class MetricsSpec(SpecModel):
 class FailurePolicy(SpecModel):
     """What a failed rank does to the job."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                {
-                    "rule": "!has(self.permanentExitCodes) || !has(self.retryableExitCodes) || self.permanentExitCodes.all(c, !(c in self.retryableExitCodes))",
-                    "message": "an exit code is both permanent and retryable; list each code in only one of permanentExitCodes and retryableExitCodes",
-                },
-            ]
-        }
+    model_config = cel_rules(
+        (
+            "!has(self.permanentExitCodes) || !has(self.retryableExitCodes) || "
+            "self.permanentExitCodes.all(c, !(c in self.retryableExitCodes))",
+            "an exit code is both permanent and retryable; list each code in only one of "
+            "permanentExitCodes and retryableExitCodes",
+        ),
     )
 
     backoff_limit: int = Field(default=3, ge=0)
@@ -186,15 +180,11 @@ class Toleration(SpecModel):
 class Scheduling(SpecModel):
     """Placement of the job's pods."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                {
-                    "rule": "!has(self.gang) || self.gang != 'volcano' || !has(self.schedulerName) || self.schedulerName == 'volcano'",
-                    "message": "gang=volcano needs schedulerName volcano; drop schedulerName or set it to volcano",
-                },
-            ]
-        }
+    model_config = cel_rules(
+        (
+            "!has(self.gang) || self.gang != 'volcano' || !has(self.schedulerName) || self.schedulerName == 'volcano'",
+            "gang=volcano needs schedulerName volcano; drop schedulerName or set it to volcano",
+        ),
     )
 
     scheduler_name: str | None = None
@@ -245,15 +235,12 @@ class VolumeMount(SpecModel):
 class ZeroTrainingJobSpec(SpecModel):
     """Desired state of a ZeRO training job."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                {
-                    "rule": "!has(self.resources) || !has(self.resources.gpu) || self.resources.gpu == 0 || self.resources.gpu == self.nprocPerNode",
-                    "message": "resources.gpu must equal nprocPerNode (one GPU per rank) or be 0 for CPU training",
-                },
-            ]
-        }
+    model_config = cel_rules(
+        (
+            "!has(self.resources) || !has(self.resources.gpu) || self.resources.gpu == 0 || "
+            "self.resources.gpu == self.nprocPerNode",
+            "resources.gpu must equal nprocPerNode (one GPU per rank) or be 0 for CPU training",
+        ),
     )
 
     image: str = Field(min_length=1)
