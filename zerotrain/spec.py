@@ -238,7 +238,7 @@ class ZeroTrainingJobSpec(SpecModel):
     model_config = cel_rules(
         (
             "!has(self.resources) || !has(self.resources.gpu) || self.resources.gpu == 0 || "
-            "self.resources.gpu == self.nprocPerNode",
+            "self.resources.gpu == (has(self.nprocPerNode) ? self.nprocPerNode : 1)",
             "resources.gpu must equal nprocPerNode (one GPU per rank) or be 0 for CPU training",
         ),
     )

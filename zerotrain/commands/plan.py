@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from enum import Enum
 
 from pydantic import ValidationError
@@ -14,24 +13,8 @@ from rich.table import Table
 from zerotrain.errors import UserError
 from zerotrain.manifest import load_job
 from zerotrain.planner import MemoryPlan, PlanInput, format_bytes, plan
+from zerotrain.quantity import parse_bytes, parse_count
 
-_SUFFIX = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
-_BYTES = {
-    "": 1,
-    "b": 1,
-    "kb": 1e3,
-    "mb": 1e6,
-    "gb": 1e9,
-    "tb": 1e12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-    "ki": 2**10,
-    "mi": 2**20,
-    "gi": 2**30,
-    "ti": 2**40,
-}
 # CLI flag of each PlanInput field, so errors name what the user typed.
 _FLAGS = {
     "parameters": "--params",
@@ -51,16 +34,18 @@ class Output(str, Enum):
     JSON = "json"
 
 
-def parse_count(text: str, flag: str, units: dict[str, float] = _SUFFIX) -> int:
-    """'7.5e9', '7.5B', '1.3b', '80GB', '80GiB' -> an integer."""
-    m = re.fullmatch(r"\s*(-?[0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*", text.lower())
-    if not m or m.group(2) not in units:
-        raise UserError(
-            f"{flag}: got {text!r}; not a number; write it like 7.5e9 or 7.5B"
-            if units is _SUFFIX
-            else f"{flag}: got {text!r}; not a size; write it like 80GB or 80GiB"
-        )
-    return round(float(m.group(1)) * units[m.group(2)])
+def _number(text: str, flag: str) -> int:
+    value = parse_count(text)
+    if value is None:
+        raise UserError(f"{flag}: got {text!r}; not a number; write it like 7.5e9 or 7.5B")
+    return value
+
+
+def _size(text: str, flag: str) -> int:
+    value = parse_bytes(text)
+    if value is None:
+        raise UserError(f"{flag}: got {text!r}; not a size; write it like 80GB, 80G or 80Gi")
+    return value
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -89,13 +74,13 @@ def _inputs(args: argparse.Namespace) -> dict[str, object]:
             optimizer_multiplier=spec.model.optimizer_multiplier,
         )
         if spec.resources.gpu_memory:
-            values["device_memory"] = parse_count(spec.resources.gpu_memory, "spec.resources.gpuMemory", _BYTES)
+            values["device_memory"] = _size(spec.resources.gpu_memory, "spec.resources.gpuMemory")
     if args.params is not None:
-        values["parameters"] = parse_count(args.params, "--params")
+        values["parameters"] = _number(args.params, "--params")
     if args.dp is not None:
-        values["data_parallel"] = parse_count(args.dp, "--dp")
+        values["data_parallel"] = _number(args.dp, "--dp")
     if args.device_memory is not None:
-        values["device_memory"] = parse_count(args.device_memory, "--device-memory", _BYTES)
+        values["device_memory"] = _size(args.device_memory, "--device-memory")
     for field, flag in (
         ("optimizer_multiplier", "k"),
         ("bytes_per_weight", "bytes_per_weight"),

@@ -1,0 +1,39 @@
+# Two commands from a fresh clone: `make demo` (a real run of the embedded default) and `make test`.
+# Both create or update .venv themselves; constraints.txt keeps torch on the local CPU build.
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.zerotrain-installed
+
+.PHONY: demo test lint typecheck crd clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	touch $@
+
+demo: $(STAMP)
+	$(BIN)/zerotrain plan --params 7.5e9 --dp 64 --device-memory 32GB
+
+test: lint $(STAMP)
+	$(BIN)/pytest
+
+lint: $(STAMP) typecheck
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+# mypy cannot follow setuptools' package-dir mapping through an editable install, so it checks a
+# symlinked tree shaped like the installed package (zerotrain/, zerotrain/operator, zerotrain/runtime).
+typecheck: $(STAMP)
+	rm -rf build/typecheck && mkdir -p build/typecheck/zerotrain
+	for f in zerotrain/*; do ln -s "$(CURDIR)/$$f" build/typecheck/zerotrain/; done
+	ln -s "$(CURDIR)/operator" build/typecheck/zerotrain/operator
+	ln -s "$(CURDIR)/runtime" build/typecheck/zerotrain/runtime
+	cd build/typecheck && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml -p zerotrain
+
+crd: $(STAMP)
+	$(BIN)/zerotrain crd
+
+clean:
+	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache

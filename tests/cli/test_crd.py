@@ -1,0 +1,112 @@
+"""The committed CRD is generated from the models, structural, and its CEL rules agree with pydantic."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import celpy
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from zerotrain.crd import CRD_FILENAME, build_crd, render_crd_yaml
+from zerotrain.spec import ZeroTrainingJobSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_committed_crd_is_in_sync() -> None:
+    committed = (ROOT / "crds" / CRD_FILENAME).read_text()
+    assert committed == render_crd_yaml(), "crds/ is stale: run `zerotrain crd` and commit the result"
+
+
+def walk(node: Any, path: str = "") -> Any:
+    yield path, node
+    if isinstance(node, dict):
+        for key, value in node.get("properties", {}).items():
+            yield from walk(value, f"{path}.{key}")
+        if "items" in node:
+            yield from walk(node["items"], f"{path}[]")
+        if isinstance(node.get("additionalProperties"), dict):
+            yield from walk(node["additionalProperties"], f"{path}{{}}")
+
+
+def test_schema_is_structural() -> None:
+    schema = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    text = yaml.safe_dump(schema)
+    for banned in ("$ref", "anyOf", "oneOf", "allOf", "prefixItems", "const:", "title:"):
+        assert banned not in text
+    for path, node in walk(schema):
+        assert "type" in node or node.get("x-kubernetes-preserve-unknown-fields"), f"{path} has no type"
+        if "exclusiveMinimum" in node:
+            assert node["exclusiveMinimum"] is True and "minimum" in node, path
+        if node.get("type") in ("object", "array") or path.endswith((".spec", ".status")):
+            continue
+        assert "description" in node or path.count(".") <= 1 or "[]" in path or "{}" in path, f"{path} undocumented"
+
+
+def test_names_columns_and_status_subresource() -> None:
+    crd = build_crd()
+    names = crd["spec"]["names"]
+    assert (names["kind"], names["plural"], names["shortNames"]) == ("ZeroTrainingJob", "zerotrainingjobs", ["ztj"])
+    version = crd["spec"]["versions"][0]
+    assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
+    columns = [c["name"] for c in version["additionalPrinterColumns"]]
+    assert columns == ["Phase", "Stage", "Ranks", "Step", "Restarts", "Age"]
+
+
+def cel_rules() -> list[tuple[str, str, str]]:
+    schema = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    return [
+        (path, r["rule"], r["message"])
+        for path, node in walk(schema, "spec")
+        for r in node.get("x-kubernetes-validations", [])
+    ]
+
+
+def at(doc: dict[str, Any], path: str) -> Any:
+    for part in path.split(".")[1:]:
+        doc = doc[part]
+    return doc
+
+
+BASE = {"image": "img", "entrypoint": "m:f"}
+CASES = [
+    {"resources": {"gpu": 0, "gpuMemory": "80Gi"}},
+    {"resources": {"gpu": 1, "gpuMemory": "80Gi"}},
+    {"failurePolicy": {"permanentExitCodes": [2, 3], "retryableExitCodes": [3]}},
+    {"failurePolicy": {"permanentExitCodes": [2], "retryableExitCodes": [1]}},
+    {"scheduling": {"gang": "volcano", "schedulerName": "default-scheduler"}},
+    {"scheduling": {"gang": "volcano", "schedulerName": "volcano"}},
+    {"scheduling": {"gang": "coscheduling", "schedulerName": "scheduler-plugins"}},
+    {"zero": {"offloadActivationCheckpoints": True}},
+    {"zero": {"offloadActivationCheckpoints": True, "activationCheckpointing": True}},
+    {"nprocPerNode": 4, "resources": {"gpu": 2}},
+    {"nprocPerNode": 4, "resources": {"gpu": 4}},
+]
+
+
+@pytest.mark.parametrize("patch", CASES)
+def test_cel_rules_agree_with_pydantic(patch: dict[str, Any]) -> None:
+    """Each CEL rule compiles, and the API server would refuse exactly what pydantic refuses."""
+    doc = {**BASE, **patch}
+    try:
+        ZeroTrainingJobSpec.model_validate(doc)
+        pydantic_ok = True
+    except ValidationError:
+        pydantic_ok = False
+    env = celpy.Environment()
+    cel_ok = True
+    for path, rule, _ in cel_rules():
+        try:
+            target = at(doc, path)
+        except KeyError:
+            continue  # the apiserver only evaluates rules on objects that are present
+        if not env.program(env.compile(rule)).evaluate({"self": celpy.json_to_cel(target)}):
+            cel_ok = False
+    assert cel_ok == pydantic_ok
+
+
+def test_every_cel_rule_is_exercised() -> None:
+    assert len(cel_rules()) >= 5

@@ -1,0 +1,87 @@
+"""Manifest validation: one clear message naming the field, the value and the fix; exit status 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from zerotrain.cli import main
+from zerotrain.errors import UserError
+from zerotrain.manifest import parse_spec
+
+GOOD: dict[str, Any] = {
+    "apiVersion": "zerotrain.dev/v1alpha1",
+    "kind": "ZeroTrainingJob",
+    "metadata": {"name": "tiny"},
+    "spec": {
+        "image": "ghcr.io/zerotrain/runtime:0.1.0",
+        "entrypoint": "zerotrain.runtime.examples.gpt:build",
+        "replicas": 2,
+        "zero": {"stage": 3, "unitModules": ["Block"]},
+    },
+}
+
+
+def write(tmp_path: Path, spec_patch: dict[str, Any]) -> Path:
+    doc = yaml.safe_load(yaml.safe_dump(GOOD))
+    doc["spec"].update(spec_patch)
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_valid_manifest(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", str(write(tmp_path, {}))]) == 0
+    assert "is valid: stage 3, 2 pod(s) × 1 rank(s) = 2 ranks" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("patch", "needles"),
+    [
+        ({"replicaz": 2}, ["spec.replicaz", "unknown field", "did you mean 'replicas'"]),
+        ({"zero": {"stage": 4}}, ["spec.zero.stage", "got 4", "0, 1, 2 or 3"]),
+        ({"replicas": 0}, ["spec.replicas", "got 0", "set it to at least 1"]),
+        ({"entrypoint": "not a thing"}, ["spec.entrypoint", "'not a thing'", "package.module:function"]),
+        ({"resources": {"gpuMemory": "80Gi"}}, ["spec.resources", "gpuMemory is set but gpu is 0", "drop gpuMemory"]),
+        ({"zero": {"precision": "fp8"}}, ["spec.zero.precision", "'fp8'", "'fp32', 'bf16' or 'fp16'"]),
+    ],
+)
+def test_bad_manifest_is_refused_with_field_value_and_fix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], patch: dict[str, Any], needles: list[str]
+) -> None:
+    assert main(["validate", str(write(tmp_path, patch))]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    for needle in needles:
+        assert needle in err, err
+
+
+def test_missing_file_and_wrong_kind(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", str(tmp_path / "nope.yaml")]) == 2
+    assert "cannot read manifest" in capsys.readouterr().err
+    other = tmp_path / "pod.yaml"
+    other.write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: x}\n")
+    assert main(["validate", str(other)]) == 2
+    assert "expected exactly one ZeroTrainingJob" in capsys.readouterr().err
+
+
+def test_parse_spec_paths_start_at_spec() -> None:
+    with pytest.raises(UserError, match=r"spec\.failurePolicy: .*both permanent and retryable"):
+        parse_spec({**GOOD["spec"], "failurePolicy": {"permanentExitCodes": [2, 3], "retryableExitCodes": [3]}})
+
+
+def test_plan_reads_the_manifest(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(
+        tmp_path,
+        {
+            "replicas": 8,
+            "nprocPerNode": 8,
+            "resources": {"gpu": 8, "gpuMemory": "32G"},
+            "model": {"parameters": 7_500_000_000},
+        },
+    )
+    assert main(["plan", "-f", str(path), "--output", "json"]) == 0
+    out = yaml.safe_load(capsys.readouterr().out)
+    assert out["dataParallel"] == 64 and out["recommendedStage"] == 2
