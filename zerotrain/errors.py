@@ -74,7 +74,7 @@ def describe_validation_error(err: ValidationError, prefix: str = "", model: typ
             lines.append(f"{field}: unknown field; {fix}remove it or use one of: {', '.join(known)}")
             continue
         if kind == "enum":
-            fix = f"use one of {e.get('ctx', {}).get('expected', '')}"
+            fix = "set it to one of those"
         elif kind == "missing":
             lines.append(f"{field}: required field is missing; add it")
             continue
