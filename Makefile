@@ -8,9 +8,13 @@ STAMP  := $(VENV)/.zerotrain-installed
 
 .PHONY: demo test lint typecheck crd clean
 
+# The repository root has a folder named `operator`; keep the working directory off sys.path so
+# `python -m ...` run from here still finds the standard library's operator module (Python >= 3.11).
+export PYTHONSAFEPATH := 1
+
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
 	touch $@
 
 demo: $(STAMP)
