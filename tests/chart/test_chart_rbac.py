@@ -1,0 +1,77 @@
+"""Least privilege: the chart grants exactly the API calls the operator makes (zerotrain.operator.kube.API_CALLS)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from chart_util import NAMESPACE, Obj, by_kind, one, render
+from zerotrain.operator.kube import API_CALLS, ApiCall
+
+PODGROUP_GROUPS = {"coscheduling": "scheduling.x-k8s.io", "volcano": "scheduling.volcano.sh"}
+# Resources a namespaced Role cannot grant; namespaced mode would need a ClusterRole for any of them.
+CLUSTER_SCOPED = {"namespaces", "nodes", "customresourcedefinitions", "clusterkopfpeerings", "persistentvolumes"}
+
+
+def granted(role: Obj) -> set[ApiCall]:
+    """Every (group, resource, verb) a Role or ClusterRole allows; wildcards and name restrictions are refused."""
+    calls: set[ApiCall] = set()
+    for rule in role["rules"]:
+        assert "nonResourceURLs" not in rule and "resourceNames" not in rule, rule
+        for field in ("apiGroups", "resources", "verbs"):
+            assert "*" not in rule[field], f"wildcard in {field}: {rule}"
+        calls |= {ApiCall(g, r, v) for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+    return calls
+
+
+def _describe(calls: set[ApiCall]) -> list[str]:
+    return sorted(f"{c.verb} {c.group or 'core'}/{c.resource}" for c in calls)
+
+
+def _assert_exact(role: Obj, expected: set[ApiCall]) -> None:
+    grants = granted(role)
+    missing, extra = expected - grants, grants - expected
+    assert not missing, f"{role['kind']} lacks calls the operator makes: {_describe(missing)}"
+    assert not extra, f"{role['kind']} grants more than the operator uses: {_describe(extra)}"
+
+
+def test_api_calls_are_declared() -> None:
+    assert API_CALLS, "zerotrain.operator.kube.API_CALLS is empty"
+    assert all(isinstance(c, ApiCall) for c in API_CALLS)
+
+
+def test_cluster_role_grants_exactly_the_api_calls() -> None:
+    objects = render()
+    _assert_exact(one(objects, "ClusterRole"), set(API_CALLS))
+    binding = one(objects, "ClusterRoleBinding")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": one(objects, "ClusterRole")["metadata"]["name"],
+    }
+    sa = one(objects, "ServiceAccount")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": NAMESPACE}]
+    deployment = one(objects, "Deployment")
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == sa["metadata"]["name"]
+
+
+def test_namespaced_roles_grant_exactly_the_api_calls() -> None:
+    assert not {c.resource for c in API_CALLS} & CLUSTER_SCOPED, "namespaced mode needs a ClusterRole for these"
+    objects = render({"operator": {"scope": "namespaced", "watchNamespaces": ["team-a", "team-b"]}})
+    roles = by_kind(objects, "Role")
+    assert len(roles) == 2
+    for role in roles:
+        _assert_exact(role, set(API_CALLS))
+
+
+@pytest.mark.parametrize("disabled", sorted(PODGROUP_GROUPS))
+def test_gang_scheduling_grants_can_be_dropped(disabled: str) -> None:
+    values: dict[str, Any] = {"rbac": {"gangScheduling": {disabled: False}}}
+    expected = {c for c in API_CALLS if not (c.resource == "podgroups" and c.group == PODGROUP_GROUPS[disabled])}
+    assert expected != set(API_CALLS), f"API_CALLS has no {PODGROUP_GROUPS[disabled]} podgroups to drop"
+    _assert_exact(one(render(values), "ClusterRole"), expected)
+
+
+def test_rbac_create_false_renders_no_rbac() -> None:
+    kinds = {o["kind"] for o in render({"rbac": {"create": False}})}
+    assert not kinds & {"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
