@@ -147,4 +147,4 @@ def test_metrics_disabled_turns_the_endpoint_off() -> None:
 def test_digest_wins_over_tag() -> None:
     digest = "sha256:" + "ab" * 32
     container = one(render({"image": {"digest": digest}}), "Deployment")["spec"]["template"]["spec"]["containers"][0]
-    assert container["image"] == f"ghcr.io/zerotrain/zerotrain-operator@{digest}"
+    assert container["image"] == f"ghcr.io/zerotrain/operator@{digest}"

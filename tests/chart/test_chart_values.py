@@ -153,6 +153,6 @@ def test_notes_tell_how_to_submit_and_where_to_look() -> None:
     assert "kubectl -n default apply -f examples/quickstart.yaml" in notes
     assert "get ztj" in notes and "describe ztj" in notes
     assert "rollout status deployment/zt-zerotrain-operator" in notes
-    assert f"ghcr.io/zerotrain/zerotrain-runtime:{zerotrain.__version__}" in notes
+    assert f"ghcr.io/zerotrain/runtime:{zerotrain.__version__}" in notes
     namespaced = render_templates({"operator": {"scope": "namespaced", "watchNamespaces": ["team-a"]}})
     assert "kubectl -n team-a apply -f examples/quickstart.yaml" in namespaced["zerotrain-operator/templates/NOTES.txt"]

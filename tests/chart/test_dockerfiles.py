@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -195,3 +196,43 @@ def test_operator_code_runs_without_torch() -> None:
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd="/")
     assert result.returncode == 0, f"the operator needs torch:\n{result.stderr[-3000:]}"
     assert "--namespace" in result.stdout
+
+
+def test_the_wheel_the_images_install_holds_every_module(tmp_path: Path) -> None:
+    """Build the wheel from exactly what the Dockerfiles COPY (a non-editable install, unlike the dev venv) and check
+    no module is left out, e.g. a subpackage missing from pyproject's `packages`."""
+    context = tmp_path / "context"
+    for ins, value in _instructions(OPERATOR) + _instructions(RUNTIME):
+        if ins == "COPY" and not value.startswith("--from"):
+            for source in value.split()[:-1]:
+                src = ROOT / source
+                if src.is_dir():
+                    shutil.copytree(
+                        src, context / source, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__")
+                    )
+                else:
+                    (context / source).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(src, context / source)
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), "."],
+        cwd=context,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (wheel,) = tmp_path.glob("zerotrain-*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        shipped = {n for n in zf.namelist() if n.endswith(".py")}
+    folders = {"zerotrain": "zerotrain", "operator": "zerotrain/operator", "runtime": "zerotrain/runtime"}
+    expected = {
+        f"{package}/{py.relative_to(ROOT / folder).as_posix()}"
+        for folder, package in folders.items()
+        for py in (ROOT / folder).rglob("*.py")
+        if "__pycache__" not in py.parts
+    }
+    missing = sorted(expected - shipped)
+    assert not missing, (
+        f"pip install . leaves out {missing}: add their packages to [tool.setuptools] packages/package-dir in "
+        "pyproject.toml"
+    )
