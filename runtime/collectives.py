@@ -1,0 +1,184 @@
+"""The only module that calls torch.distributed collectives; it counts bytes and seconds per op.
+
+Byte convention (what a ring algorithm sends per rank; the ZeRO paper's unit): for a flat buffer of
+n elements of e bytes over N ranks, all-gather and reduce-scatter each send n·(N-1)/N·e bytes,
+all-reduce (= reduce-scatter + all-gather) 2·n·(N-1)/N·e, broadcast n·e from the source. `payload`
+is the plain tensor size (n·e) for reference. Seconds are wall time the caller spent inside the
+op: the blocking call, or for an async op its launch plus the time `wait()` blocked. Nothing here
+adds a synchronisation: no barrier, no device sync, no extra collective.
+
+gloo has no PREMUL_SUM and no AVG: reductions are plain SUM and the caller divides (before the sum
+when reducing in fp16, after it otherwise; see `strategies`). gloo has no uneven collectives either:
+every buffer reaching this module is padded to a multiple of N (`partition`). Both are said here
+rather than emulated: an uneven size raises.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from zerotrain.runtime.errors import CollectiveTimeoutError
+
+# torch 2.13 renamed the flat collectives (the old names warn); older torch has only the old names.
+_all_gather_flat = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+_reduce_scatter_flat = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+
+
+@dataclass
+class OpStats:
+    """Totals for one collective op."""
+
+    calls: int = 0
+    bytes: int = 0
+    payload_bytes: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class CommStats:
+    """Per-op totals plus the live and peak bytes of buffers allocated only for communication."""
+
+    ops: dict[str, OpStats] = field(default_factory=dict)
+    buffer_bytes: int = 0
+    peak_buffer_bytes: int = 0
+
+    def record(self, op: str, ring_bytes: int, payload: int, seconds: float) -> None:
+        s = self.ops.setdefault(op, OpStats())
+        s.calls += 1
+        s.bytes += ring_bytes
+        s.payload_bytes += payload
+        s.seconds += seconds
+
+    def total_bytes(self) -> int:
+        return sum(s.bytes for s in self.ops.values())
+
+    def hold(self, t: torch.Tensor) -> None:
+        self.buffer_bytes += t.numel() * t.element_size()
+        self.peak_buffer_bytes = max(self.peak_buffer_bytes, self.buffer_bytes)
+
+    def release(self, t: torch.Tensor) -> None:
+        self.buffer_bytes -= t.numel() * t.element_size()
+
+
+class Pending:
+    """An async collective; `wait()` blocks (bounded by the timeout) and records the time spent."""
+
+    def __init__(self, comm: Comm, work: dist.Work | None, op: str, unit: str, nbytes: tuple[int, int], t0: float):
+        self._comm, self._work, self.op, self.unit = comm, work, op, unit
+        self._nbytes, self._spent = nbytes, time.perf_counter() - t0
+        self.done = work is None
+
+    def wait(self) -> None:
+        if self.done:
+            return
+        t0 = time.perf_counter()
+        assert self._work is not None
+        try:
+            self._work.wait(timeout=self._comm.timeout)
+        except RuntimeError as e:
+            raise CollectiveTimeoutError(self._comm.rank, self.unit, self.op, str(e).splitlines()[0]) from e
+        self.done = True
+        self._comm.stats.record(self.op, *self._nbytes, self._spent + time.perf_counter() - t0)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+class Comm:
+    """Counted collectives over one process group (the default group unless given)."""
+
+    def __init__(self, timeout_seconds: float, group: dist.ProcessGroup | None = None) -> None:
+        self.group = group
+        self.world_size = dist.get_world_size(group) if dist.is_initialized() else 1
+        self.rank = dist.get_rank(group) if dist.is_initialized() else 0
+        self.timeout = timedelta(seconds=timeout_seconds)
+        self.stats = CommStats()
+
+    def _ring(self, n_bytes: int) -> int:
+        return n_bytes * (self.world_size - 1) // self.world_size
+
+    def _run(self, op: str, unit: str, nbytes: tuple[int, int], async_op: bool, launch) -> Pending:  # type: ignore[no-untyped-def]
+        t0 = time.perf_counter()
+        if self.world_size == 1:
+            work = None
+        else:
+            try:
+                work = launch()
+            except RuntimeError as e:
+                raise CollectiveTimeoutError(self.rank, unit, op, str(e).splitlines()[0]) from e
+        pending = Pending(self, work, op, unit, nbytes, t0)
+        if work is None:
+            self.stats.record(op, *nbytes, time.perf_counter() - t0)
+        elif not async_op:
+            pending.wait()
+        return pending
+
+    def all_gather(self, out: torch.Tensor, shard: torch.Tensor, unit: str, async_op: bool = False) -> Pending:
+        """Concatenate every rank's equal-size `shard` into `out` (n = out.numel())."""
+        if out.numel() != shard.numel() * self.world_size:
+            raise ValueError(f"uneven all-gather for unit {unit!r}: {out.numel()} != {shard.numel()}·{self.world_size}")
+        if self.world_size == 1:
+            out.copy_(shard)
+        return self._run(
+            "all_gather",
+            unit,
+            (self._ring(_nbytes(out)), _nbytes(out)),
+            async_op,
+            lambda: _all_gather_flat(out, shard, group=self.group, async_op=True),
+        )
+
+    def reduce_scatter(self, out: torch.Tensor, full: torch.Tensor, unit: str, async_op: bool = False) -> Pending:
+        """Sum `full` over ranks and keep this rank's equal-size slice in `out` (n = full.numel())."""
+        if full.numel() != out.numel() * self.world_size:
+            raise ValueError(f"uneven reduce-scatter for unit {unit!r}: {full.numel()} != {out.numel()}·N")
+        if self.world_size == 1:
+            out.copy_(full)
+        return self._run(
+            "reduce_scatter",
+            unit,
+            (self._ring(_nbytes(full)), _nbytes(full)),
+            async_op,
+            lambda: _reduce_scatter_flat(out, full, op=dist.ReduceOp.SUM, group=self.group, async_op=True),
+        )
+
+    def all_reduce(self, t: torch.Tensor, unit: str, async_op: bool = False, op: str = "sum") -> Pending:
+        """In-place SUM (or MAX) over ranks."""
+        reduce_op = dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX
+        return self._run(
+            "all_reduce",
+            unit,
+            (2 * self._ring(_nbytes(t)), _nbytes(t)),
+            async_op,
+            lambda: dist.all_reduce(t, op=reduce_op, group=self.group, async_op=True),
+        )
+
+    def broadcast(self, t: torch.Tensor, src: int, unit: str) -> None:
+        """Overwrite `t` with rank `src`'s copy."""
+        sent = _nbytes(t) if self.rank == src else 0
+        self._run(
+            "broadcast",
+            unit,
+            (sent, _nbytes(t)),
+            False,
+            lambda: dist.broadcast(t, src=src, group=self.group, async_op=True),
+        )
+
+
+def init_from_env(timeout_seconds: float) -> None:
+    """Join the process group torchrun describes (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) if none exists.
+
+    gloo on CPU, NCCL when CUDA is available. Without WORLD_SIZE (a plain `python` run) the engine
+    works as a single rank and creates no group.
+    """
+    if dist.is_initialized() or (int(os.environ.get("WORLD_SIZE", "1")) <= 1 and "MASTER_ADDR" not in os.environ):
+        return
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_seconds))

@@ -1,0 +1,270 @@
+"""`ZeroEngine`: orchestration only. Layout in `partition`, per-stage behaviour in `strategies`,
+hooks in `hooks`, collectives in `collectives`, accounting in `memory`.
+
+Call pattern (DeepSpeed's): every micro-batch `out = engine(x)`, `engine.backward(loss)`,
+`engine.step()`; `step()` only updates at the gradient-accumulation boundary (every
+`gradient_accumulation_steps` micro-batches) and returns a `StepResult` saying whether it did.
+`backward` divides the loss by `gradient_accumulation_steps`, so the update uses the mean over
+micro-batches, and gradients are averaged over ranks: with equal per-rank batch sizes the result is
+exactly the gradient of the mean loss over the global batch. `full_state_dict()` and `step()` run
+collectives: call them on every rank.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils import _pytree as pytree
+from zerotrain.runtime import optimizer as opt_mod
+from zerotrain.runtime.collectives import Comm, init_from_env
+from zerotrain.runtime.config import Precision, Stage, ZeroConfig
+from zerotrain.runtime.hooks import Gatherer, GradReadyHooks
+from zerotrain.runtime.memory import MemoryReport, StorageCounter, predict
+from zerotrain.runtime.partition import ParamClass, build_units
+from zerotrain.runtime.precision import DTYPES, LossScaler
+from zerotrain.runtime.strategies import STRATEGIES, Dtypes, UnitState
+
+_TRAINABLE = (ParamClass.DECAY, ParamClass.NO_DECAY)
+
+
+@dataclass
+class StepResult:
+    """What one `step()` call did."""
+
+    applied: bool
+    """The optimizer stepped (False between accumulation boundaries and on fp16 overflow)."""
+    grad_norm: float | None = None
+    """Global gradient norm over all shards before clipping (None between boundaries)."""
+    overflow: bool = False
+    """fp16 gradients overflowed; the step was skipped and the loss scale lowered."""
+    loss_scale: float = 1.0
+    """Loss scale used for this step's gradients."""
+
+
+def _world_size_before_init() -> int:
+    return dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
+
+
+class ZeroEngine:
+    """ZeRO stages 0-3 over flat partitioned buffers for one data-parallel model replica per rank."""
+
+    def __init__(self, model: nn.Module, config: ZeroConfig, optimizer: opt_mod.OptimizerFactory) -> None:
+        self.config, self.module = config, model
+        # Everything that can be wrong with the input is checked before the first collective.
+        opt_mod.check_factory(optimizer)
+        layouts = build_units(model, config.unit_modules, config.no_weight_decay, _world_size_before_init())
+        init_from_env(config.collective_timeout_seconds)
+        self.comm = Comm(config.collective_timeout_seconds)
+        self.rank, self.world_size = self.comm.rank, self.comm.world_size
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        model.to(device)
+        self.dtypes = Dtypes(DTYPES[config.precision], DTYPES[config.reduce_dtype])
+        self.strategy = STRATEGIES[config.stage](self.comm, self.dtypes)
+        named = dict(model.named_parameters())
+        self.units: list[UnitState] = []
+        for i, layout in enumerate(layouts):
+            params = [named[s.name] for s in layout.slots]
+            init = torch.zeros(layout.padded, dtype=torch.float32, device=device)
+            for s, p in zip(layout.slots, params, strict=True):
+                init[s.offset : s.offset + s.numel].copy_(p.detach().reshape(-1))
+            # Every rank starts from rank 0's values, whatever seed each used.
+            self.comm.broadcast(init, 0, layout.name)
+            u = self.strategy.build(i, layout, params, init)
+            u.resident = config.stage < Stage.PARAMETERS or layout.padded <= config.param_persistence_elements
+            self.units.append(u)
+        self.root = next((u for u in self.units if u.layout.module is None), None)
+        self.optimizer = self._build_optimizer(optimizer)
+        self.scaler = LossScaler(config.loss_scale, enabled=config.precision is Precision.FP16)
+        self.gatherer: Gatherer | None = None
+        if config.stage is Stage.PARAMETERS:
+            self.gatherer = Gatherer(self.units, self.comm, config.prefetch_units)
+            self.gatherer.install()
+        self._grad_hooks = GradReadyHooks(self.units, self._on_grads_ready)
+        self.micro_steps = 0
+        self.steps = 0
+        self.last_grad_norm: float | None = None
+        self._boundary = False
+
+    # ----------------------------------------------------------------- setup
+
+    def _build_optimizer(self, factory: opt_mod.OptimizerFactory) -> torch.optim.Optimizer:
+        shard_params = []
+        for u in self.units:
+            if self.strategy.shards_optimizer:
+                segs = u.layout.shard_segments(self.rank, _TRAINABLE)
+            else:
+                segs = [s for s in u.layout.class_segments() if s.kind in _TRAINABLE]
+            shard_params += opt_mod.shard_params(u.master, u.grad_shard, [(s.start, s.stop, s.kind) for s in segs])
+        groups = opt_mod.param_groups(shard_params)
+        opt = factory(groups)
+        opt_mod.check_uses_groups(opt, groups)
+        return opt
+
+    # ----------------------------------------------------------------- forward / backward
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.forward(*args, **kwargs)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """The model's forward; in stage 3 each unit is gathered just before it runs and freed after."""
+        if self.gatherer is None:
+            args, kwargs = self._cast_inputs(args, kwargs)
+            return self.module(*args, **kwargs)
+        self.gatherer.begin_forward(self.root)
+        args, kwargs = self._cast_inputs(args, kwargs)
+        out = self.module(*args, **kwargs)
+        return self.gatherer.end_forward(self.root, out)
+
+    def _cast_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Floating-point inputs in the compute dtype (as FSDP's mixed precision does); others untouched."""
+        dtype = self.dtypes.compute
+        if dtype == torch.float32:
+            return args, kwargs
+
+        def cast(t: Any) -> Any:
+            return t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+
+        return pytree.tree_map(cast, args), pytree.tree_map(cast, kwargs)
+
+    def _on_grads_ready(self, u: UnitState) -> None:
+        if not (self._boundary or self.strategy.reduce_every_micro_batch) or u.reduced:
+            return
+        u.reduced = True
+        self.strategy.reduce(u, async_op=self.config.overlap_comm)
+        if self.gatherer is not None and not u.has_frozen:
+            self.gatherer.free(u)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward of `loss / gradient_accumulation_steps` (times the fp16 loss scale) and gradient reduction."""
+        self._boundary = (self.micro_steps + 1) % self.config.gradient_accumulation_steps == 0
+        GradReadyHooks.arm(self.units)
+        scale = self.scaler.scale / self.config.gradient_accumulation_steps
+        (loss * scale).backward()
+        # Units some parameters of which got no gradient: reduce them now, in unit order on every rank.
+        for u in self.units:
+            self._on_grads_ready(u)
+        for u in self.units:
+            for work, finish in u.pending:
+                work.wait()
+                finish()
+            u.pending.clear()
+        if self.gatherer is not None:
+            for u in self.units:
+                self.gatherer.free(u)
+        self.micro_steps += 1
+
+    def is_accumulation_boundary(self) -> bool:
+        """True when the next `step()` will update (all micro-batches of this step are in)."""
+        return self.micro_steps % self.config.gradient_accumulation_steps == 0 and self.micro_steps > 0
+
+    # ----------------------------------------------------------------- step
+
+    def _global_norm(self) -> float:
+        sq = torch.zeros(1, dtype=torch.float64, device=self.units[0].grad_shard.device)
+        for u in self.units:
+            sq += u.grad_shard.double().pow(2).sum()
+        if self.strategy.shards_optimizer:
+            self.comm.all_reduce(sq, "<grad-norm>")
+        return math.sqrt(sq.item())
+
+    def step(self) -> StepResult:
+        """At the accumulation boundary: unscale, global norm, clip, optimizer step on the shard, re-gather."""
+        if not self.is_accumulation_boundary() or self._stepped_at == self.micro_steps:
+            return StepResult(applied=False, loss_scale=self.scaler.scale)
+        self._stepped_at = self.micro_steps
+        scale = self.scaler.scale
+        if scale != 1.0:
+            for u in self.units:
+                u.grad_shard.div_(scale)
+        norm = self._global_norm()
+        self.last_grad_norm = norm
+        if self.scaler.update(overflow=not math.isfinite(norm)):
+            self._zero_grads()
+            return StepResult(applied=False, grad_norm=norm, overflow=True, loss_scale=scale)
+        clip = self.config.gradient_clipping
+        if clip is not None:
+            coef = min(1.0, clip / (norm + 1e-6))
+            for u in self.units:
+                u.grad_shard.mul_(coef)
+        self.optimizer.step()
+        self._zero_grads()
+        for u in self.units:
+            self.strategy.after_step(u)
+        self.steps += 1
+        return StepResult(applied=True, grad_norm=norm, loss_scale=scale)
+
+    _stepped_at = -1
+
+    def _zero_grads(self) -> None:
+        for u in self.units:
+            self.strategy.zero_grads(u)
+
+    # ----------------------------------------------------------------- reports
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Unsharded fp32 parameters by name (tied parameters under every name); a collective on every rank."""
+        out: dict[str, torch.Tensor] = {}
+        for u in self.units:
+            if self.strategy.shards_optimizer:
+                full = torch.empty(u.layout.padded, dtype=torch.float32, device=u.master.device)
+                self.comm.all_gather(full, u.master, u.name)
+            else:
+                full = u.master.float()
+            for s in u.layout.slots:
+                out[s.name] = full[s.offset : s.offset + s.numel].view(s.shape).clone()
+        for name, p in self.module.named_parameters(remove_duplicate=False):
+            if name not in out:
+                owner = next(n for n, q in self.module.named_parameters() if q is p)
+                out[name] = out[owner]
+        return out
+
+    def comm_report(self) -> dict[str, dict[str, float]]:
+        """Per collective op: calls, bytes (ring convention, see `collectives`), payload bytes and seconds."""
+        return {op: dict(vars(s)) for op, s in self.comm.stats.ops.items()}
+
+    def memory_report(self) -> MemoryReport:
+        """Bytes per category held by this rank now, next to the ZeRO formula's prediction."""
+        c = StorageCounter()
+        units = self.units
+        params = c.count(u.shard if u.shard is not None else u.full.data for u in units)
+        gathered = c.count(u.full.data for u in units) if self.gatherer else 0
+        grads = c.count([*(u.grad_full.data for u in units if u.grad_full), *(u.grad_shard for u in units)])
+        grads += c.count(p.grad for u in units for p in u.params)
+        state = [t for st in self.optimizer.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
+        opt_bytes = c.count(state) + c.count(u.master for u in units)
+        mixed = self.dtypes.compute != torch.float32
+        k = opt_mod.state_bytes_per_element(self.optimizer)
+        k = (8.0 if k is None else k) + (4.0 if mixed else 0.0)
+        w = float(torch.empty(0, dtype=self.dtypes.compute).element_size())
+        g = w if self.config.stage < Stage.GRADIENTS else 4.0
+        psi = sum(u.layout.numel for u in units)
+        pp, pg, po = predict(self.config.stage, psi, self.world_size, w, g, k)
+        stats = self.comm.stats
+        return MemoryReport(
+            rank=self.rank,
+            stage=self.config.stage,
+            parameters=psi,
+            world_size=self.world_size,
+            padding_elements=sum(u.layout.padded - u.layout.numel for u in units),
+            parameter_bytes=params,
+            gathered_bytes=gathered,
+            gathered_peak_bytes=self.gatherer.peak_bytes if self.gatherer else 0,
+            gradient_bytes=grads,
+            optimizer_bytes=opt_bytes,
+            comm_buffer_bytes=stats.buffer_bytes,
+            comm_buffer_peak_bytes=stats.peak_buffer_bytes,
+            model_state_bytes=params + grads + opt_bytes,
+            bytes_per_weight=w,
+            bytes_per_gradient=g,
+            optimizer_multiplier=k,
+            predicted_parameter_bytes=pp,
+            predicted_gradient_bytes=pg,
+            predicted_optimizer_bytes=po,
+            predicted_model_state_bytes=pp + pg + po,
+        )

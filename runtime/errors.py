@@ -1,0 +1,31 @@
+"""Errors the engine raises: bad setup (a user can fix it) and collectives that did not complete."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from zerotrain.errors import UserError
+
+
+class ZeroSetupError(UserError, ValueError):
+    """Bad input to `ZeroEngine`, raised at construction before any collective runs."""
+
+    def __init__(self, field: str, value: Any, problem: str, fix: str) -> None:
+        self.field, self.value, self.problem, self.fix = field, value, problem, fix
+        super().__init__(f"{field}: got {value!r}; {problem}; {fix}")
+
+
+class CollectiveTimeoutError(RuntimeError):
+    """A collective did not complete within `collectiveTimeoutSeconds` (or its peers disagreed).
+
+    Almost always rank-divergent control flow: one rank skipped (or added) a unit's forward, so the
+    ranks no longer issue the same collectives in the same order.
+    """
+
+    def __init__(self, rank: int, unit: str, op: str, detail: str) -> None:
+        self.rank, self.unit, self.op = rank, unit, op
+        super().__init__(
+            f"rank {rank}: {op} for unit {unit!r} failed: {detail}. The ranks did not run the same units in the "
+            "same order (rank-divergent control flow, e.g. a rank skipped this unit's forward); make every rank "
+            "run every unit, or raise zero.collectiveTimeoutSeconds if a peer is merely slow"
+        )

@@ -1,0 +1,74 @@
+"""Contiguous 1-D storage of one unit's parameters, with the model's parameters as views into it.
+
+The model keeps its own `nn.Parameter` objects (optimizers, hooks and user code hold references);
+only their `.data` is pointed at views of the flat buffer, once. Stage 3 frees the gathered buffer
+by shrinking its storage to zero bytes and re-allocates the same storage before the next gather,
+so the parameters' views - and tensors autograd saved for backward, which are those views - see the
+data again without being re-pointed. Data is written into the buffer itself, never through the
+parameters, so autograd's version counters on the parameters stay untouched (FSDP1's technique).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from zerotrain.runtime.partition import ParamSlot, UnitLayout
+
+
+class FlatBuffer:
+    """One unit's flat buffer of `layout.padded` elements and the views of its parameters."""
+
+    def __init__(self, layout: UnitLayout, dtype: torch.dtype, device: torch.device) -> None:
+        self.layout = layout
+        self.data = torch.zeros(layout.padded, dtype=dtype, device=device)
+        self._nbytes = self.data.untyped_storage().nbytes()
+
+    def view(self, slot: ParamSlot) -> torch.Tensor:
+        return self.data[slot.offset : slot.offset + slot.numel].view(slot.shape)
+
+    def fill_from(self, params: list[nn.Parameter]) -> None:
+        """Copy the parameters' current values in (at construction, before they are re-pointed)."""
+        with torch.no_grad():
+            for slot, p in zip(self.layout.slots, params, strict=True):
+                self.view(slot).copy_(p.detach().reshape(slot.shape))
+
+    def bind(self, params: list[nn.Parameter]) -> None:
+        """Point every parameter's `.data` at its view (metadata only; later frees keep the views)."""
+        for slot, p in zip(self.layout.slots, params, strict=True):
+            p.data = self.view(slot)
+
+    def bind_grads(self, params: list[nn.Parameter]) -> None:
+        """Make each trainable parameter's `.grad` a view, so autograd accumulates into the flat buffer in place."""
+        for slot, p in zip(self.layout.slots, params, strict=True):
+            if p.requires_grad:
+                p.grad = self.view(slot)
+
+    @property
+    def allocated(self) -> bool:
+        return self.data.untyped_storage().nbytes() > 0
+
+    def free(self) -> None:
+        self.data.untyped_storage().resize_(0)
+
+    def allocate(self) -> None:
+        if not self.allocated:
+            self.data.untyped_storage().resize_(self._nbytes)
+
+    def nbytes(self) -> int:
+        return self.data.untyped_storage().nbytes()
+
+    def shard(self, rank: int) -> torch.Tensor:
+        lo, hi = self.layout.shard_range(rank)
+        return self.data[lo:hi]
+
+
+def flatten_grads(layout: UnitLayout, params: list[nn.Parameter], out: torch.Tensor) -> None:
+    """Write each parameter's `.grad` into its slot of `out` (zeros for none, frozen and padding) and drop it.
+
+    Dropping `.grad` is what frees the unsharded gradients in stages 2 and 3.
+    """
+    out.zero_()
+    for slot, p in zip(layout.slots, params, strict=True):
+        if p.grad is not None:
+            out[slot.offset : slot.offset + slot.numel].copy_(p.grad.reshape(-1))
+            p.grad = None

@@ -1,0 +1,165 @@
+"""Autograd and module hooks: when a unit's gradients are complete, and (stage 3) when to gather and free.
+
+Gradient completion: a post-accumulate-grad hook on every trainable parameter counts down the unit's
+trainable parameters; the last one hands the unit to the strategy's reduction while the rest of
+backward still runs. Autograd fires AccumulateGrad once per parameter per backward, summed over
+all uses, so tied parameters count once. Parameters that got no gradient (unused) are reduced at
+the end of backward by the engine, in unit order, so every rank still issues the same collectives.
+
+Stage 3: a forward pre-hook gathers the unit (waiting for its prefetch if one is in flight) and
+starts gathering the next `prefetch_units` units of the previous iteration's forward order
+asynchronously; a forward hook frees it and wraps its outputs in `_PreBackward`, an identity
+autograd Function whose backward gathers the unit again (and prefetches the unit backward reaches
+next) before any of the unit's backward runs. The unit is freed again when its gradients are
+complete, unless it holds frozen parameters: nothing tells when autograd is done with those, so
+such units are freed at the end of backward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+from zerotrain.runtime.collectives import Comm
+from zerotrain.runtime.strategies import UnitState
+
+
+class GradReadyHooks:
+    """Calls `on_ready(unit)` once per backward when all of a unit's trainable parameters have their gradient."""
+
+    def __init__(self, units: list[UnitState], on_ready: Callable[[UnitState], None]) -> None:
+        self.on_ready = on_ready
+        self.handles = []
+        for u in units:
+            for p in u.params:
+                if p.requires_grad:
+                    self.handles.append(p.register_post_accumulate_grad_hook(self._hook(u)))
+
+    def _hook(self, u: UnitState) -> Callable[[torch.Tensor], None]:
+        def fired(_: torch.Tensor) -> None:
+            u.grads_left -= 1
+            if u.grads_left == 0:
+                self.on_ready(u)
+
+        return fired
+
+    @staticmethod
+    def arm(units: list[UnitState]) -> None:
+        for u in units:
+            u.grads_left, u.reduced = u.trainable_count, False
+
+
+class _PreBackward(torch.autograd.Function):
+    """Identity whose backward runs `hook` first: the gather-before-backward trigger."""
+
+    @staticmethod
+    def forward(ctx: Any, hook: Callable[[], None], *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.hook = hook
+        return tuple(t.view_as(t) for t in tensors)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
+        ctx.hook()
+        return (None, *grads)
+
+
+def attach_pre_backward(output: Any, hook: Callable[[], None]) -> Any:
+    """`output` (any pytree) with its grad-requiring tensors routed through `_PreBackward(hook)`."""
+    if not torch.is_grad_enabled():
+        return output
+    leaves, spec = pytree.tree_flatten(output)
+    idx = [i for i, t in enumerate(leaves) if isinstance(t, torch.Tensor) and t.requires_grad]
+    if not idx:
+        return output
+    wrapped = _PreBackward.apply(hook, *(leaves[i] for i in idx))
+    for i, t in zip(idx, wrapped, strict=True):
+        leaves[i] = t
+    return pytree.tree_unflatten(leaves, spec)
+
+
+class Gatherer:
+    """Stage 3 gathers, frees and prefetches, and the live/peak bytes of gathered parameters."""
+
+    def __init__(self, units: list[UnitState], comm: Comm, prefetch: int) -> None:
+        self.units, self.comm, self.prefetch = units, comm, prefetch
+        self.peak_bytes = 0
+        blocks = [u.index for u in units if u.layout.module is not None]
+        self.order: list[int] = blocks  # last iteration's forward order; registration order until then
+        self.current: list[int] = []
+
+    def gathered_bytes(self) -> int:
+        return sum(u.full.nbytes() for u in self.units)
+
+    def start(self, u: UnitState) -> None:
+        if u.full.allocated or u.gather is not None:
+            return
+        u.full.allocate()
+        self.peak_bytes = max(self.peak_bytes, self.gathered_bytes())
+        assert u.shard is not None
+        u.gather = self.comm.all_gather(u.full.data, u.shard, u.name, async_op=True)
+
+    def wait(self, u: UnitState) -> None:
+        self.start(u)
+        if u.gather is not None:
+            u.gather.wait()
+            u.gather = None
+
+    def free(self, u: UnitState) -> None:
+        if u.resident or not u.full.allocated:
+            return
+        if u.gather is not None:
+            u.gather.wait()
+            u.gather = None
+        u.full.free()
+
+    def prefetch_after(self, order: list[int], pos: int, step: int) -> None:
+        """Start gathering the next `prefetch` units after position `pos` of `order`, walking by `step`."""
+        for k in range(1, self.prefetch + 1):
+            j = pos + step * k
+            if 0 <= j < len(order):
+                self.start(self.units[order[j]])
+
+    def install(self, on_backward_gather: Callable[[UnitState], None] | None = None) -> None:
+        for u in self.units:
+            if u.layout.module is not None:
+                u.layout.module.register_forward_pre_hook(self._pre_forward(u))
+                u.layout.module.register_forward_hook(self._post_forward(u))
+
+    def _pre_forward(self, u: UnitState) -> Callable[..., None]:
+        def hook(*_: Any) -> None:
+            self.current.append(u.index)
+            self.wait(u)
+            if u.index in self.order:
+                self.prefetch_after(self.order, self.order.index(u.index), +1)
+
+        return hook
+
+    def _post_forward(self, u: UnitState) -> Callable[..., Any]:
+        def hook(_m: Any, _i: Any, output: Any) -> Any:
+            self.free(u)
+            return attach_pre_backward(output, lambda: self.pre_backward(u))
+
+        return hook
+
+    def pre_backward(self, u: UnitState) -> None:
+        self.wait(u)
+        if u.index in self.order:
+            self.prefetch_after(self.order, self.order.index(u.index), -1)
+        else:  # the root: backward reaches the last forward unit first
+            self.prefetch_after(self.order, len(self.order), -1)
+
+    def begin_forward(self, root: UnitState | None) -> None:
+        self.current = []
+        if root is not None:
+            self.wait(root)
+        self.prefetch_after(self.order, -1, +1)
+
+    def end_forward(self, root: UnitState | None, output: Any) -> Any:
+        if self.current:
+            self.order = self.current
+        if root is None:
+            return output
+        self.free(root)
+        return attach_pre_backward(output, lambda: self.pre_backward(root))

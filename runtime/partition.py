@@ -1,0 +1,194 @@
+"""Flat layout of a model's parameters in partition units: pure arithmetic, no storage, no collectives.
+
+Each unit (one module whose class is named in `unit_modules`, or the root unit holding every other
+parameter) becomes one flat 1-D buffer padded to a multiple of the world size N, so every rank owns
+one contiguous shard of exactly `padded / N` elements (gloo has no uneven collectives).
+
+Inside a unit the parameters are ordered by optimizer class: weight-decayed trainable parameters
+first, then trainable parameters excluded from weight decay, then frozen parameters, then padding.
+A rank's shard therefore meets at most one contiguous run of each class, so the optimizer gets at
+most two flat views per unit (one per weight-decay group) and stays element-wise exact.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+from torch import nn
+from zerotrain.runtime.errors import ZeroSetupError
+
+ROOT_UNIT = "<root>"
+
+
+class ParamClass(IntEnum):
+    """Optimizer class of a parameter; the value is its order inside a unit's flat buffer."""
+
+    DECAY = 0
+    NO_DECAY = 1
+    FROZEN = 2
+
+
+@dataclass(frozen=True)
+class ParamSlot:
+    """One parameter's place in its unit's flat buffer."""
+
+    name: str
+    shape: tuple[int, ...]
+    offset: int
+    numel: int
+    kind: ParamClass
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A run of elements, `[start, stop)` in unit coordinates, of one optimizer class."""
+
+    start: int
+    stop: int
+    kind: ParamClass
+
+
+@dataclass
+class UnitLayout:
+    """One unit's flat buffer: where each parameter sits and which elements each rank owns."""
+
+    name: str
+    slots: list[ParamSlot]
+    world_size: int
+    numel: int = 0
+    padded: int = 0
+    module: nn.Module | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.numel = sum(s.numel for s in self.slots)
+        self.padded = -(-self.numel // self.world_size) * self.world_size
+
+    @property
+    def shard_numel(self) -> int:
+        return self.padded // self.world_size
+
+    def shard_range(self, rank: int) -> tuple[int, int]:
+        """`[start, stop)` of rank's shard in unit coordinates."""
+        return rank * self.shard_numel, (rank + 1) * self.shard_numel
+
+    def class_segments(self) -> list[Segment]:
+        """The contiguous run of each optimizer class (empty classes left out)."""
+        out: list[Segment] = []
+        for kind in ParamClass:
+            members = [s for s in self.slots if s.kind is kind]
+            if members:
+                out.append(Segment(members[0].offset, members[-1].offset + members[-1].numel, kind))
+        return out
+
+    def shard_segments(self, rank: int, kinds: tuple[ParamClass, ...]) -> list[Segment]:
+        """Runs of the given classes inside rank's shard, in shard-local coordinates."""
+        lo, hi = self.shard_range(rank)
+        out = []
+        for seg in self.class_segments():
+            a, b = max(seg.start, lo), min(seg.stop, hi)
+            if seg.kind in kinds and a < b:
+                out.append(Segment(a - lo, b - lo, seg.kind))
+        return out
+
+    @property
+    def trainable_numel(self) -> int:
+        return sum(s.numel for s in self.slots if s.kind is not ParamClass.FROZEN)
+
+
+def _unit_roots(model: nn.Module, unit_modules: list[str]) -> list[tuple[str, nn.Module]]:
+    """Outermost modules whose class is named in `unit_modules` (a unit nested in a unit belongs to the outer one)."""
+    wanted = set(unit_modules)
+    found: list[tuple[str, nn.Module]] = []
+    for name, mod in model.named_modules():
+        if type(mod).__name__ in wanted and not any(name.startswith(f"{p}.") for p, _ in found):
+            found.append((name, mod))
+    return found
+
+
+def _check_unit_classes(model: nn.Module, unit_modules: list[str]) -> None:
+    present = {type(m).__name__ for m in model.modules()}
+    for i, cls in enumerate(unit_modules):
+        if cls not in present:
+            raise ZeroSetupError(
+                f"zero.unitModules[{i}]",
+                cls,
+                "no module of the model has this class",
+                f"use class names the model contains, e.g. one of {sorted(present)}",
+            )
+
+
+def _param_users(model: nn.Module, unit_names: list[str]) -> dict[int, set[str]]:
+    """For each parameter, the units (or the root) whose modules hold it directly."""
+    users: dict[int, set[str]] = {}
+    for mname, mod in model.named_modules():
+        owner = next((u for u in unit_names if mname == u or mname.startswith(f"{u}.")), ROOT_UNIT)
+        for p in mod._parameters.values():
+            if p is not None:
+                users.setdefault(id(p), set()).add(owner)
+    return users
+
+
+def _param_class(name: str, param: nn.Parameter, no_weight_decay: list[str]) -> ParamClass:
+    if not param.requires_grad:
+        return ParamClass.FROZEN
+    if any(fnmatch.fnmatchcase(name, pat) for pat in no_weight_decay):
+        return ParamClass.NO_DECAY
+    return ParamClass.DECAY
+
+
+def build_units(
+    model: nn.Module, unit_modules: list[str], no_weight_decay: list[str], world_size: int
+) -> list[UnitLayout]:
+    """The units in module registration order, root unit last; validates the model against the config first.
+
+    A parameter shared by two units (tied weights) moves to the root unit, which stays gathered for
+    the whole forward and backward in stage 3, so every user of it sees it.
+    """
+    params = dict(model.named_parameters())
+    if not params:
+        raise ZeroSetupError(
+            "model", type(model).__name__, "the model has no parameters", "pass a model with parameters"
+        )
+    _check_unit_classes(model, unit_modules)
+    total = sum(p.numel() for p in params.values())
+    if world_size > total:
+        raise ZeroSetupError(
+            "WORLD_SIZE",
+            world_size,
+            f"more ranks than the model has parameters ({total})",
+            "use fewer ranks or a bigger model",
+        )
+    owner_names = {id(p): n for n, p in params.items()}
+    roots = _unit_roots(model, unit_modules)
+    users = _param_users(model, [u for u, _ in roots])
+    units = []
+    taken: set[int] = set()
+    for uname, mod in roots:
+        mine = [p for p in mod.parameters() if users[id(p)] == {uname}]
+        taken.update(id(p) for p in mine)
+        if mine:
+            names = [owner_names[id(p)] for p in mine]
+            units.append(_layout(uname, names, params, no_weight_decay, world_size, mod))
+    rest = [n for n, p in params.items() if id(p) not in taken]
+    if rest:
+        units.append(_layout(ROOT_UNIT, rest, params, no_weight_decay, world_size, None))
+    return units
+
+
+def _layout(
+    uname: str,
+    names: list[str],
+    params: dict[str, nn.Parameter],
+    no_weight_decay: list[str],
+    world_size: int,
+    module: nn.Module | None,
+) -> UnitLayout:
+    classed = sorted(((_param_class(n, params[n], no_weight_decay), i, n) for i, n in enumerate(names)))
+    slots, offset = [], 0
+    for kind, _, n in classed:
+        p = params[n]
+        slots.append(ParamSlot(n, tuple(p.shape), offset, p.numel(), kind))
+        offset += p.numel()
+    return UnitLayout(uname, slots, world_size, module=module)

@@ -1,0 +1,80 @@
+"""Multi-process helpers for runtime tests: run a function on N real gloo ranks and collect results.
+
+`run_ranks(fn, world_size, *args)` spawns `world_size` processes (torch.multiprocessing, spawn),
+sets the env torchrun would set (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1, a free
+MASTER_PORT), pins torch to one thread, calls `fn(rank, world_size, *args)` and returns the ranks'
+return values in rank order. A rank's exception is re-raised in the parent with its traceback.
+`fn` must be a module-level function (spawn pickles it by name). Processes still alive after the
+timeout are killed by PID and the call fails.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch.multiprocessing as mp
+
+
+class RankFailed(AssertionError):
+    """A rank raised, or did not finish in time."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _entry(fn: Callable[..., Any], rank: int, world_size: int, port: int, out: Any, args: tuple[Any, ...]) -> None:
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    torch.set_num_threads(1)
+    try:
+        out.put((rank, True, fn(rank, world_size, *args)))
+    except BaseException as e:
+        out.put((rank, False, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 120.0) -> list[Any]:
+    """`fn(rank, world_size, *args)` on `world_size` spawned ranks; their results in rank order."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_entry, args=(fn, r, world_size, port, out, args)) for r in range(world_size)]
+    for p in procs:
+        p.start()
+    results: dict[int, tuple[bool, Any]] = {}
+    try:
+        while len(results) < world_size:
+            try:
+                rank, ok, value = out.get(timeout=timeout)
+            except queue.Empty as e:
+                missing = sorted(set(range(world_size)) - set(results))
+                raise RankFailed(f"ranks {missing} did not finish in {timeout}s") from e
+            results[rank] = (ok, value)
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive() and p.pid is not None:
+                p.kill()
+                p.join()
+    failed = [f"rank {r}: {v}" for r, (ok, v) in sorted(results.items()) if not ok]
+    if failed:
+        raise RankFailed("\n".join(failed))
+    return [results[r][1] for r in range(world_size)]

@@ -1,0 +1,88 @@
+"""Tiny models and the single-process reference trainer the runtime tests compare against."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Block(nn.Module):
+    """A pre-norm MLP residual block (the partition unit in tests)."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.up = nn.Linear(d, 2 * d + 1)
+        self.down = nn.Linear(2 * d + 1, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(F.gelu(self.up(self.norm(x))))
+
+
+class TinyLM(nn.Module):
+    """Embedding, blocks, final norm and an output projection (tied to the embedding if `tied`)."""
+
+    def __init__(self, vocab: int = 13, d: int = 10, blocks: int = 3, tied: bool = False) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.blocks = nn.ModuleList(Block(d) for _ in range(blocks))
+        self.norm_f = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        if tied:
+            self.head.weight = self.embed.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        for b in self.blocks:
+            x = b(x)
+        return self.head(self.norm_f(x))
+
+
+def lm_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), tokens[:, 1:].reshape(-1))
+
+
+def make_model(seed: int = 0, **kw: Any) -> TinyLM:
+    torch.manual_seed(seed)
+    return TinyLM(**kw)
+
+
+def batches(steps: int, world_size: int, micro: int = 1, per_rank: int = 2, seq: int = 7, vocab: int = 13):
+    """[step][micro][rank] token batches, identical in every process (fixed seed)."""
+    g = torch.Generator().manual_seed(1234)
+    return [
+        [[torch.randint(0, vocab, (per_rank, seq), generator=g) for _ in range(world_size)] for _ in range(micro)]
+        for _ in range(steps)
+    ]
+
+
+def reference_train(
+    model: nn.Module,
+    data: list,
+    make_opt: Callable[[list[dict[str, Any]]], torch.optim.Optimizer],
+    no_decay: Callable[[str], bool],
+    clip: float | None,
+) -> tuple[dict[str, torch.Tensor], list[float], list[float]]:
+    """Single-process training on the concatenated global batch: params, losses and grad norms per step."""
+    decay = [p for n, p in model.named_parameters() if p.requires_grad and not no_decay(n)]
+    nodecay = [p for n, p in model.named_parameters() if p.requires_grad and no_decay(n)]
+    opt = make_opt([{"params": decay}, {"params": nodecay, "weight_decay": 0.0}])
+    losses, norms = [], []
+    for step in data:
+        opt.zero_grad()
+        total = 0.0
+        for micro in step:
+            tokens = torch.cat(micro)
+            loss = lm_loss(model(tokens), tokens) / len(step)
+            loss.backward()
+            total += loss.item()
+        params = [p for p in model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, clip if clip is not None else float("inf"))
+        norms.append(float(norm))
+        losses.append(total)
+        opt.step()
+    return {n: p.detach().clone() for n, p in model.named_parameters(remove_duplicate=False)}, losses, norms
