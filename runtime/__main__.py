@@ -1,0 +1,47 @@
+"""Pod entry point: `python -m zerotrain.runtime --config /etc/zerotrain/job.yaml`.
+
+Reads the job manifest and the pod environment (see `zerotrain.runtime.launch` for the variables, the meaning
+of WORLD_SIZE and the exit statuses), starts this pod's ranks through torch's elastic launcher and exits with
+their status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from zerotrain.runtime.launch import LaunchOutcome, launch, plan_from_env, preflight, write_termination_log
+
+from zerotrain.errors import EXIT_BAD_INPUT, UserError
+
+DEFAULT_CONFIG = "/etc/zerotrain/job.yaml"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m zerotrain.runtime", description=__doc__)
+    parser.add_argument(
+        "--config", default=DEFAULT_CONFIG, help=f"the ZeroTrainingJob manifest (default {DEFAULT_CONFIG})"
+    )
+    args = parser.parse_args(argv)
+    try:
+        from zerotrain.manifest import load_job
+
+        job = load_job(args.config)
+        plan = plan_from_env(os.environ, job.spec)
+        preflight(job.spec)
+    except UserError as e:
+        print(f"zerotrain: error: {e}", file=sys.stderr, flush=True)
+        write_termination_log(LaunchOutcome(EXIT_BAD_INPUT, "InvalidConfig", str(e)))
+        return EXIT_BAD_INPUT
+    run_id = str(job.metadata.get("name") or "zerotrain")
+    outcome = launch(job.spec, Path(args.config), plan, run_id=run_id)
+    print(f"zerotrain: node {plan.node_rank}: {outcome.reason}: {outcome.message}", file=sys.stderr, flush=True)
+    write_termination_log(outcome)
+    return outcome.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

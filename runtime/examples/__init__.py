@@ -1,0 +1,1 @@
+"""Example entry points for ZeroTrainingJob manifests (`spec.entrypoint`)."""

@@ -1,0 +1,285 @@
+"""Starting a job's ranks through torch's own elastic launcher (what `torchrun` runs), in a pod or locally.
+
+Pod environment (set by the operator; read by `python -m zerotrain.runtime --config JOB.yaml`):
+
+- `MASTER_ADDR`: host of node 0, whose launcher serves the rendezvous store (default 127.0.0.1 for one node).
+- `MASTER_PORT`: port of that store (default 29500).
+- `NNODES`: pods (nodes) in the gang (default WORLD_SIZE / NPROC_PER_NODE, else spec.replicas).
+- `NODE_RANK`: this pod's index, 0 … NNODES-1 (default 0).
+- `NPROC_PER_NODE`: ranks this pod starts (default spec.nprocPerNode).
+- `WORLD_SIZE`: the **total number of ranks** = NNODES × NPROC_PER_NODE, torchrun's meaning (default that product).
+
+WORLD_SIZE counts ranks, not nodes, because that is what every rank sees in torch.distributed; the launcher
+checks WORLD_SIZE = NNODES × NPROC_PER_NODE and that both agree with spec.replicas and spec.nprocPerNode,
+and refuses a mismatch with exit status 2 (a permanent failure: restarting the gang cannot fix it).
+
+Ranks start with static rendezvous and `max_restarts=0`: the operator restarts the whole gang, the launcher never
+restarts a rank on its own. Global rank = NODE_RANK × NPROC_PER_NODE + local rank.
+
+Exit status of the launcher:
+- 0: every rank finished; or SIGTERM arrived while no rank had failed (preemption, eviction, the operator
+  deleting the pod): it is forwarded to every rank and the launcher exits once all have stopped (torch's
+  shutdown sends SIGTERM, waits TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds, 20 by default here, then SIGKILLs the
+  rest). A preempted pod thus exits 0 with reason `Preempted` in its termination log, which is how the operator
+  tells it from a finished one. A rank that failed before the signal makes it a failure (next line).
+- the failing rank's status: a rank failed (the earliest failure wins; a rank killed by signal S counts
+  as 128+S). 2 is a configuration error in every rank, also checked here before any rank starts.
+- 128+S: another signal S (SIGINT, SIGHUP, SIGQUIT) stopped the launcher.
+
+Termination log: the launcher writes one JSON line (`reason`, `exitCode`, `message`) to
+$ZEROTRAIN_TERMINATION_LOG (default /dev/termination-log, Kubernetes' terminationMessagePath) if that file can
+be opened; the operator copies it into the job's conditions.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from zerotrain.runtime.task import ConfigError, is_script, load_entrypoint
+
+from zerotrain.spec import ZeroTrainingJobSpec
+
+DEFAULT_PORT = 29500
+SHUTDOWN_TIMEOUT_S = 20  # under Kubernetes' default 30 s grace period, so the launcher exits before SIGKILL
+TERMINATION_LOG_ENV = "ZEROTRAIN_TERMINATION_LOG"
+PROGRESS_ENV = "ZEROTRAIN_PROGRESS_FILE"  # rank 0 appends JSON lines here (zerotrain.runtime.train)
+SUMMARY_ENV = "ZEROTRAIN_SUMMARY_FILE"  # rank 0 writes the end-of-run summary here
+_FAILURE_TIME_KEY = "zerotrainTime"
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Where this launcher's ranks sit in the job."""
+
+    master_addr: str
+    """Host of node 0's rendezvous store."""
+    master_port: int
+    """Port of the rendezvous store."""
+    nnodes: int
+    """Pods (nodes) in the gang."""
+    node_rank: int
+    """This node's index."""
+    nproc_per_node: int
+    """Ranks this launcher starts."""
+
+    @property
+    def world_size(self) -> int:
+        """Total ranks."""
+        return self.nnodes * self.nproc_per_node
+
+
+def _int_env(env: Mapping[str, str], name: str, minimum: int) -> int | None:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"environment {name}: got {raw!r}; not a whole number; set it to an integer") from None
+    if value < minimum:
+        raise ConfigError(f"environment {name}: got {value}; must be at least {minimum}")
+    return value
+
+
+def plan_from_env(env: Mapping[str, str], spec: ZeroTrainingJobSpec) -> LaunchPlan:
+    """The pod's LaunchPlan; ConfigError when the environment contradicts itself or the manifest."""
+    nproc = _int_env(env, "NPROC_PER_NODE", 1) or spec.nproc_per_node
+    world = _int_env(env, "WORLD_SIZE", 1)
+    nnodes = _int_env(env, "NNODES", 1)
+    if nnodes is None:
+        if world is not None and world % nproc != 0:
+            raise ConfigError(
+                f"environment WORLD_SIZE: got {world}, not a multiple of NPROC_PER_NODE={nproc}; WORLD_SIZE is the "
+                "total number of ranks (NNODES × NPROC_PER_NODE), set it accordingly"
+            )
+        nnodes = world // nproc if world is not None else spec.replicas
+    if world is not None and world != nnodes * nproc:
+        raise ConfigError(
+            f"environment WORLD_SIZE: got {world}, but NNODES × NPROC_PER_NODE = {nnodes} × {nproc} = "
+            f"{nnodes * nproc}; "
+            "WORLD_SIZE is the total number of ranks; set it to NNODES × NPROC_PER_NODE"
+        )
+    if (nnodes, nproc) != (spec.replicas, spec.nproc_per_node):
+        raise ConfigError(
+            f"environment: NNODES={nnodes}, NPROC_PER_NODE={nproc}, but the manifest has spec.replicas="
+            f"{spec.replicas}, spec.nprocPerNode={spec.nproc_per_node}; the pod and its config disagree, "
+            "recreate the pods from the current manifest"
+        )
+    node_rank = _int_env(env, "NODE_RANK", 0) or 0
+    if node_rank >= nnodes:
+        raise ConfigError(f"environment NODE_RANK: got {node_rank}; must be below NNODES={nnodes}")
+    addr = env.get("MASTER_ADDR") or ("127.0.0.1" if nnodes == 1 else "")
+    if not addr:
+        raise ConfigError(f"environment MASTER_ADDR: not set, but the job has {nnodes} nodes; set it to node 0's host")
+    port = _int_env(env, "MASTER_PORT", 1) or DEFAULT_PORT
+    return LaunchPlan(addr, port, nnodes, node_rank, nproc)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nobody listens on right now (the store binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def local_plan(nproc: int) -> LaunchPlan:
+    """One node of `nproc` ranks on the loopback interface."""
+    return LaunchPlan("127.0.0.1", free_port(), 1, 0, nproc)
+
+
+def preflight(spec: ZeroTrainingJobSpec) -> None:
+    """Configuration errors every rank would hit, reported once before any rank starts."""
+    if is_script(spec.entrypoint):
+        if not Path(spec.entrypoint).is_file():
+            raise ConfigError(f"spec.entrypoint: script {spec.entrypoint!r} does not exist; fix the path")
+        return
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    load_entrypoint(spec.entrypoint)
+
+
+def rank_command(spec: ZeroTrainingJobSpec, config_path: Path) -> list[str]:
+    """argv of every rank (without the interpreter): the training loop, or the user's script."""
+    if is_script(spec.entrypoint):
+        return ["-u", spec.entrypoint, *spec.args]
+    # -P: the working directory may hold a folder shadowing a stdlib module (this repository's operator/).
+    return ["-P", "-u", "-m", "zerotrain.runtime.train", "--config", str(config_path)]
+
+
+def rank_environment(plan: LaunchPlan) -> dict[str, str]:
+    """Variables the ranks inherit beyond torch's (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_*...)."""
+    env: dict[str, str] = {}
+    if "OMP_NUM_THREADS" not in os.environ:
+        # Ranks share the node's cores; torch would otherwise start one thread per core in every rank.
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // plan.nproc_per_node))
+    if plan.master_addr in ("127.0.0.1", "localhost") and "GLOO_SOCKET_IFNAME" not in os.environ:
+        loopback = next((name for _, name in socket.if_nameindex() if name.startswith("lo")), None)
+        if loopback:
+            env["GLOO_SOCKET_IFNAME"] = loopback
+    return env
+
+
+@dataclass(frozen=True)
+class LaunchOutcome:
+    """How the ranks ended."""
+
+    exit_code: int
+    """The launcher's exit status (see the module docstring)."""
+    reason: str
+    """Succeeded, RankFailed, Preempted or Interrupted."""
+    message: str
+    """One line for a person."""
+
+
+def write_failure_record(message: str) -> None:
+    """In a rank: leave torch elastic's error file, with a sub-second time so the launcher finds the first failure."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    now = time.time()
+    record = {"message": {"message": message, "extraInfo": {"timestamp": str(int(now)), _FAILURE_TIME_KEY: now}}}
+    Path(path).write_text(json.dumps(record))
+
+
+def _recorded(failure: Any) -> bool:
+    """The rank wrote an error file (a failure it saw itself, with a precise time)."""
+    return Path(failure.error_file).is_file()
+
+
+def _failure_time(failure: Any) -> float:
+    extra = failure.error_file_data.get("message", {})
+    extra = extra.get("extraInfo", {}) if isinstance(extra, dict) else {}
+    return float(extra.get(_FAILURE_TIME_KEY, failure.timestamp))
+
+
+def _severity(exitcode: int) -> int:
+    """0: the rank exited with a status; 1: it crashed on a signal; 2: it was stopped (likely by the launcher)."""
+    if exitcode > 0:
+        return 0
+    return 2 if -exitcode in (signal.SIGTERM, signal.SIGKILL, signal.SIGINT) else 1
+
+
+def outcome_of_failures(failures: Mapping[int, Any]) -> LaunchOutcome:
+    """The root cause among failed ranks: an exit before a crash before a kill; then one the rank recorded itself;
+    then the earliest; then the lowest rank."""
+    rank, failure = min(
+        failures.items(),
+        key=lambda kv: (_severity(kv[1].exitcode), not _recorded(kv[1]), _failure_time(kv[1]), kv[0]),
+    )
+    code = failure.exitcode if failure.exitcode > 0 else 128 - failure.exitcode
+    how = f"exited with status {failure.exitcode}" if failure.exitcode > 0 else f"was killed by {failure.signal_name()}"
+    others = sorted(r for r in failures if r != rank)
+    tail = f" (also failed: ranks {others})" if others else ""
+    detail = failure.message if isinstance(failure.message, str) else json.dumps(failure.message)
+    # Without an error file torch substitutes a link to its docs: no information about this failure.
+    first_line = detail.strip().splitlines()[-1] if _recorded(failure) and detail.strip() else ""
+    return LaunchOutcome(code, "RankFailed", f"rank {rank} {how}{tail}: {first_line}".rstrip(": "))
+
+
+def launch(
+    spec: ZeroTrainingJobSpec, config_path: Path, plan: LaunchPlan, run_id: str = "zerotrain", quiet: bool = False
+) -> LaunchOutcome:
+    """Start the plan's local ranks through torch.distributed's elastic launcher and wait for them.
+
+    `quiet` silences torch's own log lines (the caller reports the outcome itself).
+    """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL if quiet else logging.ERROR)
+    config = LaunchConfig(
+        min_nodes=plan.nnodes,
+        max_nodes=plan.nnodes,
+        nproc_per_node=plan.nproc_per_node,
+        run_id=run_id,
+        rdzv_backend="static",
+        rdzv_endpoint=f"{plan.master_addr}:{plan.master_port}",
+        rdzv_configs={"rank": plan.node_rank, "timeout": spec.scheduling.startup_timeout_seconds},
+        max_restarts=0,
+        monitor_interval=0.1,
+        start_method="spawn",
+        shutdown_timeout=int(os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", SHUTDOWN_TIMEOUT_S)),
+    )
+    extra = rank_environment(plan)
+    saved = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)
+    try:
+        elastic_launch(config, sys.executable)(*rank_command(spec, config_path))
+    except ChildFailedError as e:
+        return outcome_of_failures(e.failures)
+    except SignalException as e:
+        if e.sigval == signal.SIGTERM:
+            return LaunchOutcome(0, "Preempted", "SIGTERM: forwarded to every rank, all stopped")
+        return LaunchOutcome(128 + int(e.sigval), "Interrupted", f"{e.sigval.name}: ranks stopped")
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return LaunchOutcome(0, "Succeeded", f"{plan.nproc_per_node} rank(s) finished")
+
+
+def write_termination_log(outcome: LaunchOutcome) -> None:
+    """Kubernetes' termination message: to $ZEROTRAIN_TERMINATION_LOG, else to /dev/termination-log if it exists."""
+    configured = os.environ.get(TERMINATION_LOG_ENV)
+    path = Path(configured or "/dev/termination-log")
+    if not configured and not path.is_file():
+        return  # not in a pod: never create files under /dev
+    record = {"reason": outcome.reason, "exitCode": outcome.exit_code, "message": outcome.message[:2000]}
+    try:
+        with path.open("w") as f:
+            f.write(json.dumps(record) + "\n")
+    except OSError:
+        return

@@ -1,0 +1,112 @@
+"""The entry-point contract: what a job's `spec.entrypoint` (`package.module:function`) must provide.
+
+Every rank imports the module and calls
+
+    function(rank=RANK, world_size=WORLD_SIZE, **spec.entrypointArgs) -> TrainingTask
+
+after `torch.manual_seed(spec.training.seed)`, so a model built inside is initialised identically on every
+rank. The function builds the model (on CPU; the runtime moves it), says how to compute the loss, and returns
+an iterator over *this rank's* micro-batches. Data must be split so that the global batch of a step does not
+depend on the world size: rank r takes its slice of each global micro-batch (see `zerotrain.runtime.data`).
+
+A script entry point (`path/to/train.py` with `spec.args`) is not called this way: the launcher runs the
+script itself as every rank, with the torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, ...).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from zerotrain.errors import UserError
+
+
+class ConfigError(UserError):
+    """The job's configuration cannot run; the rank exits with status 2 (a permanent failure)."""
+
+
+def _as_is(batch: Any) -> Any:
+    return batch
+
+
+@dataclass
+class TrainingTask:
+    """What an entry point returns for one rank."""
+
+    model: nn.Module
+    """The full model, identically initialised on every rank (the runtime shards it)."""
+    loss: Callable[[Any, Any], torch.Tensor]
+    """`loss(model_output, batch)`: the scalar mean loss of one micro-batch."""
+    batches: Iterator[Any]
+    """This rank's micro-batches, in order; one optimizer step consumes gradientAccumulationSteps of them."""
+    inputs: Callable[[Any], Any] = _as_is
+    """Maps a batch to the model's input: a tuple is passed as positional arguments, anything else as one."""
+    tokens_per_batch: int = 0
+    """Tokens (or samples) in one of this rank's micro-batches, for throughput; 0 if not meaningful."""
+    unit_modules: list[str] = field(default_factory=list)
+    """Module class names forming ZeRO units when `spec.zero.unitModules` is empty (e.g. ["Block"])."""
+
+
+def is_script(entrypoint: str) -> bool:
+    """A `.py` path the launcher runs as a script, rather than a `module:function` it calls."""
+    return entrypoint.endswith(".py")
+
+
+def load_entrypoint(entrypoint: str) -> Callable[..., Any]:
+    """Import `package.module:function`; ConfigError (naming spec.entrypoint) when it cannot be found."""
+    module_name, sep, attr = entrypoint.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(
+            f"spec.entrypoint: got {entrypoint!r}; expected `package.module:function` (or a script path ending in .py)"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        raise ConfigError(
+            f"spec.entrypoint: got {entrypoint!r}, but module {e.name!r} cannot be imported; "
+            "install it in the image (or on PYTHONPATH) or fix the module path"
+        ) from None
+    fn = getattr(module, attr, None)
+    if fn is None:
+        public = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+        raise ConfigError(
+            f"spec.entrypoint: got {entrypoint!r}, but module {module_name!r} has no attribute {attr!r}; "
+            f"use one of its functions: {', '.join(public) or '(none)'}"
+        )
+    if not callable(fn):
+        raise ConfigError(f"spec.entrypoint: got {entrypoint!r}, but {attr!r} is not callable; name a function")
+    return fn
+
+
+def check_arguments(fn: Callable[..., Any], entrypoint: str, args: dict[str, Any]) -> None:
+    """Fail before any work if `fn(rank=, world_size=, **args)` would not bind."""
+    try:
+        inspect.signature(fn).bind(rank=0, world_size=1, **args)
+    except TypeError as e:
+        raise ConfigError(
+            f"spec.entrypointArgs: got {args!r}, but {entrypoint} does not accept them ({e}); "
+            f"pass only keyword arguments its signature {inspect.signature(fn)} takes"
+        ) from None
+    except ValueError:  # no signature (a builtin): calling it will tell
+        return
+
+
+def build_task(entrypoint: str, *, rank: int, world_size: int, args: dict[str, Any]) -> TrainingTask:
+    """Import and call the entry point for one rank; check it returned a TrainingTask."""
+    fn = load_entrypoint(entrypoint)
+    check_arguments(fn, entrypoint, args)
+    task = fn(rank=rank, world_size=world_size, **args)
+    if not isinstance(task, TrainingTask):
+        raise ConfigError(
+            f"spec.entrypoint: {entrypoint} returned {type(task).__name__}, not a TrainingTask; "
+            "return zerotrain.runtime.task.TrainingTask(model=..., loss=..., batches=...)"
+        )
+    if not any(True for _ in task.model.parameters()):
+        raise ConfigError(f"spec.entrypoint: {entrypoint} returned a model with no parameters; nothing to train")
+    return task

@@ -1,0 +1,200 @@
+"""`zerotrain run JOB.yaml`: train what a ZeroTrainingJob describes, locally, as N processes on gloo.
+
+The ranks start through the same launcher the pods use (torch's elastic launcher, static rendezvous on
+127.0.0.1). A progress bar follows rank 0's progress file; at the end a table shows each rank's memory by
+category (measured next to the ZeRO formula) and the bytes it communicated by op. The exit status is the ranks'.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from zerotrain.errors import UserError
+from zerotrain.manifest import load_job
+from zerotrain.planner import format_bytes
+from zerotrain.spec import ZeroTrainingJob
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="train a ZeroTrainingJob manifest locally", description=__doc__)
+    p.add_argument("manifest", help="path of the ZeroTrainingJob YAML")
+    p.add_argument("--nproc", type=int, default=None, help="ranks to start (default spec.replicas × nprocPerNode)")
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps (default spec.training.steps)")
+    p.set_defaults(func=run)
+
+
+def effective_job(path: str, nproc: int | None, steps: int | None) -> tuple[ZeroTrainingJob, int]:
+    """The manifest with command-line overrides applied, and the number of ranks to start."""
+    job = load_job(path)
+    if nproc is not None and nproc < 1:
+        raise UserError(f"--nproc: got {nproc}; must be at least 1; pass the number of ranks to start")
+    if steps is not None:
+        if steps < 1:
+            raise UserError(f"--steps: got {steps}; must be at least 1; pass the number of optimizer steps")
+        training = job.spec.training.model_copy(update={"steps": steps})
+        job = job.model_copy(update={"spec": job.spec.model_copy(update={"training": training})})
+    return job, nproc if nproc is not None else job.spec.world_size
+
+
+@contextmanager
+def _environ(values: dict[str, str]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+class ProgressTail(threading.Thread):
+    """Follows rank 0's JSON-lines progress file into a rich progress bar."""
+
+    def __init__(self, path: Path, progress: Progress, task: TaskID) -> None:
+        super().__init__(daemon=True)
+        self.path, self.progress, self.task = path, progress, task
+        self.stop = threading.Event()
+        self._offset = 0
+        self._partial = ""
+
+    def poll(self) -> None:
+        if not self.path.exists():
+            return
+        with self.path.open() as f:
+            f.seek(self._offset)
+            chunk = f.read()
+            self._offset = f.tell()
+        lines = (self._partial + chunk).split("\n")
+        self._partial = lines.pop()
+        for line in filter(None, lines):
+            rec = json.loads(line)
+            self.progress.update(
+                self.task,
+                completed=rec["step"],
+                total=rec["steps"],
+                loss=f"{rec['loss']:.4f}",
+                tps=f"{rec['tokens_per_s']:,.0f}",
+            )
+
+    def run(self) -> None:
+        while not self.stop.wait(0.2):
+            self.poll()
+        self.poll()
+
+
+def run(args: argparse.Namespace) -> int:
+    job, nproc = effective_job(args.manifest, args.nproc, args.steps)
+    from zerotrain.runtime.launch import PROGRESS_ENV, SUMMARY_ENV, preflight
+
+    preflight(job.spec)
+    console = Console()
+    with tempfile.TemporaryDirectory(prefix="zerotrain-run-") as tmp:
+        config = Path(tmp, "job.json")
+        config.write_text(job.model_dump_json(by_alias=True, exclude_none=True))
+        progress_file, summary_file = Path(tmp, "progress.jsonl"), Path(tmp, "summary.json")
+        name = job.metadata.get("name", Path(args.manifest).stem)
+        console.print(
+            f"[bold]{name}[/]: stage {job.spec.zero.stage.value}, {nproc} rank(s) on gloo, "
+            f"{job.spec.training.steps} steps, entry point {job.spec.entrypoint}",
+            highlight=False,
+        )
+        with _environ({PROGRESS_ENV: str(progress_file), SUMMARY_ENV: str(summary_file)}):
+            outcome = _train_with_progress(job, config, nproc, progress_file, console)
+        summary = json.loads(summary_file.read_text()) if summary_file.exists() else None
+    if summary is not None:
+        render_summary(summary, console)
+    style = "green" if outcome.exit_code == 0 else "bold red"
+    console.print(f"[{style}]{outcome.reason}[/]: {outcome.message} (exit status {outcome.exit_code})", highlight=False)
+    return outcome.exit_code
+
+
+def _train_with_progress(job: ZeroTrainingJob, config: Path, nproc: int, progress_file: Path, console: Console) -> Any:
+    from zerotrain.runtime.launch import launch, local_plan
+
+    columns = (
+        TextColumn("[bold]training"),
+        BarColumn(),
+        TextColumn("step {task.completed}/{task.total}"),
+        TextColumn("loss {task.fields[loss]}"),
+        TextColumn("{task.fields[tps]} tokens/s"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console, transient=False) as progress:
+        task = progress.add_task("train", total=job.spec.training.steps, loss="-", tps="-")
+        tail = ProgressTail(progress_file, progress, task)
+        tail.start()
+        try:
+            return launch(
+                job.spec, config, local_plan(nproc), run_id=str(job.metadata.get("name", "local")), quiet=True
+            )
+        finally:
+            tail.stop.set()
+            tail.join()
+
+
+def memory_rows(report: Any) -> list[tuple[str, float | None, float | None]]:
+    """(category, measured bytes, predicted bytes) from a memory report.
+
+    Every `X_bytes` field is a measured category; `predicted_X_bytes`, when present, is its formula value.
+    """
+    if not isinstance(report, dict):
+        return []
+    rows: list[tuple[str, float | None, float | None]] = []
+    for key, value in report.items():
+        if key.startswith("predicted_") or not key.endswith("_bytes") or not isinstance(value, (int, float)):
+            continue
+        category = key.removesuffix("_bytes").replace("_", " ")
+        rows.append((category, value, report.get(f"predicted_{key}")))
+    return rows
+
+
+def comm_rows(report: Any) -> list[tuple[str, dict[str, Any]]]:
+    """(op, {calls, bytes, seconds, ...}) from a comm report (a mapping of op to its totals)."""
+    ops = report if isinstance(report, dict) else {}
+    return [(op, stats) for op, stats in ops.items() if isinstance(stats, dict)]
+
+
+def _bytes(n: float | None) -> str:
+    return "-" if n is None else format_bytes(n)
+
+
+def render_summary(summary: dict[str, Any], console: Console) -> None:
+    """The run's loss and throughput, then per rank: memory measured vs predicted, bytes communicated by op."""
+    console.print(
+        f"loss {summary['first_loss']:.4f} → {summary['final_loss']:.4f} over {summary['steps']} steps, "
+        f"{summary['tokens_per_s']:,.0f} tokens/s, {summary['elapsed_s']:.1f} s",
+        highlight=False,
+    )
+    memory = Table(title=f"memory per rank (stage {summary['stage']}, N = {summary['world_size']})")
+    for col in ("rank", "category", "measured", "predicted"):
+        memory.add_column(col, justify="left" if col == "category" else "right")
+    comm = Table(title="communication per rank")
+    for col in ("rank", "op", "calls", "bytes", "seconds"):
+        comm.add_column(col, justify="left" if col == "op" else "right")
+    for entry in summary["ranks"]:
+        rank = str(entry["rank"])
+        for category, measured, predicted in memory_rows(entry.get("memory")):
+            memory.add_row(rank, category, _bytes(measured), _bytes(predicted))
+        memory.add_section()
+        for op, stats in comm_rows(entry.get("comm")):
+            comm.add_row(
+                rank, op, str(stats.get("calls", "-")), _bytes(stats.get("bytes")), f"{stats.get('seconds', 0.0):.3f}"
+            )
+        comm.add_section()
+    console.print(memory)
+    console.print(comm)
