@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $@
 
 demo: $(STAMP)
-	$(BIN)/zerotrain plan --params 7.5e9 --dp 64 --device-memory 32GB
+	$(BIN)/zerotrain run examples/quickstart.yaml
 
 test: lint $(STAMP)
 	$(BIN)/pytest
