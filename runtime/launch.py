@@ -220,7 +220,7 @@ def outcome_of_failures(failures: Mapping[int, Any]) -> LaunchOutcome:
     how = f"exited with status {failure.exitcode}" if failure.exitcode > 0 else f"was killed by {failure.signal_name()}"
     others = sorted(r for r in failures if r != rank)
     tail = f" (also failed: ranks {others})" if others else ""
-    detail = failure.message if isinstance(failure.message, str) else json.dumps(failure.message)
+    detail = failure.message if isinstance(failure.message, str) else str(failure.message.get("message", ""))
     # Without an error file torch substitutes a link to its docs: no information about this failure.
     first_line = detail.strip().splitlines()[-1] if _recorded(failure) and detail.strip() else ""
     return LaunchOutcome(code, "RankFailed", f"rank {rank} {how}{tail}: {first_line}".rstrip(": "))

@@ -9,11 +9,11 @@ from collections.abc import Sequence
 from rich.console import Console
 
 from zerotrain import __version__
-from zerotrain.commands import crd, plan, validate
+from zerotrain.commands import crd, plan, run, validate
 from zerotrain.errors import EXIT_BAD_INPUT, UserError
 
 # Each module adds one subcommand; later subcommands (run, operator, ...) are appended here.
-COMMANDS = [plan, validate, crd]
+COMMANDS = [plan, validate, crd, run]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -32,6 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("manifest", help="path of the ZeroTrainingJob YAML")
     p.add_argument("--nproc", type=int, default=None, help="ranks to start (default spec.replicas × nprocPerNode)")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps (default spec.training.steps)")
+    p.add_argument("--summary-file", default=None, help="also write rank 0's JSON summary (losses, reports) here")
     p.set_defaults(func=run)
 
 
@@ -116,6 +117,8 @@ def run(args: argparse.Namespace) -> int:
         with _environ({PROGRESS_ENV: str(progress_file), SUMMARY_ENV: str(summary_file)}):
             outcome = _train_with_progress(job, config, nproc, progress_file, console)
         summary = json.loads(summary_file.read_text()) if summary_file.exists() else None
+    if summary is not None and args.summary_file:
+        Path(args.summary_file).write_text(json.dumps(summary, indent=2) + "\n")
     if summary is not None:
         render_summary(summary, console)
     style = "green" if outcome.exit_code == 0 else "bold red"

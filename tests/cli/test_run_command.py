@@ -1,0 +1,66 @@
+"""`zerotrain run`: the quickstart trains on 2 local ranks and its loss falls; bad input exits 2 before any rank."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from zerotrain.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICKSTART = ROOT / "examples" / "quickstart.yaml"
+
+
+@pytest.mark.slow
+def test_quickstart_trains_on_two_ranks_and_the_loss_falls(tmp_path: Path) -> None:
+    summary_file = tmp_path / "summary.json"
+    argv = ["run", str(QUICKSTART), "--steps", "25", "--summary-file", str(summary_file)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "zerotrain.cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = json.loads(summary_file.read_text())
+    assert summary["world_size"] == 2 and summary["stage"] == 3 and len(summary["losses"]) == 25
+    assert summary["final_loss"] < summary["first_loss"] - 1.0  # bytes: ln 256 ≈ 5.5 at the start
+    for rank, entry in enumerate(summary["ranks"]):
+        assert entry["rank"] == rank
+        memory = entry["memory"]
+        assert memory["parameter_bytes"] == pytest.approx(memory["predicted_parameter_bytes"], rel=0.02)
+        assert entry["comm"]["all_gather"]["bytes"] > 0 and entry["comm"]["reduce_scatter"]["bytes"] > 0
+    out = proc.stdout
+    assert "step 25/25" in out and "memory per rank (stage 3, N = 2)" in out and "reduce_scatter" in out
+    assert "Succeeded" in out
+
+
+def test_bad_manifest_exits_2_with_the_manifest_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    doc = yaml.safe_load(QUICKSTART.read_text())
+    doc["spec"]["zero"]["stage"] = 5
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(doc))
+    assert main(["run", str(bad)]) == 2
+    assert "spec.zero.stage: got 5" in capsys.readouterr().err
+
+
+def test_entry_point_that_cannot_be_imported_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    doc = yaml.safe_load(QUICKSTART.read_text())
+    doc["spec"]["entrypoint"] = "zt_nowhere.model:build"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(doc))
+    assert main(["run", str(bad), "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "spec.entrypoint: got 'zt_nowhere.model:build', but module 'zt_nowhere' cannot be imported" in err
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--nproc", "0"), ("--steps", "0")])
+def test_bad_overrides_exit_2(flag: str, value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", str(QUICKSTART), flag, value]) == 2
+    assert f"{flag}: got {value}; must be at least 1" in capsys.readouterr().err

@@ -1,0 +1,182 @@
+"""The pod entry point: env → launch plan (WORLD_SIZE = total ranks), ranks started by torch's elastic launcher,
+the launcher's exit status is the ranks'."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+from zerotrain.runtime.launch import LaunchPlan, free_port, outcome_of_failures, plan_from_env
+from zerotrain.runtime.task import ConfigError
+
+from zerotrain.spec import ZeroTrainingJobSpec
+
+
+def spec(replicas: int = 2, nproc: int = 1, **extra: Any) -> ZeroTrainingJobSpec:
+    return ZeroTrainingJobSpec.model_validate(
+        {"image": "x", "entrypoint": "m:f", "replicas": replicas, "nprocPerNode": nproc, **extra}
+    )
+
+
+# ---------------------------------------------------------------- plan from env
+
+
+def test_plan_from_the_operator_env() -> None:
+    env = {"MASTER_ADDR": "job-0.job", "MASTER_PORT": "29400", "NODE_RANK": "1", "NPROC_PER_NODE": "2"}
+    plan = plan_from_env({**env, "WORLD_SIZE": "4"}, spec(2, 2))
+    assert plan == LaunchPlan("job-0.job", 29400, nnodes=2, node_rank=1, nproc_per_node=2)
+    assert plan.world_size == 4
+    assert plan_from_env({**env, "NNODES": "2"}, spec(2, 2)) == plan  # NNODES instead of WORLD_SIZE
+
+
+def test_single_node_defaults() -> None:
+    assert plan_from_env({}, spec(1, 3)) == LaunchPlan("127.0.0.1", 29500, 1, 0, 3)
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"WORLD_SIZE": "3", "NNODES": "2"}, r"WORLD_SIZE: got 3, but NNODES × NPROC_PER_NODE = 2 × 1 = 2"),
+        ({"WORLD_SIZE": "3", "NPROC_PER_NODE": "2"}, r"WORLD_SIZE: got 3, not a multiple of NPROC_PER_NODE=2"),
+        ({"WORLD_SIZE": "2", "NPROC_PER_NODE": "2"}, r"NNODES=1, NPROC_PER_NODE=2, but the manifest has spec"),
+        ({"WORLD_SIZE": "2", "NODE_RANK": "2"}, r"NODE_RANK: got 2; must be below NNODES=2"),
+        ({"WORLD_SIZE": "two"}, r"WORLD_SIZE: got 'two'; not a whole number"),
+        ({"WORLD_SIZE": "2"}, r"MASTER_ADDR: not set, but the job has 2 nodes"),
+    ],
+)
+def test_inconsistent_env_is_refused(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        plan_from_env(env, spec(2, 1))
+
+
+# ---------------------------------------------------------------- which failure is the root cause
+
+
+def failure(rank: int, exitcode: int, tmp: Path, recorded_at: float | None = None) -> ProcessFailure:
+    path = tmp / f"error-{rank}.json"
+    if recorded_at is not None:
+        info = {"timestamp": str(int(recorded_at)), "zerotrainTime": recorded_at}
+        path.write_text(json.dumps({"message": {"message": f"boom {rank}", "extraInfo": info}}))
+    return ProcessFailure(local_rank=rank, pid=100 + rank, exitcode=exitcode, error_file=str(path))
+
+
+def test_an_exit_status_beats_a_kill_by_the_launcher(tmp_path: Path) -> None:
+    out = outcome_of_failures({0: failure(0, -15, tmp_path), 1: failure(1, 3, tmp_path)})
+    assert (out.exit_code, out.reason) == (3, "RankFailed")
+    assert out.message.startswith("rank 1 exited with status 3 (also failed: ranks [0])")
+
+
+def test_the_earliest_recorded_failure_is_the_root_cause(tmp_path: Path) -> None:
+    first, second = failure(1, 3, tmp_path, 1000.25), failure(0, 1, tmp_path, 1000.75)
+    out = outcome_of_failures({0: second, 1: first})
+    assert out.exit_code == 3 and out.message.endswith("boom 1")
+
+
+def test_a_crash_counts_as_128_plus_the_signal(tmp_path: Path) -> None:
+    out = outcome_of_failures({0: failure(0, -15, tmp_path), 1: failure(1, -11, tmp_path)})
+    assert out.exit_code == 128 + 11 and "rank 1 was killed by SIGSEGV" in out.message
+
+
+# ---------------------------------------------------------------- real launches
+
+RANK_SCRIPT = """
+import json, os, sys
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+total = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(total)
+keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "OMP_NUM_THREADS")
+record = {k: os.environ.get(k) for k in keys} | {"sum": total.item()}
+open(os.path.join(sys.argv[1], f"rank{dist.get_rank()}.json"), "w").write(json.dumps(record))
+dist.destroy_process_group()
+"""
+
+FAILING_ENTRY = """
+import sys
+import torch.distributed as dist
+
+def build(rank, world_size):
+    if rank == 1:
+        sys.exit(3)
+    dist.barrier()  # rank 0 waits for rank 1, which is gone
+"""
+
+
+def write_job(tmp_path: Path, spec_doc: dict[str, Any]) -> Path:
+    doc = {"apiVersion": "zerotrain.dev/v1alpha1", "kind": "ZeroTrainingJob", "metadata": {"name": "t"}}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump({**doc, "spec": {"image": "x", **spec_doc}}))
+    return path
+
+
+def pod(config: Path, env: dict[str, str], cwd: Path) -> subprocess.Popen[str]:
+    """`python -m zerotrain.runtime` as the operator starts it: only the documented variables set."""
+    clean = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    return subprocess.Popen(
+        [sys.executable, "-m", "zerotrain.runtime", "--config", str(config)],
+        env={**clean, "ZEROTRAIN_TERMINATION_LOG": str(cwd / f"termination-{env.get('NODE_RANK', '0')}"), **env},
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+@pytest.mark.slow
+def test_two_pods_of_one_rank_rendezvous_and_finish(tmp_path: Path) -> None:
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    config = write_job(tmp_path, {"entrypoint": str(script), "args": [str(tmp_path)], "replicas": 2})
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "NPROC_PER_NODE": "1", "WORLD_SIZE": "2"}
+    pods = [pod(config, {**env, "NODE_RANK": str(n)}, tmp_path) for n in (0, 1)]
+    outputs = [p.communicate(timeout=120)[0] for p in pods]
+    assert [p.returncode for p in pods] == [0, 0], outputs
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [(r["RANK"], r["LOCAL_RANK"], r["WORLD_SIZE"], r["GROUP_RANK"]) for r in ranks] == [
+        ("0", "0", "2", "0"),
+        ("1", "0", "2", "1"),
+    ]
+    assert all(r["sum"] == 3.0 for r in ranks)  # a real all-reduce across the two pods
+    assert json.loads((tmp_path / "termination-0").read_text())["reason"] == "Succeeded"
+
+
+@pytest.mark.slow
+def test_a_failing_rank_sets_the_pod_exit_status(tmp_path: Path) -> None:
+    (tmp_path / "zt_failing_entry.py").write_text(FAILING_ENTRY)
+    config = write_job(
+        tmp_path,
+        {"entrypoint": "zt_failing_entry:build", "nprocPerNode": 2, "zero": {"collectiveTimeoutSeconds": 30}},
+    )
+    env = {"NPROC_PER_NODE": "2", "WORLD_SIZE": "2", "MASTER_PORT": str(free_port()), "PYTHONPATH": str(tmp_path)}
+    proc = pod(config, env, tmp_path)
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 3, out
+    assert "rank 1 exited with status 3" in out
+    record = json.loads((tmp_path / "termination-0").read_text())
+    assert (record["reason"], record["exitCode"]) == ("RankFailed", 3)
+
+
+@pytest.mark.slow
+def test_an_entry_point_that_cannot_be_imported_exits_2_before_any_rank(tmp_path: Path) -> None:
+    config = write_job(tmp_path, {"entrypoint": "zt_missing_module:build", "nprocPerNode": 2})
+    proc = pod(config, {"NPROC_PER_NODE": "2", "WORLD_SIZE": "2"}, tmp_path)
+    out = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 2, out
+    assert "spec.entrypoint: got 'zt_missing_module:build', but module 'zt_missing_module' cannot be imported" in out
+    assert json.loads((tmp_path / "termination-0").read_text())["reason"] == "InvalidConfig"
+
+
+@pytest.mark.slow
+def test_world_size_contradicting_the_manifest_exits_2(tmp_path: Path) -> None:
+    config = write_job(tmp_path, {"entrypoint": "zerotrain.runtime.examples.gpt:build", "replicas": 2})
+    proc = pod(config, {"NPROC_PER_NODE": "1", "WORLD_SIZE": "4", "MASTER_ADDR": "127.0.0.1"}, tmp_path)
+    out = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 2, out
+    assert "NNODES=4, NPROC_PER_NODE=1, but the manifest has spec.replicas=2" in out
