@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +102,7 @@ dist.destroy_process_group()
 
 FAILING_ENTRY = """
 import sys
+import time
 import torch.distributed as dist
 
 def build(rank, world_size):
@@ -180,3 +183,34 @@ def test_world_size_contradicting_the_manifest_exits_2(tmp_path: Path) -> None:
     out = proc.communicate(timeout=60)[0]
     assert proc.returncode == 2, out
     assert "NNODES=4, NPROC_PER_NODE=1, but the manifest has spec.replicas=2" in out
+
+
+SLEEPING_RANK = """
+import os, sys, time
+import torch.distributed as dist
+dist.init_process_group("gloo")
+open(os.path.join(sys.argv[1], f"ready{dist.get_rank()}"), "w").write(str(os.getpid()))
+while True:
+    time.sleep(0.1)
+"""
+
+
+@pytest.mark.slow
+def test_sigterm_is_forwarded_to_the_ranks_and_a_preempted_pod_exits_0(tmp_path: Path) -> None:
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPING_RANK)
+    config = write_job(tmp_path, {"entrypoint": str(script), "args": [str(tmp_path)], "nprocPerNode": 2})
+    proc = pod(config, {"NPROC_PER_NODE": "2", "WORLD_SIZE": "2", "MASTER_PORT": str(free_port())}, tmp_path)
+    ready = [tmp_path / "ready0", tmp_path / "ready1"]
+    deadline = time.monotonic() + 90
+    while not all(r.exists() and r.read_text() for r in ready):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+        time.sleep(0.2)
+    rank_pids = [int(r.read_text()) for r in ready]
+    proc.send_signal(signal.SIGTERM)
+    out = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 0, out
+    assert json.loads((tmp_path / "termination-0").read_text())["reason"] == "Preempted"
+    for pid in rank_pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

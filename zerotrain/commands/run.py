@@ -1,8 +1,9 @@
 """`zerotrain run JOB.yaml`: train what a ZeroTrainingJob describes, locally, as N processes on gloo.
 
 The ranks start through the same launcher the pods use (torch's elastic launcher, static rendezvous on
-127.0.0.1). A progress bar follows rank 0's progress file; at the end a table shows each rank's memory by
-category (measured next to the ZeRO formula) and the bytes it communicated by op. The exit status is the ranks'.
+127.0.0.1), as CPU processes (CUDA hidden) on gloo. A progress bar follows rank 0's progress file; at the end
+a table shows each rank's memory by category (measured next to the ZeRO formula) and the bytes it communicated
+by op. The exit status is the ranks'.
 """
 
 from __future__ import annotations
@@ -114,7 +115,9 @@ def run(args: argparse.Namespace) -> int:
             f"{job.spec.training.steps} steps, entry point {job.spec.entrypoint}",
             highlight=False,
         )
-        with _environ({PROGRESS_ENV: str(progress_file), SUMMARY_ENV: str(summary_file)}):
+        # Local runs are CPU ranks on gloo even on a GPU machine: N ranks could not share one GPU under NCCL.
+        local_env = {PROGRESS_ENV: str(progress_file), SUMMARY_ENV: str(summary_file), "CUDA_VISIBLE_DEVICES": ""}
+        with _environ(local_env):
             outcome = _train_with_progress(job, config, nproc, progress_file, console)
         summary = json.loads(summary_file.read_text()) if summary_file.exists() else None
     if summary is not None and args.summary_file:
