@@ -148,3 +148,23 @@ def test_digest_wins_over_tag() -> None:
     digest = "sha256:" + "ab" * 32
     container = one(render({"image": {"digest": digest}}), "Deployment")["spec"]["template"]["spec"]["containers"][0]
     assert container["image"] == f"ghcr.io/zerotrain/operator@{digest}"
+
+
+# A kubeconfig whose server is never contacted: a client-side dry run renders through Helm's install action.
+_UNREACHABLE_KUBECONFIG = """apiVersion: v1
+kind: Config
+clusters: [{name: none, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: none, user: {token: unused}}]
+contexts: [{name: none, context: {cluster: none, user: none}}]
+current-context: none
+"""
+
+
+@pytest.mark.parametrize("values_file", CASES)
+def test_install_action_accepts_the_chart(values_file: Path | None) -> None:
+    """`helm install --dry-run=client`: the install action's own checks (kubeVersion, CRDs, NOTES) pass offline."""
+    with helm.Config(kubeconfig_content=_UNREACHABLE_KUBECONFIG, namespace=NAMESPACE) as cfg:
+        release = cfg.install(CHART_DIR, "zt", _values(values_file), namespace=NAMESPACE, dry_run="client")
+    kinds = {doc["kind"] for doc in yaml.safe_load_all(release["manifest"]) if doc}
+    assert "Deployment" in kinds
+    assert "kubectl" in release["notes"] and "quickstart" in release["notes"]
