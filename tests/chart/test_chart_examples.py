@@ -1,6 +1,6 @@
 """examples/*.yaml are what `kubectl apply` accepts: ZeroTrainingJobs against the CRD's own schema (with the API
-server's strict field validation: unknown fields refused) and the operator's admission model, anything else against
-the Kubernetes schemas."""
+server's strict field validation: unknown fields refused) and the operator's admission (spec model, name, memory
+plan), anything else against the Kubernetes schemas."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from chart_util import ROOT, Obj
+from zerotrain.operator.admission import admit
 
 import zerotrain
 from zerotrain.manifest import parse_job
@@ -76,7 +77,9 @@ def test_example_is_accepted(path: Path) -> None:
             assert doc["apiVersion"] == API_VERSION
             errors = _crd_errors(doc)
             assert not errors, f"{path.name}: the CRD's schema refuses {errors}"
-            parse_job(doc, source=path.name)  # the operator's admission (and the CEL rules' pydantic twins)
+            parse_job(doc, source=path.name)  # the spec models (and the CEL rules' pydantic twins)
+            verdict = admit(doc["spec"], doc["metadata"]["name"])  # what the operator decides, memory plan included
+            assert verdict.admitted, f"{path.name}: the operator refuses it: {verdict.reason}: {verdict.message}"
         else:
             kubernetes_validate.validate(doc, kubernetes_validate.latest_version(), strict=True)
 
