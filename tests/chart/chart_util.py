@@ -27,10 +27,10 @@ def load_values(path: Path) -> Obj:
     return values
 
 
-def render_templates(values: Obj | None = None, namespace: str = NAMESPACE) -> dict[str, str]:
+def render_templates(values: Obj | None = None, namespace: str = NAMESPACE, release: str = RELEASE) -> dict[str, str]:
     """Template path (e.g. `zerotrain-operator/templates/deployment.yaml`) -> rendered text."""
     with helm.Chart.load(CHART_DIR) as chart:
-        return chart.render(values, name=RELEASE, namespace=namespace, is_install=True)
+        return chart.render(values, name=release, namespace=namespace, is_install=True)
 
 
 def iter_objects(rendered: dict[str, str]) -> Iterator[tuple[str, Obj]]:
@@ -43,8 +43,8 @@ def iter_objects(rendered: dict[str, str]) -> Iterator[tuple[str, Obj]]:
                 yield path, doc
 
 
-def render(values: Obj | None = None, namespace: str = NAMESPACE) -> list[Obj]:
-    return [obj for _, obj in iter_objects(render_templates(values, namespace))]
+def render(values: Obj | None = None, namespace: str = NAMESPACE, release: str = RELEASE) -> list[Obj]:
+    return [obj for _, obj in iter_objects(render_templates(values, namespace, release))]
 
 
 def by_kind(objects: list[Obj], kind: str) -> list[Obj]:

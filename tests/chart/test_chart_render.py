@@ -144,6 +144,15 @@ def test_metrics_disabled_turns_the_endpoint_off() -> None:
     assert [p["name"] for p in container["ports"]] == ["health"]
 
 
+def test_names_in_the_docs() -> None:
+    """docs/install.md installs release `zerotrain-operator` and names its Deployment and Service."""
+    objects = render(release="zerotrain-operator")
+    assert one(objects, "Deployment")["metadata"]["name"] == "zerotrain-operator"
+    assert one(objects, "Service")["metadata"]["name"] == "zerotrain-operator-metrics"
+    docs = (CHART_DIR.parents[1] / "docs" / "install.md").read_text()
+    assert "rollout status deployment/zerotrain-operator" in docs and "`zerotrain-operator-metrics`" in docs
+
+
 def test_digest_wins_over_tag() -> None:
     digest = "sha256:" + "ab" * 32
     container = one(render({"image": {"digest": digest}}), "Deployment")["spec"]["template"]["spec"]["containers"][0]
