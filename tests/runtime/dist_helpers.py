@@ -10,6 +10,7 @@ timeout are killed by PID and the call fails.
 
 from __future__ import annotations
 
+import io
 import os
 import queue
 import socket
@@ -17,6 +18,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+import torch
 import torch.multiprocessing as mp
 
 
@@ -43,7 +45,10 @@ def _entry(fn: Callable[..., Any], rank: int, world_size: int, port: int, out: A
     )
     torch.set_num_threads(1)
     try:
-        out.put((rank, True, fn(rank, world_size, *args)))
+        # Tensors go through the queue as bytes: torch's shared-memory passing dies with the sender.
+        buf = io.BytesIO()
+        torch.save(fn(rank, world_size, *args), buf)
+        out.put((rank, True, buf.getvalue()))
     except BaseException as e:
         out.put((rank, False, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
     finally:
@@ -77,4 +82,4 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: floa
     failed = [f"rank {r}: {v}" for r, (ok, v) in sorted(results.items()) if not ok]
     if failed:
         raise RankFailed("\n".join(failed))
-    return [results[r][1] for r in range(world_size)]
+    return [torch.load(io.BytesIO(results[r][1]), weights_only=False) for r in range(world_size)]

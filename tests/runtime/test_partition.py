@@ -1,0 +1,73 @@
+"""Flat layout arithmetic and the construction-time checks on model and config (no processes)."""
+
+from __future__ import annotations
+
+import pytest
+from tiny_models import TinyLM
+from torch import nn
+from zerotrain.runtime.errors import ZeroSetupError
+from zerotrain.runtime.partition import ROOT_UNIT, ParamClass, build_units
+
+NO_DECAY = ["*.bias", "*norm*"]
+
+
+def test_units_are_padded_to_a_multiple_of_the_world_size_and_shards_tile_them() -> None:
+    units = build_units(TinyLM(), ["Block"], NO_DECAY, world_size=4)
+    assert [u.name for u in units] == ["blocks.0", "blocks.1", "blocks.2", ROOT_UNIT]
+    block = units[0]
+    assert block.numel == 471 and block.padded == 472 and block.shard_numel == 118
+    assert [block.shard_range(r) for r in range(4)] == [(0, 118), (118, 236), (236, 354), (354, 472)]
+    assert sum(u.numel for u in units) == sum(p.numel() for p in TinyLM().parameters())
+
+
+def test_parameters_are_ordered_decay_then_no_decay_then_frozen() -> None:
+    model = TinyLM()
+    model.blocks[0].up.weight.requires_grad_(False)
+    block = build_units(model, ["Block"], NO_DECAY, world_size=2)[0]
+    kinds = [s.kind for s in block.slots]
+    assert kinds == sorted(kinds)
+    assert {s.name: s.kind for s in block.slots}["blocks.0.up.weight"] is ParamClass.FROZEN
+    assert {s.name: s.kind for s in block.slots}["blocks.0.norm.weight"] is ParamClass.NO_DECAY
+    offsets = [s.offset for s in block.slots]
+    assert offsets == sorted(offsets) and offsets[0] == 0
+
+
+def test_a_shard_meets_each_optimizer_class_at_most_once() -> None:
+    block = build_units(TinyLM(), ["Block"], NO_DECAY, world_size=2)[0]
+    decay_elems = sum(s.numel for s in block.slots if s.kind is ParamClass.DECAY)
+    segs = [block.shard_segments(r, (ParamClass.DECAY, ParamClass.NO_DECAY)) for r in range(2)]
+    for s in segs:
+        assert len({seg.kind for seg in s}) == len(s)
+    assert sum(seg.stop - seg.start for s in segs for seg in s if seg.kind is ParamClass.DECAY) == decay_elems
+
+
+def test_tied_parameter_used_outside_its_unit_moves_to_the_root() -> None:
+    class Wrap(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = nn.Linear(3, 3)
+            self.outer = nn.Linear(3, 3)
+            self.outer.weight = self.inner.weight
+
+    units = build_units(Wrap(), ["Linear"], [], world_size=1)
+    by_name = {u.name: [s.name for s in u.slots] for u in units}
+    assert by_name["inner"] == ["inner.bias"]
+    assert "inner.weight" in by_name[ROOT_UNIT]
+
+
+@pytest.mark.parametrize(
+    ("model", "units", "world", "field"),
+    [
+        (nn.ReLU(), [], 1, "model"),
+        (TinyLM(), ["Blok"], 1, "zero.unitModules[0]"),
+        (nn.Linear(1, 1), [], 3, "WORLD_SIZE"),
+    ],
+)
+def test_bad_models_are_refused_with_field_value_and_fix(
+    model: nn.Module, units: list[str], world: int, field: str
+) -> None:
+    with pytest.raises(ZeroSetupError) as err:
+        build_units(model, units, [], world_size=world)
+    assert err.value.field == field
+    assert isinstance(err.value, ValueError)
+    assert "; " in str(err.value) and err.value.fix
