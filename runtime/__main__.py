@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from zerotrain.runtime.launch import LaunchOutcome, launch, plan_from_env, preflight, write_termination_log
+from zerotrain.runtime.launch import LaunchOutcome, Outcome, launch, plan_from_env, preflight, write_termination_log
 
 from zerotrain.errors import EXIT_BAD_INPUT, UserError
 
@@ -34,11 +34,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         preflight(job.spec)
     except UserError as e:
         print(f"zerotrain: error: {e}", file=sys.stderr, flush=True)
-        write_termination_log(LaunchOutcome(EXIT_BAD_INPUT, "InvalidConfig", str(e)))
+        write_termination_log(LaunchOutcome(EXIT_BAD_INPUT, Outcome.INVALID_CONFIG, str(e)))
         return EXIT_BAD_INPUT
     run_id = str(job.metadata.get("name") or "zerotrain")
     outcome = launch(job.spec, Path(args.config), plan, run_id=run_id)
-    print(f"zerotrain: node {plan.node_rank}: {outcome.reason}: {outcome.message}", file=sys.stderr, flush=True)
+    print(f"zerotrain: node {plan.node_rank}: {outcome.reason.value}: {outcome.message}", file=sys.stderr, flush=True)
     write_termination_log(outcome)
     return outcome.exit_code
 

@@ -20,15 +20,15 @@ Exit status of the launcher:
 - 0: every rank finished; or SIGTERM arrived while no rank had failed (preemption, eviction, the operator
   deleting the pod): it is forwarded to every rank and the launcher exits once all have stopped (torch's
   shutdown sends SIGTERM, waits TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds, 20 by default here, then SIGKILLs the
-  rest). A preempted pod thus exits 0 with reason `Preempted` in its termination log, which is how the operator
-  tells it from a finished one. A rank that failed before the signal makes it a failure (next line).
+  rest). A preempted pod thus exits 0 with a termination message starting with `preempted`, which is how the
+  operator tells it from a finished one. A rank that failed before the signal makes it a failure (next line).
 - the failing rank's status: a rank failed (the earliest failure wins; a rank killed by signal S counts
   as 128+S). 2 is a configuration error in every rank, also checked here before any rank starts.
 - 128+S: another signal S (SIGINT, SIGHUP, SIGQUIT) stopped the launcher.
 
-Termination log: the launcher writes one JSON line (`reason`, `exitCode`, `message`) to
-$ZEROTRAIN_TERMINATION_LOG (default /dev/termination-log, Kubernetes' terminationMessagePath) if that file can
-be opened; the operator copies it into the job's conditions.
+Termination message: the launcher writes one line, `<outcome>: <detail> (exit status <code>)` with <outcome> one
+of `Outcome`'s values (succeeded, preempted, rank-failed, interrupted, invalid-config), to
+$ZEROTRAIN_TERMINATION_LOG, else to /dev/termination-log (Kubernetes' terminationMessagePath) when that exists.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -169,14 +170,24 @@ def rank_environment(plan: LaunchPlan) -> dict[str, str]:
     return env
 
 
+class Outcome(str, Enum):
+    """How a launch ended; the first word of the pod's termination message."""
+
+    SUCCEEDED = "succeeded"
+    PREEMPTED = "preempted"
+    RANK_FAILED = "rank-failed"
+    INTERRUPTED = "interrupted"
+    INVALID_CONFIG = "invalid-config"
+
+
 @dataclass(frozen=True)
 class LaunchOutcome:
     """How the ranks ended."""
 
     exit_code: int
     """The launcher's exit status (see the module docstring)."""
-    reason: str
-    """Succeeded, RankFailed, Preempted or Interrupted."""
+    reason: Outcome
+    """How it ended."""
     message: str
     """One line for a person."""
 
@@ -223,7 +234,7 @@ def outcome_of_failures(failures: Mapping[int, Any]) -> LaunchOutcome:
     detail = failure.message if isinstance(failure.message, str) else str(failure.message.get("message", ""))
     # Without an error file torch substitutes a link to its docs: no information about this failure.
     first_line = detail.strip().splitlines()[-1] if _recorded(failure) and detail.strip() else ""
-    return LaunchOutcome(code, "RankFailed", f"rank {rank} {how}{tail}: {first_line}".rstrip(": "))
+    return LaunchOutcome(code, Outcome.RANK_FAILED, f"rank {rank} {how}{tail}: {first_line}".rstrip(": "))
 
 
 def launch(
@@ -260,15 +271,15 @@ def launch(
         return outcome_of_failures(e.failures)
     except SignalException as e:
         if e.sigval == signal.SIGTERM:
-            return LaunchOutcome(0, "Preempted", "SIGTERM: forwarded to every rank, all stopped")
-        return LaunchOutcome(128 + int(e.sigval), "Interrupted", f"{e.sigval.name}: ranks stopped")
+            return LaunchOutcome(0, Outcome.PREEMPTED, "SIGTERM: forwarded to every rank, all stopped")
+        return LaunchOutcome(128 + int(e.sigval), Outcome.INTERRUPTED, f"{e.sigval.name}: ranks stopped")
     finally:
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    return LaunchOutcome(0, "Succeeded", f"{plan.nproc_per_node} rank(s) finished")
+    return LaunchOutcome(0, Outcome.SUCCEEDED, f"{plan.nproc_per_node} rank(s) finished")
 
 
 def write_termination_log(outcome: LaunchOutcome) -> None:
@@ -277,9 +288,10 @@ def write_termination_log(outcome: LaunchOutcome) -> None:
     path = Path(configured or "/dev/termination-log")
     if not configured and not path.is_file():
         return  # not in a pod: never create files under /dev
-    record = {"reason": outcome.reason, "exitCode": outcome.exit_code, "message": outcome.message[:2000]}
+    # Kubernetes keeps at most 4096 bytes of it.
+    line = f"{outcome.reason.value}: {outcome.message[:3000]} (exit status {outcome.exit_code})"
     try:
         with path.open("w") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(line + "\n")
     except OSError:
         return

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import os
 import sys
@@ -316,6 +317,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             write_failure_record(f"{type(e).__name__}: {e}")
         raise
     finally:
+        # The engine's hooks form reference cycles; collect it (and the gloo work objects it holds) while the
+        # process group is alive, or finalising them at interpreter exit can abort the process.
+        gc.collect()
         if dist.is_initialized():
             dist.destroy_process_group()
     return 0

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
-from zerotrain.runtime.launch import LaunchPlan, free_port, outcome_of_failures, plan_from_env
+from zerotrain.runtime.launch import LaunchPlan, Outcome, free_port, outcome_of_failures, plan_from_env
 from zerotrain.runtime.task import ConfigError
 
 from zerotrain.spec import ZeroTrainingJobSpec
@@ -71,7 +71,7 @@ def failure(rank: int, exitcode: int, tmp: Path, recorded_at: float | None = Non
 
 def test_an_exit_status_beats_a_kill_by_the_launcher(tmp_path: Path) -> None:
     out = outcome_of_failures({0: failure(0, -15, tmp_path), 1: failure(1, 3, tmp_path)})
-    assert (out.exit_code, out.reason) == (3, "RankFailed")
+    assert (out.exit_code, out.reason) == (3, Outcome.RANK_FAILED)
     assert out.message.startswith("rank 1 exited with status 3 (also failed: ranks [0])")
 
 
@@ -147,7 +147,7 @@ def test_two_pods_of_one_rank_rendezvous_and_finish(tmp_path: Path) -> None:
         ("1", "0", "2", "1"),
     ]
     assert all(r["sum"] == 3.0 for r in ranks)  # a real all-reduce across the two pods
-    assert json.loads((tmp_path / "termination-0").read_text())["reason"] == "Succeeded"
+    assert (tmp_path / "termination-0").read_text() == "succeeded: 1 rank(s) finished (exit status 0)\n"
 
 
 @pytest.mark.slow
@@ -162,8 +162,8 @@ def test_a_failing_rank_sets_the_pod_exit_status(tmp_path: Path) -> None:
     out = proc.communicate(timeout=120)[0]
     assert proc.returncode == 3, out
     assert "rank 1 exited with status 3" in out
-    record = json.loads((tmp_path / "termination-0").read_text())
-    assert (record["reason"], record["exitCode"]) == ("RankFailed", 3)
+    message = (tmp_path / "termination-0").read_text()
+    assert message.startswith("rank-failed: rank 1 exited with status 3") and message.endswith("(exit status 3)\n")
 
 
 @pytest.mark.slow
@@ -173,7 +173,7 @@ def test_an_entry_point_that_cannot_be_imported_exits_2_before_any_rank(tmp_path
     out = proc.communicate(timeout=60)[0]
     assert proc.returncode == 2, out
     assert "spec.entrypoint: got 'zt_missing_module:build', but module 'zt_missing_module' cannot be imported" in out
-    assert json.loads((tmp_path / "termination-0").read_text())["reason"] == "InvalidConfig"
+    assert (tmp_path / "termination-0").read_text().startswith("invalid-config: spec.entrypoint: got")
 
 
 @pytest.mark.slow
@@ -210,7 +210,8 @@ def test_sigterm_is_forwarded_to_the_ranks_and_a_preempted_pod_exits_0(tmp_path:
     proc.send_signal(signal.SIGTERM)
     out = proc.communicate(timeout=60)[0]
     assert proc.returncode == 0, out
-    assert json.loads((tmp_path / "termination-0").read_text())["reason"] == "Preempted"
+    # The operator's observe.PREEMPTED_MESSAGE: a Succeeded pod whose message starts so was preempted.
+    assert (tmp_path / "termination-0").read_text().startswith("preempted: ")
     for pid in rank_pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)

@@ -125,7 +125,9 @@ def run(args: argparse.Namespace) -> int:
     if summary is not None:
         render_summary(summary, console)
     style = "green" if outcome.exit_code == 0 else "bold red"
-    console.print(f"[{style}]{outcome.reason}[/]: {outcome.message} (exit status {outcome.exit_code})", highlight=False)
+    console.print(
+        f"[{style}]{outcome.reason.value}[/]: {outcome.message} (exit status {outcome.exit_code})", highlight=False
+    )
     return outcome.exit_code
 
 
