@@ -64,3 +64,27 @@ def test_entry_point_that_cannot_be_imported_exits_2(tmp_path: Path, capsys: pyt
 def test_bad_overrides_exit_2(flag: str, value: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", str(QUICKSTART), flag, value]) == 2
     assert f"{flag}: got {value}; must be at least 1" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_script_entry_point_runs_as_every_rank_with_spec_env(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import os, sys\n"
+        "rank = os.environ['RANK']\n"
+        "seen = os.environ['ZT_MARK'] + ' ' + os.environ['WORLD_SIZE']\n"
+        "open(os.path.join(sys.argv[1], 'rank' + rank), 'w').write(seen)\n"
+    )
+    doc = yaml.safe_load(QUICKSTART.read_text())
+    doc["spec"] |= {"entrypoint": str(script), "args": [str(tmp_path)], "env": [{"name": "ZT_MARK", "value": "hi"}]}
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    proc = subprocess.run(
+        [sys.executable, "-m", "zerotrain.cli", "run", str(job), "--nproc", "3"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert [(tmp_path / f"rank{r}").read_text() for r in range(3)] == ["hi 3"] * 3

@@ -116,7 +116,8 @@ def run(args: argparse.Namespace) -> int:
             highlight=False,
         )
         # Local runs are CPU ranks on gloo even on a GPU machine: N ranks could not share one GPU under NCCL.
-        local_env = {PROGRESS_ENV: str(progress_file), SUMMARY_ENV: str(summary_file), "CUDA_VISIBLE_DEVICES": ""}
+        local_env = {e.name: e.value for e in job.spec.env}  # spec.env, as the pods get it
+        local_env |= {PROGRESS_ENV: str(progress_file), SUMMARY_ENV: str(summary_file), "CUDA_VISIBLE_DEVICES": ""}
         with _environ(local_env):
             outcome = _train_with_progress(job, config, nproc, progress_file, console)
         summary = json.loads(summary_file.read_text()) if summary_file.exists() else None
@@ -133,7 +134,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _train_with_progress(job: ZeroTrainingJob, config: Path, nproc: int, progress_file: Path, console: Console) -> Any:
     from zerotrain.runtime.launch import launch, local_plan
+    from zerotrain.runtime.task import is_script
 
+    run_id = str(job.metadata.get("name", "local"))
+    if is_script(job.spec.entrypoint):  # a script reports nothing to follow
+        return launch(job.spec, config, local_plan(nproc), run_id=run_id, quiet=True)
     columns = (
         TextColumn("[bold]training"),
         BarColumn(),
@@ -147,9 +152,7 @@ def _train_with_progress(job: ZeroTrainingJob, config: Path, nproc: int, progres
         tail = ProgressTail(progress_file, progress, task)
         tail.start()
         try:
-            return launch(
-                job.spec, config, local_plan(nproc), run_id=str(job.metadata.get("name", "local")), quiet=True
-            )
+            return launch(job.spec, config, local_plan(nproc), run_id=run_id, quiet=True)
         finally:
             tail.stop.set()
             tail.join()
