@@ -88,3 +88,22 @@ def test_script_entry_point_runs_as_every_rank_with_spec_env(tmp_path: Path) -> 
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert [(tmp_path / f"rank{r}").read_text() for r in range(3)] == ["hi 3"] * 3
+
+
+@pytest.mark.slow
+def test_a_configuration_the_engine_refuses_exits_2_from_every_rank(tmp_path: Path) -> None:
+    doc = yaml.safe_load(QUICKSTART.read_text())
+    doc["spec"]["zero"]["unitModules"] = ["Blok"]
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    proc = subprocess.run(
+        [sys.executable, "-m", "zerotrain.cli", "run", str(job), "--steps", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    for rank in (0, 1):
+        assert f"zerotrain rank {rank}: error: zero.unitModules[0]: got 'Blok'" in proc.stderr
+    assert "rank-failed: rank 0 exited with status 2" in proc.stdout

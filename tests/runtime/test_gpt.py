@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-
 from zerotrain.runtime.examples import gpt
 from zerotrain.runtime.task import ConfigError, TrainingTask
 
