@@ -27,6 +27,12 @@ API_VERSION = f"{GROUP}/{VERSION}"
 
 _ENTRYPOINT = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$|^\S+\.py$")
 _QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
+# What a checkpoint was trained with: changing it under a running job would resume from incompatible state.
+_IMMUTABLE = {
+    "x-kubernetes-validations": [
+        {"rule": "self == oldSelf", "message": "is immutable (checkpoints depend on it); create a new job instead"}
+    ]
+}
 
 
 class GangMode(str, Enum):
@@ -245,9 +251,9 @@ class ZeroTrainingJobSpec(SpecModel):
 
     image: str = Field(min_length=1)
     """Container image with zerotrain, torch and the entry point's code."""
-    entrypoint: str
+    entrypoint: str = Field(json_schema_extra=_IMMUTABLE)
     """`package.module:function` returning model, loss and data for a rank, or a script path ending in .py."""
-    args: list[str] = Field(default_factory=list)
+    args: list[str] = Field(default_factory=list, json_schema_extra=_IMMUTABLE)
     """Arguments for a script entry point."""
     entrypoint_args: dict[str, Any] = Field(
         default_factory=dict, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True}
@@ -263,9 +269,9 @@ class ZeroTrainingJobSpec(SpecModel):
     """The ZeRO runtime configuration."""
     training: TrainingSpec = Field(default_factory=TrainingSpec)
     """Steps, optimizer and seed."""
-    model: ModelInfo = Field(default_factory=ModelInfo)
+    model: ModelInfo = Field(default_factory=ModelInfo, json_schema_extra=_IMMUTABLE)
     """Model facts for memory planning."""
-    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, json_schema_extra=_IMMUTABLE)
     """Sharded checkpoints."""
     metrics: MetricsSpec = Field(default_factory=MetricsSpec)
     """Prometheus metrics of each rank."""
@@ -395,6 +401,8 @@ class ZeroTrainingJobStatus(SpecModel):
     """Newest committed checkpoint; a restarted gang resumes from it."""
     memory_plan: MemoryPlan | None = None
     """Per-rank model-state memory by ZeRO stage for this job."""
+    next_restart_time: datetime | None = None
+    """When a gang torn down after a failure is created again (exponential back-off); null when none is due."""
     observed_generation: int | None = None
     """metadata.generation this status describes."""
 

@@ -1,0 +1,108 @@
+"""Admission: is a job's spec valid, can its children be named, and do its model states fit its GPUs?"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from zerotrain.operator import naming
+from zerotrain.operator.status import Reason
+from zerotrain.runtime.config import Precision, Stage
+
+from zerotrain.errors import UserError
+from zerotrain.manifest import parse_spec
+from zerotrain.planner import MemoryPlan, PlanInput, format_bytes, min_data_parallel, plan
+from zerotrain.spec import ZeroTrainingJobSpec
+
+_UNITS = {"": 1, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
+_UNITS.update({"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60})
+_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The verdict: a parsed spec and its memory plan, or the reason and message of a refusal."""
+
+    spec: ZeroTrainingJobSpec | None
+    plan: MemoryPlan | None = None
+    reason: str | None = None
+    message: str = ""
+
+    @property
+    def admitted(self) -> bool:
+        return self.reason is None
+
+
+def parse_quantity(text: str) -> int:
+    """A Kubernetes quantity ("80Gi", "40G") in bytes."""
+    m = _QUANTITY.match(text.strip())
+    if not m:
+        raise ValueError(f"not a Kubernetes quantity: {text!r}")
+    return round(float(m.group(1)) * _UNITS[m.group(2) or ""])
+
+
+def _bytes_of(precision: Precision) -> float:
+    return 4.0 if precision == Precision.FP32 else 2.0
+
+
+def plan_for(spec: ZeroTrainingJobSpec, default_gpu_memory: str | None) -> tuple[MemoryPlan, PlanInput] | None:
+    """The planner's verdict when the parameter count and a GPU's memory are known, else None."""
+    memory = spec.resources.gpu_memory or (default_gpu_memory if spec.resources.gpu > 0 else None)
+    if spec.model.parameters is None or memory is None:
+        return None
+    p = PlanInput(
+        parameters=spec.model.parameters,
+        data_parallel=spec.world_size,
+        optimizer_multiplier=spec.model.optimizer_multiplier,
+        bytes_per_weight=_bytes_of(spec.zero.precision),
+        bytes_per_gradient=_bytes_of(spec.zero.reduce_dtype),
+        device_memory=parse_quantity(memory),
+    )
+    return plan(p), p
+
+
+def _does_not_fit(spec: ZeroTrainingJobSpec, result: MemoryPlan, p: PlanInput) -> str | None:
+    stage = spec.zero.stage
+    chosen = result.stages[stage]
+    if chosen.fits is not False or result.usable_memory is None:
+        return None
+    usable = result.usable_memory
+    fixes = []
+    if result.recommended_stage is not None and result.recommended_stage > stage:
+        fixes.append(f"set spec.zero.stage to {result.recommended_stage.value}")
+    for s in (stage, Stage.PARAMETERS) if stage != Stage.PARAMETERS else (stage,):
+        ranks = min_data_parallel(s, p, usable)
+        if ranks is not None:
+            replicas = math.ceil(ranks / spec.nproc_per_node)
+            fixes.append(
+                f"run stage {s.value} on at least {replicas} replicas ({replicas * spec.nproc_per_node} ranks)"
+            )
+            break
+    fix = "; or ".join(fixes) if fixes else "use GPUs with more memory"
+    return (
+        f"spec.zero.stage: stage {stage.value} needs {format_bytes(chosen.model_state_bytes)} of model states per GPU "
+        f"with {spec.world_size} ranks, more than the {format_bytes(usable)} usable of "
+        f"{format_bytes(result.device_memory or 0)}; {fix}"
+    )
+
+
+def admit(raw_spec: Any, job_name: str, default_gpu_memory: str | None = None) -> Admission:
+    """Validate `raw_spec` as the operator receives it; never raises for bad input."""
+    try:
+        spec = parse_spec(raw_spec)
+    except UserError as e:
+        return Admission(spec=None, reason=Reason.INVALID_SPEC, message=str(e))
+    if problem := naming.name_problem(job_name, spec.replicas):
+        return Admission(spec=spec, reason=Reason.INVALID_NAME, message=problem)
+    try:
+        planned = plan_for(spec, default_gpu_memory)
+    except ValueError as e:
+        return Admission(spec=spec, reason=Reason.INVALID_SPEC, message=f"resources.gpuMemory: {e}")
+    if planned is None:
+        return Admission(spec=spec)
+    result, p = planned
+    if refusal := _does_not_fit(spec, result, p):
+        return Admission(spec=spec, plan=result, reason=Reason.MEMORY_PLAN_DOES_NOT_FIT, message=refusal)
+    return Admission(spec=spec, plan=result)

@@ -1,0 +1,237 @@
+"""Pure builders of a job's desired children: headless Service, ConfigMap, RBAC for status reports,
+optional PodGroup and one Pod per replica. No I/O; every object carries the job's owner reference."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+from zerotrain.operator import naming
+
+from zerotrain.spec import API_VERSION, GROUP, KIND, PLURAL, GangMode, ZeroTrainingJob, ZeroTrainingJobSpec
+
+Obj = dict[str, Any]
+
+# Scheduler names used when a gang mode is asked for and spec.scheduling.schedulerName is empty.
+COSCHEDULING_SCHEDULER = "scheduler-plugins-scheduler"
+VOLCANO_SCHEDULER = "volcano"
+COSCHEDULING_LABEL = "scheduling.x-k8s.io/pod-group"
+VOLCANO_ANNOTATION = "scheduling.k8s.io/group-name"
+CONFIG_VOLUME = "zerotrain-config"
+CHECKPOINT_VOLUME = "zerotrain-checkpoints"
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """Identity of the owning ZeroTrainingJob."""
+
+    name: str
+    namespace: str
+    uid: str
+
+    @classmethod
+    def from_body(cls, body: Obj) -> JobRef:
+        md = body.get("metadata", {})
+        return cls(name=md["name"], namespace=md["namespace"], uid=md.get("uid", ""))
+
+
+def owner_reference(job: JobRef) -> Obj:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": job.name,
+        "uid": job.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _metadata(job: JobRef, name: str, extra_labels: dict[str, str] | None = None) -> Obj:
+    return {
+        "name": name,
+        "namespace": job.namespace,
+        "labels": {**naming.job_labels(job.name), **(extra_labels or {})},
+        "ownerReferences": [owner_reference(job)],
+    }
+
+
+def build_service(job: JobRef) -> Obj:
+    """Headless; publishes not-ready pods so ranks resolve MASTER_ADDR before rank 0 is Ready."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(job, naming.service_name(job.name)),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {naming.LABEL_JOB: job.name},
+            "ports": [{"name": "rendezvous", "port": naming.MASTER_PORT, "targetPort": naming.MASTER_PORT}],
+        },
+    }
+
+
+def build_config_map(job: JobRef, spec: ZeroTrainingJobSpec) -> Obj:
+    """The full, defaulted manifest the runtime reads from /etc/zerotrain/job.yaml."""
+    manifest = ZeroTrainingJob(metadata={"name": job.name, "namespace": job.namespace}, spec=spec).to_wire()
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(job, naming.config_map_name(job.name)),
+        "data": {naming.CONFIG_KEY: yaml.safe_dump(manifest, sort_keys=False)},
+    }
+
+
+def build_rbac(job: JobRef) -> list[Obj]:
+    """ServiceAccount + Role + RoleBinding letting the job's pods patch only this job's status."""
+    sa = naming.service_account_name(job.name)
+    role = naming.role_name(job.name)
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _metadata(job, sa)},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": _metadata(job, role),
+            "rules": [
+                {
+                    "apiGroups": [GROUP],
+                    "resources": [f"{PLURAL}/status"],
+                    "resourceNames": [job.name],
+                    "verbs": ["patch"],
+                }
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": _metadata(job, role),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": job.namespace}],
+        },
+    ]
+
+
+def build_pod_group(job: JobRef, spec: ZeroTrainingJobSpec) -> Obj | None:
+    """A PodGroup with minMember = replicas for the gang scheduler, or None without gang scheduling."""
+    mode = spec.scheduling.gang
+    if mode == GangMode.NONE:
+        return None
+    api = "scheduling.x-k8s.io/v1alpha1" if mode == GangMode.COSCHEDULING else "scheduling.volcano.sh/v1beta1"
+    body: Obj = {"minMember": spec.replicas}
+    if mode == GangMode.COSCHEDULING:
+        body["scheduleTimeoutSeconds"] = spec.scheduling.startup_timeout_seconds
+    return {
+        "apiVersion": api,
+        "kind": "PodGroup",
+        "metadata": _metadata(job, naming.pod_group_name(job.name)),
+        "spec": body,
+    }
+
+
+def scheduler_name(spec: ZeroTrainingJobSpec) -> str | None:
+    if spec.scheduling.scheduler_name:
+        return spec.scheduling.scheduler_name
+    return {GangMode.COSCHEDULING: COSCHEDULING_SCHEDULER, GangMode.VOLCANO: VOLCANO_SCHEDULER}.get(
+        spec.scheduling.gang
+    )
+
+
+def pod_env(job: JobRef, spec: ZeroTrainingJobSpec, replica: int) -> list[Obj]:
+    """The torchrun-style rendezvous env of one pod, then the user's env (which may override nothing above)."""
+    fixed = {
+        "MASTER_ADDR": naming.master_addr(job.name, job.namespace),
+        "MASTER_PORT": str(naming.MASTER_PORT),
+        "NNODES": str(spec.replicas),
+        "NODE_RANK": str(replica),
+        "NPROC_PER_NODE": str(spec.nproc_per_node),
+        "WORLD_SIZE": str(spec.world_size),
+        "ZEROTRAIN_JOB_NAME": job.name,
+        "ZEROTRAIN_NAMESPACE": job.namespace,
+        "ZEROTRAIN_CHECKPOINT_DIR": spec.checkpoint.path,
+    }
+    env: list[Obj] = [{"name": k, "value": v} for k, v in fixed.items()]
+    env.append({"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
+    env += [{"name": e.name, "value": e.value} for e in spec.env if e.name not in fixed and e.name != "POD_NAME"]
+    return env
+
+
+def _resources(spec: ZeroTrainingJobSpec) -> Obj:
+    amounts: dict[str, str] = {}
+    if spec.resources.cpu:
+        amounts["cpu"] = spec.resources.cpu
+    if spec.resources.memory:
+        amounts["memory"] = spec.resources.memory
+    if spec.resources.gpu:
+        amounts["nvidia.com/gpu"] = str(spec.resources.gpu)
+    return {"requests": dict(amounts), "limits": dict(amounts)} if amounts else {}
+
+
+def _container(job: JobRef, spec: ZeroTrainingJobSpec, replica: int) -> Obj:
+    mounts: list[Obj] = [
+        {"name": CONFIG_VOLUME, "mountPath": naming.CONFIG_DIR, "readOnly": True},
+        {"name": CHECKPOINT_VOLUME, "mountPath": spec.checkpoint.path},
+    ]
+    mounts += [m.to_wire() for m in spec.volume_mounts]
+    container: Obj = {
+        "name": naming.CONTAINER_NAME,
+        "image": spec.image,
+        "command": ["python", "-m", "zerotrain.runtime", "--config", f"{naming.CONFIG_DIR}/{naming.CONFIG_KEY}"],
+        "env": pod_env(job, spec, replica),
+        "ports": [{"name": "rendezvous", "containerPort": naming.MASTER_PORT}],
+        "volumeMounts": mounts,
+    }
+    if spec.metrics.enabled:
+        container["ports"] += [
+            {"name": f"metrics-{r}", "containerPort": spec.metrics.port + r} for r in range(spec.nproc_per_node)
+        ]
+    if resources := _resources(spec):
+        container["resources"] = resources
+    return container
+
+
+def build_pod(job: JobRef, spec: ZeroTrainingJobSpec, replica: int, gang: int) -> Obj:
+    """Pod `replica` (NODE_RANK) of gang incarnation `gang`; it runs nprocPerNode local ranks."""
+    labels = {naming.LABEL_REPLICA: str(replica), naming.LABEL_GANG: str(gang)}
+    if spec.scheduling.gang == GangMode.COSCHEDULING:
+        labels[COSCHEDULING_LABEL] = naming.pod_group_name(job.name)
+    metadata = _metadata(job, naming.pod_name(job.name, replica), labels)
+    if spec.scheduling.gang == GangMode.VOLCANO:
+        metadata["annotations"] = {VOLCANO_ANNOTATION: naming.pod_group_name(job.name)}
+    checkpoint: Obj = (
+        {"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": spec.checkpoint.claim_name}}
+        if spec.checkpoint.claim_name
+        else {"name": CHECKPOINT_VOLUME, "emptyDir": {}}
+    )
+    pod_spec: Obj = {
+        "restartPolicy": "Never",
+        "hostname": naming.pod_name(job.name, replica),
+        "subdomain": naming.service_name(job.name),
+        "serviceAccountName": naming.service_account_name(job.name),
+        "containers": [_container(job, spec, replica)],
+        "volumes": [
+            {"name": CONFIG_VOLUME, "configMap": {"name": naming.config_map_name(job.name)}},
+            checkpoint,
+            *spec.volumes,
+        ],
+    }
+    if name := scheduler_name(spec):
+        pod_spec["schedulerName"] = name
+    if spec.scheduling.priority_class_name:
+        pod_spec["priorityClassName"] = spec.scheduling.priority_class_name
+    if spec.scheduling.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.scheduling.node_selector)
+    if spec.scheduling.tolerations:
+        pod_spec["tolerations"] = [t.to_wire() for t in spec.scheduling.tolerations]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+def build_pods(job: JobRef, spec: ZeroTrainingJobSpec, gang: int) -> list[Obj]:
+    return [build_pod(job, spec, r, gang) for r in range(spec.replicas)]
+
+
+def build_supporting(job: JobRef, spec: ZeroTrainingJobSpec) -> list[Obj]:
+    """Everything but the pods, in the order they must exist before the pods start."""
+    objs = [*build_rbac(job), build_service(job), build_config_map(job, spec)]
+    if (group := build_pod_group(job, spec)) is not None:
+        objs.append(group)
+    return objs

@@ -1,0 +1,333 @@
+"""The only module that talks to the Kubernetes API server.
+
+Plain dicts in and out through the official client's REST layer (no generated models, so the operator's
+objects are exactly what the builders produced). Writes are "apply" as get → create or merge-patch only
+what differs, which gives server-side-apply's "a second pass changes nothing" on a real API server and on
+the KMock emulator alike. Conflicts (409), throttling (429) and server errors (5xx) are retried with
+exponential back-off that honours Retry-After.
+
+`API_CALLS` lists every call the operator process makes, its own and kopf's; the Helm chart's ClusterRole
+grants exactly these, and the e2e tests check that every request actually served is in the set.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from enum import Enum
+from typing import Any
+from urllib.parse import urlencode
+
+import kopf
+import kubernetes
+import urllib3
+from zerotrain.operator import naming
+
+from zerotrain import __version__
+from zerotrain.spec import GROUP, PLURAL, VERSION
+
+log = logging.getLogger(__name__)
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ApiCall:
+    """One RBAC permission the operator uses."""
+
+    group: str  # "" for the core group
+    resource: str  # plural; subresources as "zerotrainingjobs/status"
+    verb: str  # get | list | watch | create | patch | update | delete
+
+
+def _calls(group: str, resource: str, *verbs: str) -> set[ApiCall]:
+    return {ApiCall(group, resource, v) for v in verbs}
+
+
+_RBAC = "rbac.authorization.k8s.io"
+COSCHEDULING_GROUP = "scheduling.x-k8s.io"
+VOLCANO_GROUP = "scheduling.volcano.sh"
+
+API_CALLS: frozenset[ApiCall] = frozenset(
+    # kopf: watches jobs (list+watch), stores handler progress in annotations (patch) and status (patch).
+    # The operator: fetches a job fresh before reconciling (get), writes status, deletes after the TTL.
+    _calls(GROUP, PLURAL, "get", "list", "watch", "patch", "delete")
+    | _calls(GROUP, f"{PLURAL}/status", "patch")
+    # kopf watches the job's pods to reconcile on every pod change; the operator creates and deletes them.
+    | _calls("", "pods", "list", "watch", "create", "delete")
+    | _calls("", "services", "get", "create", "patch")
+    | _calls("", "configmaps", "get", "create", "patch")
+    | _calls("", "serviceaccounts", "get", "create", "patch")
+    | _calls(_RBAC, "roles", "get", "create", "patch")
+    | _calls(_RBAC, "rolebindings", "get", "create", "patch")
+    | _calls(COSCHEDULING_GROUP, "podgroups", "get", "create", "patch")
+    | _calls(VOLCANO_GROUP, "podgroups", "get", "create", "patch")
+    # The operator's Events and kopf's (kopf.event / failed-handler posts).
+    | _calls("", "events", "create")
+)
+
+# (apiVersion, kind) -> plural of every kind the operator writes.
+PLURALS = {
+    ("v1", "Pod"): "pods",
+    ("v1", "Service"): "services",
+    ("v1", "ConfigMap"): "configmaps",
+    ("v1", "ServiceAccount"): "serviceaccounts",
+    ("v1", "Event"): "events",
+    (f"{_RBAC}/v1", "Role"): "roles",
+    (f"{_RBAC}/v1", "RoleBinding"): "rolebindings",
+    (f"{COSCHEDULING_GROUP}/v1alpha1", "PodGroup"): "podgroups",
+    (f"{VOLCANO_GROUP}/v1beta1", "PodGroup"): "podgroups",
+}
+_RETRYABLE = {409, 429, 500, 502, 503, 504}
+_MERGE = "application/merge-patch+json"
+# Fields an apply may change; metadata other than labels and ownerReferences belongs to the server.
+_APPLIED_KEYS = ("spec", "data", "rules", "roleRef", "subjects")
+
+
+class ConnectionSource(str, Enum):
+    """Where the connection settings came from."""
+
+    IN_CLUSTER = "in-cluster"
+    KUBECONFIG = "kubeconfig"
+    EXPLICIT = "explicit"
+
+
+class KubeError(Exception):
+    """An API answer that is not 2xx (after retries)."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+
+def path_of(api_version: str, plural: str, namespace: str | None, name: str | None = None, sub: str = "") -> str:
+    base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    path = f"{base}/namespaces/{namespace}/{plural}" if namespace else f"{base}/{plural}"
+    if name:
+        path += f"/{name}"
+    return path + (f"/{sub}" if sub else "")
+
+
+def is_subset(desired: Any, actual: Any) -> bool:
+    """Whether every field of `desired` has the same value in `actual` (server defaults may add more)."""
+    if isinstance(desired, dict):
+        return isinstance(actual, dict) and all(is_subset(v, actual.get(k)) for k, v in desired.items())
+    if isinstance(desired, list):
+        return isinstance(actual, list) and len(desired) == len(actual) and all(map(is_subset, desired, actual))
+    return bool(desired == actual)
+
+
+class Kube:
+    """A thread-safe API client (one per operator run; close it, or keep-alive sockets linger)."""
+
+    def __init__(
+        self,
+        config: kubernetes.client.Configuration,
+        source: ConnectionSource = ConnectionSource.EXPLICIT,
+        retries: int = 5,
+        retry_base_seconds: float = 0.2,
+    ) -> None:
+        self.config = config
+        self.source = source
+        self.retries = retries
+        self.retry_base_seconds = retry_base_seconds
+        self._api = kubernetes.client.ApiClient(config)
+        self.set_user_agent(f"{naming.MANAGER}/{__version__}")
+
+    def set_user_agent(self, agent: str) -> None:
+        """Who the API server's audit log (and the e2e tests' request record) says is calling."""
+        self._api.user_agent = agent
+
+    @classmethod
+    def connect(cls, kubeconfig: str | None = None, **kwargs: Any) -> Kube:
+        """In-cluster service account when running in a pod, else the kubeconfig (explicit path or default)."""
+        config = kubernetes.client.Configuration()
+        if kubeconfig is None:
+            try:
+                kubernetes.config.load_incluster_config(client_configuration=config)
+                return cls(config, ConnectionSource.IN_CLUSTER, **kwargs)
+            except kubernetes.config.ConfigException:
+                pass
+        kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=config)
+        return cls(config, ConnectionSource.KUBECONFIG, **kwargs)
+
+    def close(self) -> None:
+        self._api.close()
+
+    def connection_info(self, **kwargs: Any) -> kopf.ConnectionInfo:
+        """The same connection for kopf's own API calls."""
+        if self.source == ConnectionSource.IN_CLUSTER:
+            info = kopf.login_with_service_account(**kwargs)
+            if info is not None:
+                return info
+        c = self.config
+        auth = (c.api_key or {}).get("authorization") or (c.api_key or {}).get("BearerToken")
+        scheme, token = (auth.split(" ", 1) if " " in auth else ("Bearer", auth)) if auth else (None, None)
+        return kopf.ConnectionInfo(
+            server=c.host,
+            ca_path=c.ssl_ca_cert,
+            insecure=not c.verify_ssl,
+            scheme=scheme,
+            token=token,
+            username=c.username or None,
+            password=c.password or None,
+            certificate_path=c.cert_file,
+            private_key_path=c.key_file,
+        )
+
+    # -- transport -----------------------------------------------------------------------------------------
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        content_type: str = "application/json",
+        query: dict[str, str] | None = None,
+    ) -> Obj:
+        """One call with retries; returns the decoded JSON body or raises KubeError."""
+        url_path = path + (f"?{urlencode(query)}" if query else "")
+        delay = self.retry_base_seconds
+        for attempt in range(self.retries + 1):
+            try:
+                status, reason, data, retry_after = self._once(method, url_path, body, content_type)
+            except urllib3.exceptions.HTTPError as e:
+                status, reason, data, retry_after = 503, "Unavailable", {"message": str(e)}, None
+            if 200 <= status < 300:
+                return data
+            # A create that meets an existing object is an answer, not a transient conflict.
+            retryable = status in _RETRYABLE and not (method == "POST" and status == 409)
+            if not retryable or attempt == self.retries:
+                raise KubeError(status, reason, str(data.get("message", data)))
+            wait = retry_after if retry_after is not None else delay
+            log.warning("%s %s: %s %s; retry %d in %.2fs", method, path, status, reason, attempt + 1, wait)
+            time.sleep(wait)
+            delay *= 2
+        raise AssertionError("unreachable")
+
+    def _once(self, method: str, path: str, body: Any, content_type: str) -> tuple[int, str, Obj, float | None]:
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        _, url, headers, body, _ = self._api.param_serialize(
+            method, path, header_params=headers, body=body, auth_settings=["BearerToken"]
+        )
+        resp = self._api.call_api(method, url, header_params=headers, body=body, _request_timeout=30)
+        raw = resp.read()
+        try:
+            data = json.loads(raw) if raw else {}
+        except ValueError:
+            data = {"message": raw.decode(errors="replace")[:500]}
+        after = resp.headers.get("Retry-After") if resp.headers else None
+        retry_after = float(after) if after and after.replace(".", "", 1).isdigit() else None
+        return resp.status, resp.reason or "", data if isinstance(data, dict) else {"items": data}, retry_after
+
+    # -- jobs ------------------------------------------------------------------------------------------------
+
+    def get_job(self, namespace: str, name: str) -> Obj | None:
+        try:
+            return self.request("GET", path_of(f"{GROUP}/{VERSION}", PLURAL, namespace, name))
+        except KubeError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def patch_job_status(self, namespace: str, name: str, status: Obj) -> None:
+        self.request(
+            "PATCH", path_of(f"{GROUP}/{VERSION}", PLURAL, namespace, name, "status"), {"status": status}, _MERGE
+        )
+
+    def delete_job(self, namespace: str, name: str) -> None:
+        self._delete(path_of(f"{GROUP}/{VERSION}", PLURAL, namespace, name), background=True)
+
+    # -- children --------------------------------------------------------------------------------------------
+
+    def list_pods(self, namespace: str, job: str) -> list[Obj]:
+        query = {"labelSelector": f"{naming.LABEL_JOB}={job}"}
+        items = self.request("GET", path_of("v1", "pods", namespace), query=query).get("items") or []
+        # Belt and braces: a server that ignores the selector must not hand us another job's pods.
+        return [p for p in items if (p.get("metadata", {}).get("labels") or {}).get(naming.LABEL_JOB) == job]
+
+    def create(self, obj: Obj) -> Obj:
+        md = obj["metadata"]
+        return self.request("POST", path_of(obj["apiVersion"], self._plural(obj), md.get("namespace")), obj)
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        self._delete(path_of("v1", "pods", namespace, name), background=False)
+
+    def apply(self, obj: Obj) -> bool:
+        """Make `obj` exist as built; True if anything was written."""
+        md = obj["metadata"]
+        path = path_of(obj["apiVersion"], self._plural(obj), md["namespace"], md["name"])
+        current = self._get_or_none(path)
+        if current is None:
+            try:
+                self.create(obj)
+                return True
+            except KubeError as e:
+                if e.status != 409:
+                    raise
+                current = self._get_or_none(path) or {}
+        patch = {k: obj[k] for k in _APPLIED_KEYS if k in obj}
+        patch["metadata"] = {"labels": md.get("labels", {}), "ownerReferences": md.get("ownerReferences", [])}
+        if is_subset(patch, current):
+            return False
+        self.request("PATCH", path, patch, _MERGE)
+        return True
+
+    def create_event(self, involved: Obj, event_type: str, reason: str, message: str) -> None:
+        """Post an Event about `involved`; never fails the caller (events are best-effort, as in kubelet)."""
+        md = involved.get("metadata", {})
+        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{md.get('name')}.{uuid.uuid4().hex[:12]}", "namespace": md.get("namespace")},
+            "involvedObject": {
+                "apiVersion": involved.get("apiVersion"),
+                "kind": involved.get("kind"),
+                "name": md.get("name"),
+                "namespace": md.get("namespace"),
+                "uid": md.get("uid"),
+            },
+            "type": event_type,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": naming.MANAGER},
+            "reportingComponent": naming.MANAGER,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            self.create(event)
+        except (KubeError, urllib3.exceptions.HTTPError) as e:
+            log.warning("could not post event %s for %s: %s", reason, md.get("name"), e)
+
+    # -- helpers ---------------------------------------------------------------------------------------------
+
+    def _get_or_none(self, path: str) -> Obj | None:
+        try:
+            return self.request("GET", path)
+        except KubeError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def _delete(self, path: str, background: bool) -> None:
+        body = {"propagationPolicy": "Background" if background else "Foreground"} if background else None
+        try:
+            self.request("DELETE", path, body)
+        except KubeError as e:
+            if e.status != 404:  # already gone is what we wanted
+                raise
+
+    @staticmethod
+    def _plural(obj: Obj) -> str:
+        key = (obj["apiVersion"], obj["kind"])
+        if key not in PLURALS:
+            raise ValueError(f"kube.py does not know the resource of {key}; add it to PLURALS and API_CALLS")
+        return PLURALS[key]

@@ -1,0 +1,137 @@
+"""What the API server says about a job's pods, reduced to the facts status and restart decisions need."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from enum import Enum
+from typing import Any
+
+from zerotrain.operator import naming
+
+
+class PodPhase(str, Enum):
+    """Kubernetes pod phase."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    UNKNOWN = "Unknown"
+
+
+class Disruption(str, Enum):
+    """Why a pod ended without its program failing; such restarts don't count against backoffLimit."""
+
+    EVICTED = "Evicted"
+    PREEMPTED = "Preempted"
+    NODE_LOST = "NodeLost"
+    NODE_SHUTDOWN = "NodeShutdown"
+    DELETED = "PodDeleted"
+
+
+# pod.status.reason values set by the kubelet, node lifecycle and scheduler.
+_BY_POD_REASON = {
+    "Evicted": Disruption.EVICTED,
+    "Preempting": Disruption.PREEMPTED,
+    "Preempted": Disruption.PREEMPTED,
+    "NodeLost": Disruption.NODE_LOST,
+    "DeletionByTaintManager": Disruption.NODE_LOST,
+    "Shutdown": Disruption.NODE_SHUTDOWN,
+    "Terminated": Disruption.NODE_SHUTDOWN,
+    "NodeShutdown": Disruption.NODE_SHUTDOWN,
+}
+# Reasons of the DisruptionTarget pod condition (Kubernetes >= 1.26).
+_BY_DISRUPTION_TARGET = {
+    "PreemptionByScheduler": Disruption.PREEMPTED,
+    "PreemptionByKubeScheduler": Disruption.PREEMPTED,
+    "DeletionByTaintManager": Disruption.NODE_LOST,
+    "DeletionByPodGC": Disruption.NODE_LOST,
+    "EvictionByEvictionAPI": Disruption.EVICTED,
+    "TerminationByKubelet": Disruption.NODE_SHUTDOWN,
+}
+PREEMPTED_MESSAGE = "preempted"
+"""The runtime writes this to /dev/termination-log when it exits 0 after SIGTERM, so a checkpointed
+preemption is not mistaken for a finished run."""
+
+
+@dataclass(frozen=True)
+class ObservedPod:
+    """One pod of the job as last seen."""
+
+    name: str
+    replica: int | None
+    gang: int | None
+    phase: PodPhase
+    ready: bool = False
+    terminating: bool = False
+    exit_code: int | None = None
+    disruption: Disruption | None = None
+    created: datetime | None = None
+    message: str = ""
+
+
+def _time(value: Any) -> datetime | None:
+    if not value:
+        return None
+    return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _terminated(status: dict[str, Any]) -> dict[str, Any]:
+    """The training container's termination record (any container's if it has another name)."""
+    records = status.get("containerStatuses") or []
+    records = sorted(records, key=lambda c: c.get("name") != naming.CONTAINER_NAME)
+    for c in records:
+        term = (c.get("state") or {}).get("terminated") or (c.get("lastState") or {}).get("terminated")
+        if term:
+            return dict(term)
+    return {}
+
+
+def _disruption(pod: dict[str, Any], phase: PodPhase, term: dict[str, Any]) -> Disruption | None:
+    status = pod.get("status") or {}
+    if found := _BY_POD_REASON.get(status.get("reason") or ""):
+        return found
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True":
+            return _BY_DISRUPTION_TARGET.get(cond.get("reason") or "", Disruption.EVICTED)
+    if phase == PodPhase.UNKNOWN:
+        return Disruption.NODE_LOST
+    if phase == PodPhase.SUCCEEDED and (term.get("message") or "").strip().startswith(PREEMPTED_MESSAGE):
+        return Disruption.PREEMPTED
+    return None
+
+
+def observe_pod(pod: dict[str, Any]) -> ObservedPod:
+    md = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    labels = md.get("labels") or {}
+    try:
+        phase = PodPhase(status.get("phase") or "Pending")
+    except ValueError:
+        phase = PodPhase.UNKNOWN
+    term = _terminated(status)
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+    return ObservedPod(
+        name=md.get("name", ""),
+        replica=_int(labels.get(naming.LABEL_REPLICA)),
+        gang=_int(labels.get(naming.LABEL_GANG)),
+        phase=phase,
+        ready=ready,
+        terminating=bool(md.get("deletionTimestamp")),
+        exit_code=_int(term.get("exitCode")) if phase == PodPhase.FAILED or term else None,
+        disruption=_disruption(pod, phase, term),
+        created=_time(md.get("creationTimestamp")),
+        message=str(status.get("message") or term.get("reason") or ""),
+    )
+
+
+def observe_pods(pods: list[dict[str, Any]]) -> list[ObservedPod]:
+    return sorted((observe_pod(p) for p in pods), key=lambda p: (p.replica is None, p.replica or 0, p.name))

@@ -1,0 +1,219 @@
+"""One idempotent reconcile of one job: read → admit → observe → decide (pure) → act → write status once.
+
+kopf handlers, pod events, the resync timer and back-off wake-ups all call `Reconciler.reconcile`; passes
+of the same job are coalesced (never concurrent), so a burst of pod events costs one or two passes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from enum import Enum
+from typing import Any
+
+from pydantic import ValidationError
+from zerotrain.operator import builders, naming
+from zerotrain.operator.admission import admit
+from zerotrain.operator.kube import Kube
+from zerotrain.operator.metrics import OperatorMetrics
+from zerotrain.operator.observe import observe_pods
+from zerotrain.operator.settings import OperatorSettings
+from zerotrain.operator.status import TERMINAL, Backoff, Decision, compute_status, invalid, transitions
+
+from zerotrain.spec import Phase, ZeroTrainingJobSpec, ZeroTrainingJobStatus
+
+log = logging.getLogger(__name__)
+Key = tuple[str, str]  # (namespace, name)
+# Status fields written by the runtime's rank 0 (zerotrain.status_report), never by the operator.
+RUNTIME_OWNED = ("step", "lastCheckpoint")
+
+
+class Result(str, Enum):
+    """How a reconcile pass ended (the metrics' `result` label)."""
+
+    OK = "ok"
+    INVALID = "invalid"
+    GONE = "gone"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    result: Result
+    message: str = ""
+    requeue_after: float | None = None
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def read_status(body: dict[str, Any]) -> ZeroTrainingJobStatus | None:
+    """The job's status as last written, ignoring fields others keep there (kopf's progress)."""
+    raw = body.get("status") or {}
+    known = {f.alias or n for n, f in ZeroTrainingJobStatus.model_fields.items()}
+    try:
+        return ZeroTrainingJobStatus.model_validate({k: v for k, v in raw.items() if k in known}) if raw else None
+    except ValidationError:
+        log.warning("status of %s is unreadable; rebuilding it", body.get("metadata", {}).get("name"))
+        return None
+
+
+def status_patch(previous: ZeroTrainingJobStatus | None, new: ZeroTrainingJobStatus) -> dict[str, Any] | None:
+    """The merge patch from previous to new status, or None when nothing changed."""
+    before = {k: v for k, v in (previous.to_wire() if previous else {}).items() if k not in RUNTIME_OWNED}
+    after = {k: v for k, v in new.to_wire().items() if k not in RUNTIME_OWNED}
+    if before == after:
+        return None
+    return {**{k: None for k in before if k not in after}, **after}
+
+
+@dataclass
+class _KeyState:
+    running: bool = False
+    dirty: bool = False
+    timer: threading.Timer | None = None
+
+
+@dataclass
+class Reconciler:
+    """Reconciles jobs against one API server."""
+
+    kube: Kube
+    settings: OperatorSettings
+    metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
+    clock: Callable[[], datetime] = utcnow
+    _states: dict[Key, _KeyState] = field(default_factory=dict)
+    _mu: threading.Lock = field(default_factory=threading.Lock)
+    _closed: bool = False
+
+    @property
+    def backoff(self) -> Backoff:
+        return Backoff(self.settings.restart_backoff_seconds, self.settings.max_restart_backoff_seconds)
+
+    def reconcile(self, namespace: str, name: str) -> Outcome | None:
+        """Run a pass, or, if one is running for this job, make it run once more and return None."""
+        key = (namespace, name)
+        with self._mu:
+            st = self._states.setdefault(key, _KeyState())
+            if st.running:
+                st.dirty = True
+                return None
+            st.running = True
+        try:
+            while True:
+                st.dirty = False
+                outcome = self._timed(key)
+                with self._mu:
+                    if not st.dirty:
+                        st.running = False
+                        break
+        except BaseException:
+            with self._mu:
+                st.running = False
+            raise
+        self._wake_later(key, outcome.requeue_after)
+        return outcome
+
+    def close(self) -> None:
+        with self._mu:
+            self._closed = True
+            for st in self._states.values():
+                if st.timer is not None:
+                    st.timer.cancel()
+
+    def _wake_later(self, key: Key, delay: float | None) -> None:
+        """Back-off expiry, TTL and startup timeouts need a pass at a known time, not at the next resync."""
+        with self._mu:
+            st = self._states.get(key)
+            if st is None or self._closed:
+                return
+            if st.timer is not None:
+                st.timer.cancel()
+                st.timer = None
+            if delay is not None and delay < self.settings.resync_seconds:
+                st.timer = threading.Timer(max(delay, 0.05), self._wake, args=key)
+                st.timer.daemon = True
+                st.timer.start()
+
+    def _wake(self, namespace: str, name: str) -> None:
+        try:
+            self.reconcile(namespace, name)
+        except Exception:  # the resync timer will try again
+            log.exception("scheduled reconcile of %s/%s failed", namespace, name)
+
+    def _timed(self, key: Key) -> Outcome:
+        start = time.perf_counter()
+        try:
+            outcome = self._once(*key)
+        except Exception:
+            self.metrics.observe_reconcile(Result.ERROR.value, time.perf_counter() - start)
+            raise
+        self.metrics.observe_reconcile(outcome.result.value, time.perf_counter() - start)
+        if outcome.result == Result.GONE:
+            with self._mu:
+                self._states.pop(key, None)
+        return outcome
+
+    def _once(self, namespace: str, name: str) -> Outcome:
+        body = self.kube.get_job(namespace, name)
+        if body is None or body.get("metadata", {}).get("deletionTimestamp"):
+            self.metrics.set_phase((namespace, name), None)
+            return Outcome(Result.GONE)  # children go with the job through their owner references
+        previous = read_status(body)
+        now = self.clock()
+        verdict = admit(body.get("spec"), name, self.settings.gpu_memory)
+        if not verdict.admitted or verdict.spec is None:
+            new = invalid(previous, verdict.reason or "", verdict.message, now)
+            new.memory_plan = verdict.plan
+            self._write(body, previous, new)
+            return Outcome(Result.INVALID, verdict.message)
+        job = builders.JobRef.from_body(body)
+        decision = compute_status(
+            verdict.spec, observe_pods(self.kube.list_pods(namespace, name)), previous, now, self.backoff
+        )
+        decision.status.memory_plan = verdict.plan
+        decision.status.observed_generation = body["metadata"].get("generation")
+        self._act(job, verdict.spec, decision)
+        if decision.delete_job:
+            # A status write now would race kopf's finalizer removal (its JSON patch tests the resourceVersion).
+            self.metrics.set_phase((namespace, name), None)
+            return Outcome(Result.GONE)
+        self._write(body, previous, decision.status)
+        if decision.restart_cause:
+            self.metrics.gang_restarted(decision.restart_cause)
+        return Outcome(Result.OK, requeue_after=decision.requeue_after)
+
+    def _act(self, job: builders.JobRef, spec: ZeroTrainingJobSpec, d: Decision) -> None:
+        if d.status.phase not in TERMINAL and d.status.phase != Phase.SUSPENDED:
+            for obj in builders.build_supporting(job, spec):
+                self.kube.apply(obj)
+        for pod in d.delete_pods:
+            self.kube.delete_pod(job.namespace, pod)
+        if d.create_gang:
+            existing = {p["metadata"]["name"] for p in self.kube.list_pods(job.namespace, job.name)}
+            for pod in builders.build_pods(job, spec, gang=d.status.restarts.total):
+                if pod["metadata"]["name"] not in existing:
+                    self.kube.create(pod)
+        if d.delete_job:
+            log.info("deleting %s/%s: ttlSecondsAfterFinished passed", job.namespace, job.name)
+            self.kube.delete_job(job.namespace, job.name)
+
+    def _write(self, body: dict[str, Any], previous: ZeroTrainingJobStatus | None, new: ZeroTrainingJobStatus) -> None:
+        md = body["metadata"]
+        self.metrics.set_phase((md["namespace"], md["name"]), new.phase)
+        patch = status_patch(previous, new)
+        if patch is None:
+            return
+        self.kube.patch_job_status(md["namespace"], md["name"], patch)
+        involved = {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"), "metadata": md}
+        for ev in transitions(previous, new):
+            self.kube.create_event(involved, ev.type, ev.reason, ev.message)
+
+
+def job_of_pod(labels: dict[str, str] | None) -> str | None:
+    return (labels or {}).get(naming.LABEL_JOB)

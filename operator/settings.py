@@ -1,0 +1,64 @@
+"""Operator settings: one pydantic model, read from `ZEROTRAIN_*` environment variables and CLI flags."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from zerotrain.errors import UserError, describe_validation_error
+
+ENV_PREFIX = "ZEROTRAIN_"
+_QUANTITY = r"^[0-9]+(\.[0-9]+)?(k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
+
+
+class OperatorSettings(BaseModel):
+    """Everything the operator process can be tuned with; env var = ZEROTRAIN_ + upper-case field name."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True)
+
+    namespaces: list[str] = Field(default_factory=list)
+    """Namespaces to watch (env: comma-separated); empty means cluster-wide."""
+    gpu_memory: str | None = Field(default=None, pattern=_QUANTITY)
+    """Default memory of one GPU (e.g. "80Gi") for the admission memory plan when a job has no resources.gpuMemory."""
+    resync_seconds: float = Field(default=30.0, gt=0)
+    """Every job is reconciled at least this often, even without events."""
+    restart_backoff_seconds: float = Field(default=10.0, ge=0)
+    """Delay before the first gang restart after a failure; doubles with each counted failure."""
+    max_restart_backoff_seconds: float = Field(default=300.0, ge=0)
+    """Cap of the exponential restart delay."""
+    health_port: int = Field(default=8080, ge=1, le=65535)
+    """Port of the liveness endpoint /healthz."""
+    metrics_port: int = Field(default=9090, ge=0, le=65535)
+    """Port of the Prometheus /metrics endpoint (0: do not serve)."""
+    bind_address: str = "0.0.0.0"
+    """Address the health and metrics endpoints listen on."""
+    api_retries: int = Field(default=5, ge=0)
+    """Retries of an API call answered with a conflict, throttling or a server error."""
+    api_retry_base_seconds: float = Field(default=0.2, ge=0)
+    """First retry delay of an API call; doubles with each retry (or follows Retry-After)."""
+
+    @field_validator("namespaces", mode="before")
+    @classmethod
+    def _split(cls, v: object) -> object:
+        if isinstance(v, str):
+            return [n.strip() for n in v.split(",") if n.strip()]
+        return v
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> OperatorSettings:
+        """Settings from `ZEROTRAIN_*` variables, with explicit overrides (CLI flags) on top."""
+        env = os.environ if env is None else env
+        values: dict[str, object] = {}
+        for name in cls.model_fields:
+            key = ENV_PREFIX + name.upper()
+            if key in env:
+                values[name] = env[key]
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        try:
+            return cls.model_validate(values)
+        except ValidationError as e:
+            lines = describe_validation_error(e).splitlines()
+            named = [ENV_PREFIX + line.split(":", 1)[0].upper() + ":" + line.split(":", 1)[1] for line in lines]
+            raise UserError("operator settings are invalid:\n" + "\n".join(named)) from None

@@ -1,0 +1,356 @@
+"""Pure status: from the spec, the observed pods and the previous status to the next status and the
+actions that make the world match it. No I/O, no clock: `now` is an argument."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from enum import Enum
+
+from zerotrain.operator.observe import Disruption, ObservedPod, PodPhase
+
+from zerotrain.spec import Condition, Phase, RankCounts, ZeroTrainingJobSpec, ZeroTrainingJobStatus
+
+
+class ConditionType(str, Enum):
+    """Condition types a job reports."""
+
+    CREATED = "Created"
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    SUSPENDED = "Suspended"
+    INVALID_SPEC = "InvalidSpec"
+    UNSCHEDULABLE = "Unschedulable"
+
+
+class Reason:
+    """Condition and Event reasons (CamelCase, machine-readable)."""
+
+    GANG_CREATED = "GangCreated"
+    GANG_RESTARTING = "GangRestarting"
+    ALL_RANKS_RUNNING = "AllRanksRunning"
+    RANKS_STARTING = "RanksStarting"
+    RANK_FAILED = "RankFailed"
+    GANG_RECOVERED = "GangRecovered"
+    COMPLETED = "Completed"
+    ALL_RANKS_SUCCEEDED = "AllRanksSucceeded"
+    PERMANENT_EXIT_CODE = "PermanentExitCode"
+    NON_RETRYABLE_EXIT_CODE = "NonRetryableExitCode"
+    BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
+    DEADLINE_EXCEEDED = "DeadlineExceeded"
+    JOB_SUSPENDED = "JobSuspended"
+    JOB_RESUMED = "JobResumed"
+    STARTUP_TIMEOUT = "StartupTimeout"
+    PODS_SCHEDULED = "PodsScheduled"
+    INVALID_SPEC = "InvalidSpec"
+    INVALID_NAME = "InvalidName"
+    MEMORY_PLAN_DOES_NOT_FIT = "MemoryPlanDoesNotFit"
+    SPEC_VALID = "SpecValid"
+
+
+_WARNING_WHEN_TRUE = {
+    ConditionType.FAILED,
+    ConditionType.RESTARTING,
+    ConditionType.INVALID_SPEC,
+    ConditionType.UNSCHEDULABLE,
+}
+TERMINAL = (Phase.SUCCEEDED, Phase.FAILED)
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Exponential delay before a gang restart after a counted failure."""
+
+    base_seconds: float = 10.0
+    max_seconds: float = 300.0
+
+    def delay(self, failures: int) -> float:
+        return 0.0 if failures <= 0 else min(self.base_seconds * 2 ** (failures - 1), self.max_seconds)
+
+
+@dataclass
+class Decision:
+    """The next status and what to do so the cluster matches it."""
+
+    status: ZeroTrainingJobStatus
+    create_gang: bool = False
+    """Create the current gang's missing pods (labelled with gang = status.restarts.total)."""
+    delete_pods: list[str] = field(default_factory=list)
+    delete_job: bool = False
+    requeue_after: float | None = None
+    restart_cause: str | None = None
+    """Set when this decision tore the gang down for a restart."""
+
+
+@dataclass(frozen=True)
+class JobEvent:
+    """A Kubernetes Event to post about the job."""
+
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+def get_condition(status: ZeroTrainingJobStatus, kind: ConditionType) -> Condition | None:
+    return next((c for c in status.conditions if c.type == kind.value), None)
+
+
+def is_true(status: ZeroTrainingJobStatus, kind: ConditionType, reason: str | None = None) -> bool:
+    c = get_condition(status, kind)
+    return c is not None and c.status == "True" and (reason is None or c.reason == reason)
+
+
+def set_condition(
+    status: ZeroTrainingJobStatus, kind: ConditionType, true: bool, reason: str, message: str, now: datetime
+) -> None:
+    """Upsert; lastTransitionTime moves only when the status flips, so repeated passes change nothing."""
+    value = "True" if true else "False"
+    old = get_condition(status, kind)
+    if old is None:
+        status.conditions.append(
+            Condition(type=kind.value, status=value, reason=reason, message=message, last_transition_time=now)
+        )
+        return
+    if old.status != value:
+        old.last_transition_time = now
+    old.status, old.reason, old.message = value, reason, message
+
+
+def transitions(previous: ZeroTrainingJobStatus | None, new: ZeroTrainingJobStatus) -> list[JobEvent]:
+    """One Event per condition whose status or reason changed, and one per phase change otherwise."""
+    before = {c.type: (c.status, c.reason) for c in (previous.conditions if previous else [])}
+    events = []
+    for c in new.conditions:
+        if before.get(c.type) == (c.status, c.reason) or (c.type not in before and c.status == "False"):
+            continue
+        warn = c.status == "True" and ConditionType(c.type) in _WARNING_WHEN_TRUE
+        events.append(JobEvent("Warning" if warn else "Normal", c.reason, c.message or f"{c.type}={c.status}"))
+    if not events and (previous is None or previous.phase != new.phase):
+        events.append(JobEvent("Normal", f"Phase{new.phase.value}", f"job is {new.phase.value}"))
+    return events
+
+
+def rank_counts(spec: ZeroTrainingJobSpec, pods: Sequence[ObservedPod]) -> RankCounts:
+    per = spec.nproc_per_node
+
+    def count(pred: object) -> int:
+        return per * sum(1 for p in pods if pred(p))  # type: ignore[operator]
+
+    return RankCounts(
+        total=spec.world_size,
+        ready=count(lambda p: p.ready),
+        running=count(lambda p: p.phase == PodPhase.RUNNING),
+        succeeded=count(lambda p: p.phase == PodPhase.SUCCEEDED),
+        failed=count(lambda p: p.phase == PodPhase.FAILED and p.disruption is None),
+    )
+
+
+def compute_status(
+    spec: ZeroTrainingJobSpec,
+    observed: Sequence[ObservedPod],
+    previous: ZeroTrainingJobStatus | None,
+    now: datetime,
+    backoff: Backoff = Backoff(),
+) -> Decision:
+    """The whole lifecycle in one pure step; see docs/operator.md for the state diagram."""
+    st = (previous or ZeroTrainingJobStatus()).model_copy(deep=True)
+    if is_true(st, ConditionType.INVALID_SPEC):  # the spec was fixed: admit the job afresh
+        st.phase, st.completion_time = Phase.PENDING, None
+        set_condition(st, ConditionType.FAILED, False, Reason.SPEC_VALID, "spec is valid", now)
+    set_condition(st, ConditionType.INVALID_SPEC, False, Reason.SPEC_VALID, "spec is valid", now)
+    gang = st.restarts.total
+    current = [p for p in observed if p.gang == gang and not p.terminating]
+    st.ranks = rank_counts(spec, current)
+    d = Decision(status=st)
+    alive = [p.name for p in observed if not p.terminating]
+    if st.phase in TERMINAL:
+        return _finished(spec, d, observed, now)
+    if spec.suspend:
+        return _suspend(d, alive, now)
+    if st.phase == Phase.SUSPENDED:
+        st.phase, st.start_time = Phase.PENDING, None  # the deadline clock restarts, as for batch/v1 Jobs
+        set_condition(st, ConditionType.SUSPENDED, False, Reason.JOB_RESUMED, "job resumed", now)
+    deadline = spec.active_deadline_seconds
+    if deadline and st.start_time and now - st.start_time >= timedelta(seconds=deadline):
+        return _fail(
+            d, observed, Reason.DEADLINE_EXCEEDED, f"job ran longer than activeDeadlineSeconds={deadline}", now
+        )
+    stale = [p.name for p in observed if p.gang != gang and not p.terminating]
+    if not is_true(st, ConditionType.CREATED, Reason.GANG_CREATED):
+        return _create(d, observed, stale, now)
+    d.delete_pods = stale
+    return _judge(spec, d, current, now, backoff)
+
+
+def _create(d: Decision, observed: Sequence[ObservedPod], stale: list[str], now: datetime) -> Decision:
+    """Create the gang once the previous one is gone and the back-off has passed."""
+    st = d.status
+    # Pod names are stable per rank, so the old gang must be gone before the new one is created.
+    old = [p for p in observed if p.gang != st.restarts.total or p.terminating]
+    if old:
+        d.delete_pods = stale
+        d.requeue_after = 1.0
+        return d
+    if st.next_restart_time and now < st.next_restart_time:
+        d.requeue_after = (st.next_restart_time - now).total_seconds()
+        return d
+    d.create_gang = True
+    st.next_restart_time = None
+    st.start_time = st.start_time or now
+    if st.phase != Phase.RESTARTING:
+        st.phase = Phase.PENDING
+    set_condition(st, ConditionType.CREATED, True, Reason.GANG_CREATED, f"gang {st.restarts.total} created", now)
+    return d
+
+
+def _judge(
+    spec: ZeroTrainingJobSpec, d: Decision, current: list[ObservedPod], now: datetime, backoff: Backoff
+) -> Decision:
+    st = d.status
+    by_replica = {p.replica: p for p in current}
+    failed = [p for p in current if p.phase == PodPhase.FAILED and p.disruption is None]
+    disrupted = [p for p in current if p.disruption is not None]
+    missing = [r for r in range(spec.replicas) if r not in by_replica]
+    if failed:
+        return _on_failure(spec, d, current, failed[0], now, backoff)
+    if disrupted or missing:
+        cause = disrupted[0].disruption if disrupted else Disruption.DELETED
+        what = disrupted[0].name if disrupted else f"pod of node rank {missing[0]}"
+        assert cause is not None
+        return _restart(d, current, cause.value, f"{what}: {cause.value}; restarting the gang (not counted)", now, 0)
+    if all(by_replica[r].phase == PodPhase.SUCCEEDED for r in range(spec.replicas)):
+        st.phase, st.completion_time = Phase.SUCCEEDED, now
+        set_condition(st, ConditionType.SUCCEEDED, True, Reason.ALL_RANKS_SUCCEEDED, "all ranks exited 0", now)
+        set_condition(st, ConditionType.RUNNING, False, Reason.COMPLETED, "job finished", now)
+        if is_true(st, ConditionType.RESTARTING):
+            set_condition(st, ConditionType.RESTARTING, False, Reason.COMPLETED, "job finished", now)
+        return _ttl(spec, d, now)
+    _startup(spec, d, current, now)
+    if all(p.phase in (PodPhase.RUNNING, PodPhase.SUCCEEDED) for p in current):
+        st.phase = Phase.RUNNING
+        msg = f"{st.ranks.running} of {st.ranks.total} ranks running"
+        set_condition(st, ConditionType.RUNNING, True, Reason.ALL_RANKS_RUNNING, msg, now)
+        if is_true(st, ConditionType.RESTARTING):
+            set_condition(st, ConditionType.RESTARTING, False, Reason.GANG_RECOVERED, "the new gang is running", now)
+    elif st.phase != Phase.RESTARTING:
+        st.phase = Phase.PENDING
+    return d
+
+
+def _on_failure(
+    spec: ZeroTrainingJobSpec,
+    d: Decision,
+    current: list[ObservedPod],
+    pod: ObservedPod,
+    now: datetime,
+    backoff: Backoff,
+) -> Decision:
+    policy, code = spec.failure_policy, pod.exit_code
+    where = f"pod {pod.name} (node rank {pod.replica}) exited with code {code}"
+    if code is not None and code in policy.permanent_exit_codes:
+        return _fail(d, current, Reason.PERMANENT_EXIT_CODE, f"{where}, listed in permanentExitCodes", now)
+    if policy.retryable_exit_codes and code not in policy.retryable_exit_codes:
+        return _fail(d, current, Reason.NON_RETRYABLE_EXIT_CODE, f"{where}, not in retryableExitCodes", now)
+    if d.status.restarts.failures >= policy.backoff_limit:
+        msg = f"{where}; backoffLimit {policy.backoff_limit} spent"
+        return _fail(d, current, Reason.BACKOFF_LIMIT_EXCEEDED, msg, now)
+    delay = backoff.delay(d.status.restarts.failures + 1)
+    return _restart(d, current, "Failed", f"{where}; restarting the whole gang in {delay:g}s", now, delay)
+
+
+def _restart(
+    d: Decision, current: list[ObservedPod], cause: str, message: str, now: datetime, delay: float
+) -> Decision:
+    st = d.status
+    counted = cause == "Failed"
+    st.restarts.total += 1
+    st.restarts.failures += int(counted)
+    st.restarts.by_cause[cause] = st.restarts.by_cause.get(cause, 0) + 1
+    st.next_restart_time = now + timedelta(seconds=delay) if delay > 0 else None
+    st.phase = Phase.RESTARTING
+    reason = Reason.RANK_FAILED if counted else cause
+    set_condition(st, ConditionType.RESTARTING, True, reason, message, now)
+    set_condition(st, ConditionType.RUNNING, False, Reason.GANG_RESTARTING, message, now)
+    set_condition(st, ConditionType.CREATED, False, Reason.GANG_RESTARTING, message, now)
+    d.delete_pods = sorted({*d.delete_pods, *(p.name for p in current)})
+    d.restart_cause = cause
+    d.requeue_after = max(delay, 0.5)
+    return d
+
+
+def _fail(d: Decision, pods: Sequence[ObservedPod], reason: str, message: str, now: datetime) -> Decision:
+    """Terminal failure: ranks still running are stopped; finished pods stay for their logs."""
+    st = d.status
+    st.phase, st.completion_time, st.next_restart_time = Phase.FAILED, now, None
+    set_condition(st, ConditionType.FAILED, True, reason, message, now)
+    if get_condition(st, ConditionType.RUNNING) is not None:
+        set_condition(st, ConditionType.RUNNING, False, reason, message, now)
+    if is_true(st, ConditionType.RESTARTING):
+        set_condition(st, ConditionType.RESTARTING, False, reason, message, now)
+    d.delete_pods = _unfinished(pods)
+    return d
+
+
+def _unfinished(pods: Sequence[ObservedPod]) -> list[str]:
+    done = (PodPhase.SUCCEEDED, PodPhase.FAILED)
+    return sorted(p.name for p in pods if not p.terminating and p.phase not in done)
+
+
+def _finished(spec: ZeroTrainingJobSpec, d: Decision, pods: Sequence[ObservedPod], now: datetime) -> Decision:
+    if d.status.phase == Phase.FAILED:
+        d.delete_pods = _unfinished(pods)
+    return _ttl(spec, d, now)
+
+
+def _ttl(spec: ZeroTrainingJobSpec, d: Decision, now: datetime) -> Decision:
+    ttl, done = spec.ttl_seconds_after_finished, d.status.completion_time
+    if ttl is None or done is None:
+        return d
+    left = (done + timedelta(seconds=ttl) - now).total_seconds()
+    d.delete_job = left <= 0
+    d.requeue_after = None if d.delete_job else left
+    return d
+
+
+def _suspend(d: Decision, alive: list[str], now: datetime) -> Decision:
+    st = d.status
+    st.phase, st.next_restart_time = Phase.SUSPENDED, None
+    set_condition(st, ConditionType.SUSPENDED, True, Reason.JOB_SUSPENDED, "spec.suspend is true; pods deleted", now)
+    if get_condition(st, ConditionType.RUNNING) is not None:
+        set_condition(st, ConditionType.RUNNING, False, Reason.JOB_SUSPENDED, "job suspended", now)
+    if get_condition(st, ConditionType.CREATED) is not None:
+        set_condition(st, ConditionType.CREATED, False, Reason.JOB_SUSPENDED, "job suspended", now)
+    d.delete_pods = sorted(alive)
+    return d
+
+
+def _startup(spec: ZeroTrainingJobSpec, d: Decision, current: list[ObservedPod], now: datetime) -> None:
+    """Report pods Pending longer than scheduling.startupTimeoutSeconds in the Unschedulable condition."""
+    limit = timedelta(seconds=spec.scheduling.startup_timeout_seconds)
+    late = [p for p in current if p.phase == PodPhase.PENDING and p.created and now - p.created > limit]
+    st = d.status
+    if late:
+        msg = (
+            f"{len(late)} pod(s) Pending longer than startupTimeoutSeconds="
+            f"{spec.scheduling.startup_timeout_seconds}, e.g. {late[0].name}: {late[0].message or 'not scheduled'}"
+        )
+        set_condition(st, ConditionType.UNSCHEDULABLE, True, Reason.STARTUP_TIMEOUT, msg, now)
+    elif get_condition(st, ConditionType.UNSCHEDULABLE) is not None:
+        set_condition(st, ConditionType.UNSCHEDULABLE, False, Reason.PODS_SCHEDULED, "no pod is stuck Pending", now)
+    pending = [p for p in current if p.phase == PodPhase.PENDING and p.created]
+    if pending and not late:
+        oldest = min(p.created for p in pending if p.created)
+        d.requeue_after = max(0.5, (oldest + limit - now).total_seconds())
+
+
+def invalid(previous: ZeroTrainingJobStatus | None, reason: str, message: str, now: datetime) -> ZeroTrainingJobStatus:
+    """Status of a job admission refused: no pods, phase Failed, InvalidSpec True with the field path."""
+    st = (previous or ZeroTrainingJobStatus()).model_copy(deep=True)
+    st.phase = Phase.FAILED
+    st.completion_time = st.completion_time or now
+    set_condition(st, ConditionType.INVALID_SPEC, True, reason, message, now)
+    set_condition(st, ConditionType.FAILED, True, reason, message, now)
+    return st

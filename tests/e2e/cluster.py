@@ -1,0 +1,106 @@
+"""Where the e2e tests run: the KMock emulator (always) or a real cluster (ZEROTRAIN_E2E_KUBECONFIG).
+
+Only the connection differs: both give a `kubernetes.client.Configuration`, a namespace to work in and a
+way to know the operator's watches are live. Everything else (the operator, the test's client, the
+"kubelet" helpers that write pod status) is identical.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import kubernetes
+import yaml
+from zerotrain.operator.kube import Kube, KubeError
+
+from zerotrain.crd import build_crd
+from zerotrain.spec import GROUP, PLURAL, VERSION
+
+from .emulator import ZeroEmulator
+
+KUBECONFIG_ENV = "ZEROTRAIN_E2E_KUBECONFIG"
+TEST_AGENT = "zerotrain-e2e"
+OPERATOR_AGENTS = ("zerotrain-operator", "kopf")
+
+
+@dataclass
+class Cluster:
+    """A connection plus a namespace; `emulator` is set only for the in-memory cluster."""
+
+    configuration: kubernetes.client.Configuration
+    namespace: str
+    emulator: ZeroEmulator | None = None
+
+    def client(self, agent: str = TEST_AGENT) -> Kube:
+        kube = Kube(self.configuration, retries=3, retry_base_seconds=0.05)
+        kube.set_user_agent(agent)
+        return kube
+
+    async def wait_watching(self, timeout: float = 10.0) -> None:
+        """Until kopf watches jobs and pods: events sent earlier would be lost (emulator gotcha G3)."""
+        if self.emulator is None:
+            await asyncio.sleep(2.0)  # a real API server replays state on watch start; a margin suffices
+            return
+        emu = self.emulator
+        await until(lambda: emu.watchers(GROUP, VERSION, PLURAL) and emu.watchers("", "v1", "pods"), timeout)
+
+
+async def until(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
+    """Poll `predicate` (sync, cheap or run in a thread by the caller) until truthy."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {getattr(predicate, '__name__', predicate)}")
+        await asyncio.sleep(interval)
+
+
+async def until_async(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05) -> Any:
+    """Like `until`, but runs a blocking predicate (API calls) in a thread (emulator gotcha G4)."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = await asyncio.to_thread(predicate)
+        if last:
+            return last
+        await asyncio.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s; last value: {last!r}")
+
+
+def real_cluster_setup(path: str) -> Cluster:
+    """Connect with the kubeconfig, install the CRD if it is missing and make a throw-away namespace."""
+    cfg = kubernetes.client.Configuration()
+    kubernetes.config.load_kube_config(config_file=path, client_configuration=cfg)
+    ns = f"zerotrain-e2e-{uuid.uuid4().hex[:6]}"
+    cluster = Cluster(cfg, ns)
+    kube = cluster.client()
+    try:
+        try:
+            kube.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", build_crd())
+            time.sleep(2.0)  # the CRD must be Established before the first job is created
+        except KubeError as e:
+            if e.status != 409:
+                raise
+        kube.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    finally:
+        kube.close()
+    return cluster
+
+
+def real_cluster_teardown(cluster: Cluster) -> None:
+    kube = cluster.client()
+    try:
+        kube.request("DELETE", f"/api/v1/namespaces/{cluster.namespace}")
+    finally:
+        kube.close()
+
+
+def manifest_yaml(body: dict[str, Any]) -> str:
+    return yaml.safe_dump(body, sort_keys=False)

@@ -1,0 +1,241 @@
+"""The operator end to end: real kopf, real `kubernetes` client, the KMock emulator or a real cluster."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import yaml
+from zerotrain.operator import naming
+from zerotrain.operator.kube import Kube, KubeError, path_of
+
+from zerotrain.manifest import parse_job
+from zerotrain.spec import API_VERSION, GROUP, KIND, PLURAL, VERSION
+
+from .cluster import Cluster, until_async
+from .conftest import Operator
+from .kubelet import set_pod_phase
+
+JOBS = f"{GROUP}/{VERSION}"
+
+
+def job_manifest(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
+    base = {"image": "zerotrain:test", "entrypoint": "examples.tiny:build", "replicas": 2, "nprocPerNode": 2}
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {**base, **spec},
+    }
+
+
+async def call(fn: Any, *args: Any) -> Any:
+    return await asyncio.to_thread(fn, *args)
+
+
+def get_job(kube: Kube, ns: str, name: str) -> dict[str, Any] | None:
+    return kube.get_job(ns, name)
+
+
+def pods(kube: Kube, ns: str, job: str) -> list[dict[str, Any]]:
+    return kube.list_pods(ns, job)
+
+
+def condition(job: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
+    return next((c for c in ((job or {}).get("status") or {}).get("conditions", []) if c["type"] == kind), None)
+
+
+async def wait_status(kube: Kube, ns: str, name: str, pred: Any, timeout: float = 10.0) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        job = get_job(kube, ns, name)
+        return job if job and pred(job.get("status") or {}) else None
+
+    return await until_async(check, timeout)
+
+
+async def wait_pods(kube: Kube, ns: str, job: str, count: int, gang: int = 0) -> list[dict[str, Any]]:
+    def check() -> list[dict[str, Any]] | None:
+        found = [p for p in pods(kube, ns, job) if not p["metadata"].get("deletionTimestamp")]
+        ok = len(found) == count and all(p["metadata"]["labels"][naming.LABEL_GANG] == str(gang) for p in found)
+        return found if ok else None
+
+    return await until_async(check)
+
+
+async def wait_no_pods(kube: Kube, ns: str, job: str) -> None:
+    await until_async(lambda: not [p for p in pods(kube, ns, job) if not p["metadata"].get("deletionTimestamp")])
+
+
+async def start_job(kube: Kube, ns: str, name: str, **spec: Any) -> list[dict[str, Any]]:
+    """Create a job, wait for its gang, and play the kubelet: every pod Running."""
+    await call(kube.request, "POST", path_of(JOBS, PLURAL, ns), job_manifest(name, ns, **spec))
+    replicas = spec.get("replicas", 2)
+    created = await wait_pods(kube, ns, name, replicas)
+    for p in created:
+        await call(set_pod_phase, kube, ns, p["metadata"]["name"], "Running")
+    await wait_status(kube, ns, name, lambda s: s.get("phase") == "Running")
+    return created
+
+
+def env_of(pod: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for e in pod["spec"]["containers"][0]["env"]}
+
+
+async def test_create_makes_children_with_env_and_owner(cluster: Cluster, operator: Operator, kube: Kube) -> None:
+    ns = cluster.namespace
+    spec = {"model": {"parameters": 1_000_000}, "resources": {"gpu": 2, "gpuMemory": "16Gi"}}
+    created = await start_job(kube, ns, "alpha", **spec)
+    job = await call(get_job, kube, ns, "alpha")
+    uid = job["metadata"]["uid"]
+    for p in created:
+        rank = int(p["metadata"]["labels"][naming.LABEL_REPLICA])
+        env = env_of(p)
+        assert env["MASTER_ADDR"] == f"alpha-worker-0.alpha.{ns}.svc"
+        assert (env["NODE_RANK"], env["NNODES"], env["NPROC_PER_NODE"], env["WORLD_SIZE"]) == (str(rank), "2", "2", "4")
+        assert env["MASTER_PORT"] == "29500" and env["ZEROTRAIN_JOB_NAME"] == "alpha"
+        assert p["metadata"]["ownerReferences"][0]["uid"] == uid
+        assert p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    children = [
+        path_of("v1", "services", ns, "alpha"),
+        path_of("v1", "configmaps", ns, "alpha-config"),
+        path_of("v1", "serviceaccounts", ns, "alpha-runtime"),
+        path_of("rbac.authorization.k8s.io/v1", "roles", ns, "alpha-status-reporter"),
+        path_of("rbac.authorization.k8s.io/v1", "rolebindings", ns, "alpha-status-reporter"),
+    ]
+    for path in children:
+        obj = await call(kube.request, "GET", path)
+        assert obj["metadata"]["ownerReferences"][0]["uid"] == uid, path
+    cm = await call(kube.request, "GET", children[1])
+    assert parse_job(yaml.safe_load(cm["data"]["job.yaml"])).spec.world_size == 4
+    status = job["status"]
+    assert status["ranks"]["running"] == 4 and status["memoryPlan"]["recommendedStage"] == 0
+    assert {c["type"]: c["status"] for c in status["conditions"]}["Created"] == "True"
+    events = await call(kube.request, "GET", path_of("v1", "events", ns))
+    assert {"GangCreated", "AllRanksRunning"} <= {e["reason"] for e in events["items"]}
+
+
+async def test_second_pass_writes_nothing(cluster: Cluster, operator: Operator, kube: Kube) -> None:
+    if cluster.emulator is None:
+        return  # the request record exists only in the emulator
+    await start_job(kube, cluster.namespace, "steady", replicas=1)
+    await asyncio.sleep(0.3)  # let the passes triggered by the last pod update settle
+    before = len(cluster.emulator.served)
+    await asyncio.sleep(1.2)  # at least two resync passes (resync_seconds=0.5)
+    writes = [s for s in cluster.emulator.served[before:] if s.call.verb in ("create", "patch", "update", "delete")]
+    gets = [s for s in cluster.emulator.served[before:] if s.call.resource == PLURAL and s.call.verb == "get"]
+    assert len(gets) >= 2, "the resync timer did not run"
+    assert writes == [], f"an idle job must not be written to: {writes}"
+
+
+async def test_failed_rank_restarts_whole_gang(cluster: Cluster, operator: Operator, kube: Kube) -> None:
+    ns = cluster.namespace
+    first = await start_job(kube, ns, "beta")
+    await call(set_pod_phase, kube, ns, "beta-worker-1", "Failed", 1)
+    second = await wait_pods(kube, ns, "beta", 2, gang=1)
+    assert {p["metadata"]["uid"] for p in second}.isdisjoint(p["metadata"]["uid"] for p in first)
+    job = await wait_status(kube, ns, "beta", lambda s: s.get("restarts", {}).get("total") == 1)
+    assert job["status"]["restarts"] == {"total": 1, "failures": 1, "byCause": {"Failed": 1}}
+    assert condition(job, "Restarting")["reason"] == "RankFailed"
+    for p in second:
+        await call(set_pod_phase, kube, ns, p["metadata"]["name"], "Running")
+    job = await wait_status(kube, ns, "beta", lambda s: s.get("phase") == "Running")
+    assert condition(job, "Restarting")["status"] == "False"
+    assert operator.metrics.restarts.labels(reason="Failed")._value.get() == 1
+
+
+async def test_eviction_restarts_without_counting(cluster: Cluster, operator: Operator, kube: Kube) -> None:
+    ns = cluster.namespace
+    await start_job(kube, ns, "gamma", failurePolicy={"backoffLimit": 0})
+    await call(set_pod_phase, kube, ns, "gamma-worker-0", "Failed", None, "Evicted")
+    await wait_pods(kube, ns, "gamma", 2, gang=1)
+    job = await wait_status(kube, ns, "gamma", lambda s: s.get("restarts", {}).get("total") == 1)
+    assert job["status"]["restarts"] == {"total": 1, "failures": 0, "byCause": {"Evicted": 1}}
+    assert job["status"]["phase"] != "Failed"
+
+
+async def test_backoff_limit_spent_fails_job(cluster: Cluster, operator: Operator, kube: Kube) -> None:
+    ns = cluster.namespace
+    await start_job(kube, ns, "delta", failurePolicy={"backoffLimit": 1})
+    await call(set_pod_phase, kube, ns, "delta-worker-0", "Failed", 1)
+    for p in await wait_pods(kube, ns, "delta", 2, gang=1):
+        await call(set_pod_phase, kube, ns, p["metadata"]["name"], "Running")
+    await call(set_pod_phase, kube, ns, "delta-worker-1", "Failed", 3)
+    job = await wait_status(kube, ns, "delta", lambda s: s.get("phase") == "Failed")
+    assert condition(job, "Failed")["reason"] == "BackoffLimitExceeded"
+    assert "exited with code 3" in condition(job, "Failed")["message"]
+    assert job["status"]["restarts"]["failures"] == 1
+    await asyncio.sleep(0.6)  # a resync later: the gang stays down (the running rank was stopped)
+    alive = [p for p in await call(pods, kube, ns, "delta") if p["status"]["phase"] == "Running"]
+    assert alive == []
+    assert {p["metadata"]["labels"][naming.LABEL_GANG] for p in await call(pods, kube, ns, "delta")} <= {"1"}
+
+
+async def test_permanent_exit_code_fails_at_once(cluster: Cluster, operator: Operator, kube: Kube) -> None:
+    ns = cluster.namespace
+    await start_job(kube, ns, "epsilon")
+    await call(set_pod_phase, kube, ns, "epsilon-worker-0", "Failed", 2)
+    job = await wait_status(kube, ns, "epsilon", lambda s: s.get("phase") == "Failed")
+    assert condition(job, "Failed")["reason"] == "PermanentExitCode"
+    assert job["status"]["restarts"]["total"] == 0
+
+
+async def test_suspend_and_resume(cluster: Cluster, operator: Operator, kube: Kube) -> None:
+    ns = cluster.namespace
+    await start_job(kube, ns, "zeta")
+    path = path_of(JOBS, PLURAL, ns, "zeta")
+    await call(kube.request, "PATCH", path, {"spec": {"suspend": True}}, "application/merge-patch+json")
+    job = await wait_status(kube, ns, "zeta", lambda s: s.get("phase") == "Suspended")
+    await wait_no_pods(kube, ns, "zeta")
+    assert condition(job, "Suspended")["status"] == "True"
+    await call(kube.request, "PATCH", path, {"spec": {"suspend": False}}, "application/merge-patch+json")
+    resumed = await wait_pods(kube, ns, "zeta", 2, gang=0)
+    job = await wait_status(kube, ns, "zeta", lambda s: s.get("phase") == "Pending")
+    assert len(resumed) == 2 and job["status"]["restarts"]["total"] == 0
+    assert condition(job, "Suspended")["reason"] == "JobResumed"
+
+
+async def test_invalid_spec_is_refused_without_pods(cluster: Cluster, operator: Operator, kube: Kube) -> None:
+    ns = cluster.namespace
+    if cluster.emulator is None:
+        return  # a real API server refuses replicas=0 by the CRD schema before the operator sees it
+    bad = job_manifest("eta", ns, replicas=0)
+    await call(kube.request, "POST", path_of(JOBS, PLURAL, ns), bad)
+    job = await wait_status(kube, ns, "eta", lambda s: s.get("phase") == "Failed")
+    cond = condition(job, "InvalidSpec")
+    assert cond["status"] == "True" and cond["reason"] == "InvalidSpec"
+    assert "spec.replicas" in cond["message"] and "got 0" in cond["message"]
+    await asyncio.sleep(0.6)
+    assert await call(pods, kube, ns, "eta") == []
+    events = (await call(kube.request, "GET", path_of("v1", "events", ns)))["items"]
+    assert any(e["reason"] == "InvalidSpec" and e["type"] == "Warning" for e in events)
+
+
+async def test_memory_plan_that_cannot_fit_is_refused(cluster: Cluster, operator: Operator, kube: Kube) -> None:
+    ns = cluster.namespace
+    spec = {"model": {"parameters": 7_500_000_000}, "resources": {"gpu": 2, "gpuMemory": "16Gi"}, "zero": {"stage": 0}}
+    await call(kube.request, "POST", path_of(JOBS, PLURAL, ns), job_manifest("theta", ns, **spec))
+    job = await wait_status(kube, ns, "theta", lambda s: s.get("phase") == "Failed")
+    cond = condition(job, "InvalidSpec")
+    assert cond["reason"] == "MemoryPlanDoesNotFit"
+    assert "stage 0 needs" in cond["message"] and "replicas" in cond["message"]
+    assert job["status"]["memoryPlan"]["parameters"] == 7_500_000_000
+    assert await call(pods, kube, ns, "theta") == []
+
+
+async def test_success_then_ttl_deletes_job(cluster: Cluster, operator: Operator, kube: Kube) -> None:
+    ns = cluster.namespace
+    await start_job(kube, ns, "iota", replicas=1, ttlSecondsAfterFinished=0)
+    await call(set_pod_phase, kube, ns, "iota-worker-0", "Succeeded")
+    await until_async(lambda: get_job(kube, ns, "iota") is None)
+
+
+async def test_deletion_leaves_no_orphans(cluster: Cluster, operator: Operator, kube: Kube) -> None:
+    ns = cluster.namespace
+    await start_job(kube, ns, "kappa")
+    await call(kube.delete_job, ns, "kappa")
+    await until_async(lambda: get_job(kube, ns, "kappa") is None and not pods(kube, ns, "kappa"), timeout=30)
+    for path in (path_of("v1", "services", ns, "kappa"), path_of("v1", "configmaps", ns, "kappa-config")):
+        try:
+            await until_async(lambda p=path: kube.request("GET", p) is None, timeout=30)  # type: ignore[misc]
+        except KubeError as e:
+            assert e.status == 404

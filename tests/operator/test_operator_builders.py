@@ -1,0 +1,118 @@
+"""Pure builders: table-driven over job shapes, including a 64-replica gang."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from zerotrain.operator import builders, naming
+from zerotrain.operator.builders import JobRef
+
+from zerotrain.manifest import parse_spec
+
+JOB = JobRef("llm", "team-a", "uid-1")
+
+
+def spec(**extra: Any) -> Any:
+    return parse_spec({"image": "img:1", "entrypoint": "pkg.mod:build", **extra})
+
+
+def env(pod: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e.get("value", "<ref>") for e in pod["spec"]["containers"][0]["env"]}
+
+
+@pytest.mark.parametrize(
+    ("replicas", "nproc", "gpu"),
+    [(1, 1, 0), (2, 4, 4), (64, 8, 8), (3, 2, 0)],
+)
+def test_pods_rendezvous_env_and_identity(replicas: int, nproc: int, gpu: int) -> None:
+    s = spec(replicas=replicas, nprocPerNode=nproc, resources={"gpu": gpu}, env=[{"name": "HF_HOME", "value": "/x"}])
+    pods = builders.build_pods(JOB, s, gang=3)
+    assert [p["metadata"]["name"] for p in pods] == [f"llm-worker-{r}" for r in range(replicas)]
+    for rank, pod in enumerate(pods):
+        e = env(pod)
+        assert e["MASTER_ADDR"] == "llm-worker-0.llm.team-a.svc"
+        assert (e["NODE_RANK"], e["NNODES"], e["NPROC_PER_NODE"]) == (str(rank), str(replicas), str(nproc))
+        assert e["WORLD_SIZE"] == str(replicas * nproc) and e["MASTER_PORT"] == "29500"
+        assert (e["ZEROTRAIN_JOB_NAME"], e["ZEROTRAIN_NAMESPACE"], e["HF_HOME"]) == ("llm", "team-a", "/x")
+        assert e["POD_NAME"] == "<ref>" and e["ZEROTRAIN_CHECKPOINT_DIR"] == "/checkpoints"
+        assert pod["metadata"]["labels"][naming.LABEL_GANG] == "3"
+        assert pod["metadata"]["ownerReferences"] == [builders.owner_reference(JOB)]
+        assert pod["spec"]["hostname"] == f"llm-worker-{rank}" and pod["spec"]["subdomain"] == "llm"
+        c = pod["spec"]["containers"][0]
+        assert c["command"] == ["python", "-m", "zerotrain.runtime", "--config", "/etc/zerotrain/job.yaml"]
+        assert [p["containerPort"] for p in c["ports"][1:]] == [9400 + r for r in range(nproc)]
+        assert ("nvidia.com/gpu" in c.get("resources", {}).get("limits", {})) == (gpu > 0)
+
+
+def test_user_env_cannot_override_rendezvous() -> None:
+    pod = builders.build_pod(JOB, spec(env=[{"name": "WORLD_SIZE", "value": "99"}]), 0, 0)
+    assert [e["value"] for e in pod["spec"]["containers"][0]["env"] if e["name"] == "WORLD_SIZE"] == ["1"]
+
+
+@pytest.mark.parametrize(
+    ("checkpoint", "volume"),
+    [({}, {"emptyDir": {}}), ({"claimName": "ckpt"}, {"persistentVolumeClaim": {"claimName": "ckpt"}})],
+)
+def test_checkpoint_volume(checkpoint: dict[str, Any], volume: dict[str, Any]) -> None:
+    pod = builders.build_pod(JOB, spec(checkpoint={**checkpoint, "path": "/ck"}), 0, 0)
+    vol = next(v for v in pod["spec"]["volumes"] if v["name"] == builders.CHECKPOINT_VOLUME)
+    assert {k: v for k, v in vol.items() if k != "name"} == volume
+    mounts = {m["name"]: m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
+    assert mounts == {builders.CONFIG_VOLUME: "/etc/zerotrain", builders.CHECKPOINT_VOLUME: "/ck"}
+
+
+@pytest.mark.parametrize(
+    ("gang", "api", "scheduler"),
+    [
+        ("none", None, None),
+        ("coscheduling", "scheduling.x-k8s.io/v1alpha1", "scheduler-plugins-scheduler"),
+        ("volcano", "scheduling.volcano.sh/v1beta1", "volcano"),
+    ],
+)
+def test_gang_scheduling(gang: str, api: str | None, scheduler: str | None) -> None:
+    s = spec(replicas=64, scheduling={"gang": gang})
+    group = builders.build_pod_group(JOB, s)
+    pod = builders.build_pod(JOB, s, 5, 0)
+    assert pod["spec"].get("schedulerName") == scheduler
+    if api is None:
+        assert group is None
+        return
+    assert group is not None and group["apiVersion"] == api and group["spec"]["minMember"] == 64
+    assert group["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    marks = {**pod["metadata"]["labels"], **pod["metadata"].get("annotations", {})}
+    assert marks.get(builders.COSCHEDULING_LABEL if gang == "coscheduling" else builders.VOLCANO_ANNOTATION) == "llm"
+
+
+def test_supporting_objects_are_owned_and_rbac_is_narrow() -> None:
+    objs = builders.build_supporting(JOB, spec())
+    assert [o["kind"] for o in objs] == ["ServiceAccount", "Role", "RoleBinding", "Service", "ConfigMap"]
+    assert all(o["metadata"]["ownerReferences"][0]["uid"] == "uid-1" for o in objs)
+    role = objs[1]
+    assert role["rules"] == [
+        {
+            "apiGroups": ["zerotrain.dev"],
+            "resources": ["zerotrainingjobs/status"],
+            "resourceNames": ["llm"],
+            "verbs": ["patch"],
+        }
+    ]
+    svc = objs[3]
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
+
+
+def test_builders_are_deterministic() -> None:
+    s = spec(replicas=4)
+    assert builders.build_pods(JOB, s, 0) == builders.build_pods(JOB, s, 0)
+    assert builders.build_supporting(JOB, s) == builders.build_supporting(JOB, s)
+
+
+@pytest.mark.parametrize(
+    ("name", "replicas", "ok"),
+    [("llm", 64, True), ("Bad_Name", 1, False), ("a" * 54, 1, True), ("a" * 54, 100, False)],
+)
+def test_name_limits(name: str, replicas: int, ok: bool) -> None:
+    problem = naming.name_problem(name, replicas)
+    assert (problem is None) == ok
+    if problem:
+        assert problem.startswith("metadata.name: got")

@@ -1,0 +1,217 @@
+"""compute_status: the lifecycle as a table of (previous state, observed pods) -> (status, actions)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from zerotrain.operator.observe import Disruption, ObservedPod, PodPhase, observe_pod
+from zerotrain.operator.status import (
+    Backoff,
+    ConditionType,
+    Reason,
+    compute_status,
+    get_condition,
+    invalid,
+    is_true,
+    transitions,
+)
+
+from zerotrain.manifest import parse_spec
+from zerotrain.spec import Phase, ZeroTrainingJobStatus
+
+NOW = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
+BACKOFF = Backoff(base_seconds=10, max_seconds=60)
+
+
+def spec(**extra: Any) -> Any:
+    return parse_spec({"image": "i", "entrypoint": "m:f", "replicas": 2, "nprocPerNode": 4, **extra})
+
+
+def pod(replica: int, phase: PodPhase = PodPhase.RUNNING, gang: int = 0, **kw: Any) -> ObservedPod:
+    return ObservedPod(name=f"j-worker-{replica}", replica=replica, gang=gang, phase=phase, ready=True, **kw)
+
+
+def created(gang: int = 0, failures: int = 0) -> ZeroTrainingJobStatus:
+    """A status whose gang `gang` was created (as after the first pass)."""
+    st = compute_status(spec(), [], None, NOW - timedelta(minutes=5), BACKOFF).status
+    st.restarts.total, st.restarts.failures = gang, failures
+    return st
+
+
+def test_first_pass_creates_the_gang_and_second_changes_nothing() -> None:
+    d = compute_status(spec(), [], None, NOW, BACKOFF)
+    assert d.create_gang and d.status.phase == Phase.PENDING and d.status.start_time == NOW
+    assert is_true(d.status, ConditionType.CREATED, Reason.GANG_CREATED)
+    again = compute_status(spec(), [pod(0, PodPhase.PENDING), pod(1, PodPhase.PENDING)], d.status, NOW, BACKOFF)
+    assert not again.create_gang and again.delete_pods == []
+    assert again.status.model_dump(exclude={"ranks"}) == d.status.model_dump(exclude={"ranks"})
+
+
+@pytest.mark.parametrize(
+    ("pods", "phase", "failures", "cause", "deleted"),
+    [
+        ([pod(0), pod(1)], Phase.RUNNING, 0, None, []),
+        ([pod(0), pod(1, PodPhase.FAILED, exit_code=1)], Phase.RESTARTING, 1, "Failed", ["j-worker-0", "j-worker-1"]),
+        (
+            [pod(0), pod(1, PodPhase.FAILED, disruption=Disruption.EVICTED)],
+            Phase.RESTARTING,
+            0,
+            "Evicted",
+            ["j-worker-0", "j-worker-1"],
+        ),
+        (
+            [pod(0, PodPhase.SUCCEEDED, disruption=Disruption.PREEMPTED), pod(1)],
+            Phase.RESTARTING,
+            0,
+            "Preempted",
+            ["j-worker-0", "j-worker-1"],
+        ),
+        ([pod(0)], Phase.RESTARTING, 0, "PodDeleted", ["j-worker-0"]),
+        ([pod(0, PodPhase.SUCCEEDED), pod(1, PodPhase.SUCCEEDED)], Phase.SUCCEEDED, 0, None, []),
+        ([pod(0, PodPhase.SUCCEEDED), pod(1)], Phase.RUNNING, 0, None, []),
+        ([pod(0, PodPhase.FAILED, exit_code=2), pod(1)], Phase.FAILED, 0, None, ["j-worker-1"]),
+    ],
+)
+def test_running_gang(
+    pods: list[ObservedPod], phase: Phase, failures: int, cause: str | None, deleted: list[str]
+) -> None:
+    d = compute_status(spec(), pods, created(), NOW, BACKOFF)
+    assert d.status.phase == phase
+    assert d.status.restarts.failures == failures
+    assert d.restart_cause == cause
+    assert d.delete_pods == deleted
+    if cause:
+        assert d.status.restarts.total == 1 and d.status.restarts.by_cause == {cause: 1}
+        assert not is_true(d.status, ConditionType.CREATED)
+
+
+def test_ranks_count_pods_times_nproc() -> None:
+    d = compute_status(spec(), [pod(0), pod(1, PodPhase.PENDING)], created(), NOW, BACKOFF)
+    assert (d.status.ranks.total, d.status.ranks.running) == (8, 4)
+
+
+@pytest.mark.parametrize(("failures", "delay"), [(0, 10), (1, 20), (2, 40), (5, 60)])
+def test_exponential_backoff_then_recreate(failures: int, delay: float) -> None:
+    limit = {"failurePolicy": {"backoffLimit": 10}}
+    d = compute_status(
+        spec(**limit), [pod(0, PodPhase.FAILED, exit_code=1), pod(1)], created(0, failures), NOW, BACKOFF
+    )
+    assert d.status.next_restart_time == NOW + timedelta(seconds=delay)
+    gang = d.status.restarts.total
+    waiting = compute_status(
+        spec(**limit), [pod(0, PodPhase.FAILED, exit_code=1, terminating=True)], d.status, NOW, BACKOFF
+    )
+    assert not waiting.create_gang, "the old gang must be gone first"
+    early = compute_status(spec(**limit), [], d.status, NOW + timedelta(seconds=delay - 1), BACKOFF)
+    assert not early.create_gang and early.requeue_after == pytest.approx(1.0)
+    due = compute_status(spec(**limit), [], d.status, NOW + timedelta(seconds=delay), BACKOFF)
+    assert due.create_gang and due.status.restarts.total == gang and due.status.next_restart_time is None
+
+
+def test_backoff_limit_spent_fails() -> None:
+    st = created(gang=2, failures=2)
+    d = compute_status(
+        spec(failurePolicy={"backoffLimit": 2}),
+        [pod(0, PodPhase.FAILED, gang=2, exit_code=1), pod(1, gang=2)],
+        st,
+        NOW,
+        BACKOFF,
+    )
+    assert d.status.phase == Phase.FAILED and d.status.completion_time == NOW
+    assert get_condition(d.status, ConditionType.FAILED).reason == Reason.BACKOFF_LIMIT_EXCEEDED  # type: ignore[union-attr]
+    assert d.delete_pods == ["j-worker-1"]
+
+
+def test_retryable_list_fails_other_codes() -> None:
+    s = spec(failurePolicy={"retryableExitCodes": [137]})
+    d = compute_status(s, [pod(0, PodPhase.FAILED, exit_code=1), pod(1)], created(), NOW, BACKOFF)
+    assert get_condition(d.status, ConditionType.FAILED).reason == Reason.NON_RETRYABLE_EXIT_CODE  # type: ignore[union-attr]
+
+
+def test_stale_gang_pods_are_deleted() -> None:
+    d = compute_status(spec(), [pod(0, gang=1), pod(1, gang=1), pod(0, gang=0)], created(gang=1), NOW, BACKOFF)
+    assert "j-worker-0" in d.delete_pods and d.status.phase == Phase.RUNNING
+
+
+def test_suspend_and_resume_keep_restarts() -> None:
+    st = created(gang=1, failures=1)
+    d = compute_status(spec(suspend=True), [pod(0, gang=1), pod(1, gang=1)], st, NOW, BACKOFF)
+    assert d.status.phase == Phase.SUSPENDED and sorted(d.delete_pods) == ["j-worker-0", "j-worker-1"]
+    resumed = compute_status(spec(), [], d.status, NOW, BACKOFF)
+    assert resumed.create_gang and resumed.status.restarts.total == 1 and resumed.status.start_time == NOW
+    assert get_condition(resumed.status, ConditionType.SUSPENDED).reason == Reason.JOB_RESUMED  # type: ignore[union-attr]
+
+
+def test_active_deadline() -> None:
+    st = created()
+    d = compute_status(spec(activeDeadlineSeconds=60), [pod(0), pod(1)], st, NOW, BACKOFF)
+    assert get_condition(d.status, ConditionType.FAILED).reason == Reason.DEADLINE_EXCEEDED  # type: ignore[union-attr]
+    assert sorted(d.delete_pods) == ["j-worker-0", "j-worker-1"]
+
+
+@pytest.mark.parametrize(("ttl", "after", "deleted"), [(None, 999, False), (30, 29, False), (30, 30, True)])
+def test_ttl_after_finished(ttl: int | None, after: int, deleted: bool) -> None:
+    done = compute_status(
+        spec(ttlSecondsAfterFinished=ttl),
+        [pod(0, PodPhase.SUCCEEDED), pod(1, PodPhase.SUCCEEDED)],
+        created(),
+        NOW,
+        BACKOFF,
+    )
+    later = compute_status(spec(ttlSecondsAfterFinished=ttl), [], done.status, NOW + timedelta(seconds=after), BACKOFF)
+    assert later.delete_job == deleted and later.status.phase == Phase.SUCCEEDED
+
+
+def test_startup_timeout_condition() -> None:
+    old = NOW - timedelta(seconds=700)
+    d = compute_status(spec(), [pod(0), pod(1, PodPhase.PENDING, created=old)], created(), NOW, BACKOFF)
+    cond = get_condition(d.status, ConditionType.UNSCHEDULABLE)
+    assert cond is not None and cond.status == "True" and cond.reason == Reason.STARTUP_TIMEOUT
+    assert any(e.type == "Warning" and e.reason == Reason.STARTUP_TIMEOUT for e in transitions(created(), d.status))
+
+
+def test_invalid_then_fixed() -> None:
+    bad = invalid(None, Reason.INVALID_SPEC, "spec.replicas: got 0", NOW)
+    assert bad.phase == Phase.FAILED and is_true(bad, ConditionType.INVALID_SPEC)
+    fixed = compute_status(spec(), [], bad, NOW, BACKOFF)
+    assert fixed.create_gang and not is_true(fixed.status, ConditionType.INVALID_SPEC)
+
+
+def test_transitions_emit_one_event_per_change() -> None:
+    first = compute_status(spec(), [], None, NOW, BACKOFF).status
+    assert [e.reason for e in transitions(None, first)] == [Reason.GANG_CREATED]
+    assert transitions(first, first) == []
+
+
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [
+        ({"phase": "Failed", "reason": "Evicted"}, Disruption.EVICTED),
+        (
+            {
+                "phase": "Failed",
+                "conditions": [{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}],
+            },
+            Disruption.PREEMPTED,
+        ),
+        ({"phase": "Unknown"}, Disruption.NODE_LOST),
+        (
+            {
+                "phase": "Succeeded",
+                "containerStatuses": [
+                    {"name": "trainer", "state": {"terminated": {"exitCode": 0, "message": "preempted at step 7"}}}
+                ],
+            },
+            Disruption.PREEMPTED,
+        ),
+        (
+            {"phase": "Failed", "containerStatuses": [{"name": "trainer", "state": {"terminated": {"exitCode": 1}}}]},
+            None,
+        ),
+    ],
+)
+def test_observe_disruptions(status: dict[str, Any], expected: Disruption | None) -> None:
+    p = observe_pod({"metadata": {"name": "p", "labels": {"zerotrain.dev/gang": "0"}}, "status": status})
+    assert p.disruption == expected
