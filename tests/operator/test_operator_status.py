@@ -185,6 +185,13 @@ def test_transitions_emit_one_event_per_change() -> None:
     assert transitions(first, first) == []
 
 
+TARGET = {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}
+
+
+def exited(code: int, message: str = "") -> dict[str, Any]:
+    return {"name": "trainer", "state": {"terminated": {"exitCode": code, "message": message}}}
+
+
 @pytest.mark.parametrize(
     ("status", "expected"),
     [
@@ -206,10 +213,8 @@ def test_transitions_emit_one_event_per_change() -> None:
             },
             Disruption.PREEMPTED,
         ),
-        (
-            {"phase": "Failed", "containerStatuses": [{"name": "trainer", "state": {"terminated": {"exitCode": 1}}}]},
-            None,
-        ),
+        ({"phase": "Succeeded", "containerStatuses": [exited(0, "done")]}, None),
+        ({"phase": "Failed", "containerStatuses": [exited(1)]}, None),
     ],
 )
 def test_observe_disruptions(status: dict[str, Any], expected: Disruption | None) -> None:

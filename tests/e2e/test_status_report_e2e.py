@@ -1,0 +1,47 @@
+"""The runtime's progress reports land in the job's status, and the operator never overwrites them."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from zerotrain.operator.kube import Kube
+
+from zerotrain import status_report
+
+from .cluster import Cluster, until_async
+from .conftest import Operator
+from .test_operator_e2e import start_job
+
+
+async def test_report_progress_patches_step_and_checkpoint(
+    cluster: Cluster, operator: Operator, kube: Kube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if cluster.emulator is None:
+        pytest.skip("reports authenticate with the pod's service-account token, which only exists inside a pod")
+    ns = cluster.namespace
+    await start_job(kube, ns, "lambda", replicas=1)
+    monkeypatch.setenv("ZEROTRAIN_JOB_NAME", "lambda")
+    monkeypatch.setenv("ZEROTRAIN_NAMESPACE", ns)
+    monkeypatch.setenv(status_report.API_URL_ENV, cluster.configuration.host)
+    await asyncio.to_thread(status_report.report_progress, 40, 40, "/checkpoints/step-40")
+    await asyncio.to_thread(status_report.report_progress, 41)
+    job = await until_async(lambda: (j := kube.get_job(ns, "lambda")) and j["status"].get("step") == 41 and j)
+    assert job["status"]["lastCheckpoint"]["step"] == 40
+    assert job["status"]["lastCheckpoint"]["path"] == "/checkpoints/step-40"
+    await asyncio.sleep(1.2)  # resync passes: the operator must keep the runtime's fields
+    job = await asyncio.to_thread(kube.get_job, ns, "lambda")
+    assert job["status"]["step"] == 41 and job["status"]["phase"] == "Running"
+
+
+def test_report_progress_is_a_noop_outside_a_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ZEROTRAIN_JOB_NAME", raising=False)
+    monkeypatch.setenv(status_report.API_URL_ENV, "http://127.0.0.1:9")  # would fail if it tried
+    status_report.report_progress(1, 1, "/x")
+
+
+def test_report_progress_never_raises(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv("ZEROTRAIN_JOB_NAME", "j")
+    monkeypatch.setenv(status_report.API_URL_ENV, "http://127.0.0.1:9")  # nothing listens on the discard port
+    status_report.report_progress(5)
+    assert "could not report step 5" in caplog.text

@@ -1,0 +1,128 @@
+"""kube.py against a scripted HTTP server: retries on conflict/throttling/5xx, apply semantics, API_CALLS."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import kubernetes
+import pytest
+from zerotrain.operator import builders
+from zerotrain.operator.builders import JobRef
+from zerotrain.operator.kube import API_CALLS, PLURALS, ApiCall, Kube, KubeError, is_subset
+
+from zerotrain.manifest import parse_spec
+
+
+class Script:
+    """Answers each request with the next (status, body, headers) and records (method, path, body)."""
+
+    def __init__(self) -> None:
+        self.answers: list[tuple[int, dict[str, Any], dict[str, str]]] = []
+        self.seen: list[tuple[str, str, Any]] = []
+
+
+@pytest.fixture
+def server() -> Iterator[tuple[Script, Kube]]:
+    script = Script()
+
+    class Handler(BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            size = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(size)) if size else None
+            script.seen.append((self.command, self.path, body))
+            status, payload, headers = script.answers.pop(0) if script.answers else (200, {}, {})
+            data = json.dumps(payload).encode()
+            self.send_response(status)
+            for k, v in {"Content-Type": "application/json", **headers}.items():
+                self.send_header(k, v)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_POST = do_PATCH = do_DELETE = _answer
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, args=(0.02,), daemon=True)
+    thread.start()
+    cfg = kubernetes.client.Configuration()
+    cfg.host = f"http://127.0.0.1:{httpd.server_address[1]}"
+    kube = Kube(cfg, retries=3, retry_base_seconds=0.01)
+    yield script, kube
+    kube.close()
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_throttling_and_conflicts_are_retried(server: tuple[Script, Kube]) -> None:
+    script, kube = server
+    script.answers = [(429, {"message": "slow down"}, {"Retry-After": "0"}), (409, {}, {}), (200, {"ok": 1}, {})]
+    assert kube.request("PATCH", "/api/v1/namespaces/n/pods/p", {"a": 1}) == {"ok": 1}
+    assert len(script.seen) == 3
+
+
+def test_retries_are_bounded(server: tuple[Script, Kube]) -> None:
+    script, kube = server
+    script.answers = [(503, {"message": "down"}, {})] * 4
+    with pytest.raises(KubeError) as e:
+        kube.request("GET", "/api/v1/namespaces/n/pods")
+    assert e.value.status == 503 and len(script.seen) == 4
+
+
+def test_create_conflict_is_an_answer_not_retried(server: tuple[Script, Kube]) -> None:
+    script, kube = server
+    script.answers = [(409, {"message": "exists"}, {})]
+    with pytest.raises(KubeError) as e:
+        kube.request("POST", "/api/v1/namespaces/n/pods", {})
+    assert e.value.status == 409 and len(script.seen) == 1
+
+
+def test_apply_creates_then_patches_only_on_difference(server: tuple[Script, Kube]) -> None:
+    script, kube = server
+    svc = builders.build_service(JobRef("j", "n", "u"))
+    script.answers = [(404, {}, {}), (201, svc, {})]
+    assert kube.apply(svc) is True
+    assert [s[0] for s in script.seen] == ["GET", "POST"]
+    served = {**svc, "spec": {**svc["spec"], "sessionAffinity": "None"}}  # server defaults don't count as drift
+    script.answers = [(200, served, {})]
+    assert kube.apply(svc) is False and script.seen[-1][0] == "GET"
+    drifted = {**svc, "metadata": {**svc["metadata"], "labels": {}}}
+    script.answers = [(200, drifted, {}), (200, svc, {})]
+    assert kube.apply(svc) is True
+    method, path, body = script.seen[-1]
+    assert (method, path) == ("PATCH", "/api/v1/namespaces/n/services/j") and body["metadata"]["labels"]
+
+
+def test_every_kind_the_builders_make_is_declared() -> None:
+    spec = parse_spec({"image": "i", "entrypoint": "m:f", "scheduling": {"gang": "volcano"}})
+    cos = parse_spec({"image": "i", "entrypoint": "m:f", "scheduling": {"gang": "coscheduling"}})
+    job = JobRef("j", "n", "u")
+    objs = [
+        *builders.build_supporting(job, spec),
+        *builders.build_supporting(job, cos),
+        builders.build_pod(job, spec, 0, 0),
+    ]
+    for obj in objs:
+        plural = PLURALS[(obj["apiVersion"], obj["kind"])]
+        group = obj["apiVersion"].rpartition("/")[0]
+        verbs = {"create"} if obj["kind"] == "Pod" else {"get", "create", "patch"}
+        assert {ApiCall(group, plural, v) for v in verbs} <= API_CALLS, obj["kind"]
+
+
+@pytest.mark.parametrize(
+    ("desired", "actual", "expected"),
+    [
+        ({"a": 1}, {"a": 1, "b": 2}, True),
+        ({"a": [{"x": 1}]}, {"a": [{"x": 1, "y": 2}]}, True),
+        ({"a": [1, 2]}, {"a": [1]}, False),
+        ({"a": {"b": 1}}, {"a": None}, False),
+    ],
+)
+def test_is_subset(desired: Any, actual: Any, expected: bool) -> None:
+    assert is_subset(desired, actual) is expected
