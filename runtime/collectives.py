@@ -160,7 +160,7 @@ class Comm:
 
     def broadcast(self, t: torch.Tensor, src: int, unit: str) -> None:
         """Overwrite `t` with rank `src`'s copy."""
-        sent = _nbytes(t) if self.rank == src else 0
+        sent = _nbytes(t) if self.rank == src and self.world_size > 1 else 0
         self._run(
             "broadcast",
             unit,

@@ -39,6 +39,13 @@ def check_factory(factory: OptimizerFactory) -> None:
     """Build the optimizer once on a probe parameter and refuse non-element-wise ones, before any collective."""
     probe = nn.Parameter(torch.zeros(1))
     opt = factory([{"params": [probe]}])
+    if [p for g in opt.param_groups for p in g["params"]] != [probe]:
+        raise ZeroSetupError(
+            "optimizer",
+            type(opt).__name__,
+            "the factory did not build the optimizer over the param groups it was given",
+            "pass the factory's argument to the optimizer: lambda groups: torch.optim.AdamW(groups, lr=...)",
+        )
     if not isinstance(opt, ELEMENTWISE):
         raise ZeroSetupError(
             "optimizer",

@@ -1,0 +1,80 @@
+"""The engine in one process: bad input refused before any collective, and world size 1 matches AdamW."""
+
+from __future__ import annotations
+
+import fnmatch
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+from dist_helpers import free_port
+from tiny_models import batches, lm_loss, make_model, reference_train
+from torch import nn
+from zerotrain.runtime import ZeroConfig, ZeroEngine
+from zerotrain.runtime.errors import ZeroSetupError
+
+# A regression that reaches the rendezvous fails after this many seconds instead of hanging.
+FAST = {"collective_timeout_seconds": 5}
+
+
+def adamw(groups: list) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(groups, lr=1e-3, weight_decay=0.1, eps=1e-6)
+
+
+@pytest.fixture
+def peerless_world(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchrun env for rank 0 of 2 whose peer never comes: any rendezvous or collective would block."""
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+
+
+@pytest.mark.parametrize(
+    ("model", "config", "optimizer", "field"),
+    [
+        (nn.ReLU(), ZeroConfig(**FAST), adamw, "model"),
+        (make_model(), ZeroConfig(unit_modules=["Blocks"], **FAST), adamw, "zero.unitModules[0]"),
+        (nn.Linear(1, 1, bias=False), ZeroConfig(**FAST), adamw, "WORLD_SIZE"),
+        (make_model(), ZeroConfig(**FAST), lambda g: torch.optim.LBFGS(g), "optimizer"),
+        (make_model(), ZeroConfig(**FAST), lambda g: torch.optim.AdamW(nn.Linear(1, 1).parameters()), "optimizer"),
+    ],
+    ids=["no-parameters", "unknown-unit-class", "more-ranks-than-parameters", "lbfgs", "ignores-groups"],
+)
+@pytest.mark.timeout(30)
+def test_bad_input_fails_at_construction_before_any_collective(
+    peerless_world: None, model: nn.Module, config: ZeroConfig, optimizer: object, field: str
+) -> None:
+    start = time.monotonic()
+    with pytest.raises(ZeroSetupError) as err:
+        ZeroEngine(model, config, optimizer=optimizer)  # type: ignore[arg-type]
+    assert err.value.field == field and err.value.fix in str(err.value)
+    assert not dist.is_initialized()
+    assert time.monotonic() - start < 5
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_world_size_one_matches_adamw(monkeypatch: pytest.MonkeyPatch, stage: int) -> None:
+    for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    cfg = ZeroConfig(stage=stage, unit_modules=["Block"])
+    engine = ZeroEngine(make_model(tied=True), cfg, optimizer=adamw)
+    data = batches(3, 1)
+    for step in data:
+        tokens = step[0][0]
+        engine.backward(lm_loss(engine(tokens), tokens))
+        engine.step()
+    assert not dist.is_initialized()
+
+    def no_decay(n: str) -> bool:
+        return any(fnmatch.fnmatchcase(n, p) for p in cfg.no_weight_decay)
+
+    ref, _, _ = reference_train(make_model(tied=True), data, adamw, no_decay, cfg.gradient_clipping)
+    got = engine.full_state_dict()
+    for name, value in ref.items():
+        torch.testing.assert_close(got[name], value, rtol=1e-5, atol=1e-6)
+    # One rank sends nothing; the ops are still counted (calls), so reports keep their shape.
+    report = engine.comm_report()
+    assert sum(op["bytes"] for op in report.values()) == 0 and report["broadcast"]["calls"] > 0
