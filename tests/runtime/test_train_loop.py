@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import http.server
 import json
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -108,3 +110,36 @@ def test_running_out_of_batches_names_the_steps_field(
             train(spec, RankContext(0, 1, 0))
     finally:
         sys.modules.pop("zt_short_data", None)
+
+
+class _StatusApi(http.server.BaseHTTPRequestHandler):
+    """Stands in for the API server's zerotrainingjobs/status endpoint; records every merge patch."""
+
+    patches: ClassVar[list[tuple[str, dict[str, Any]]]] = []
+
+    def do_PATCH(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.patches.append((self.path, body))
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, *_: Any) -> None:
+        return
+
+
+def test_rank0_reports_its_step_into_the_job_status(single_rank: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _StatusApi)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("ZEROTRAIN_STATUS_API", f"http://127.0.0.1:{server.server_address[1]}")
+        monkeypatch.setenv("ZEROTRAIN_JOB_NAME", "alpha")
+        monkeypatch.setenv("ZEROTRAIN_NAMESPACE", "team")
+        train(job_spec(training={"steps": 6, "logEvery": 2}), RankContext(0, 1, 0))
+    finally:
+        server.shutdown()
+        server.server_close()
+    paths = {path for path, _ in _StatusApi.patches}
+    assert paths == {"/apis/zerotrain.dev/v1alpha1/namespaces/team/zerotrainingjobs/alpha/status"}
+    steps = [body["status"]["step"] for _, body in _StatusApi.patches]
+    assert steps[0] == 1 and steps[-1] == 6  # the first, then at most one per 10 s, and always the last
