@@ -46,7 +46,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from zerotrain.runtime.task import ConfigError, is_script, load_entrypoint
+from zerotrain.runtime.task import ConfigError, check_arguments, is_script, load_entrypoint
 
 from zerotrain.spec import ZeroTrainingJobSpec
 
@@ -146,7 +146,7 @@ def preflight(spec: ZeroTrainingJobSpec) -> None:
         return
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())
-    load_entrypoint(spec.entrypoint)
+    check_arguments(load_entrypoint(spec.entrypoint), spec.entrypoint, spec.entrypoint_args)
 
 
 def rank_command(spec: ZeroTrainingJobSpec, config_path: Path) -> list[str]:

@@ -107,3 +107,13 @@ def test_a_configuration_the_engine_refuses_exits_2_from_every_rank(tmp_path: Pa
     for rank in (0, 1):
         assert f"zerotrain rank {rank}: error: zero.unitModules[0]: got 'Blok'" in proc.stderr
     assert "rank-failed: rank 0 exited with status 2" in proc.stdout
+
+
+def test_unknown_entrypoint_args_exit_2_before_any_rank(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    doc = yaml.safe_load(QUICKSTART.read_text())
+    doc["spec"]["entrypointArgs"]["n_layer"] = 2
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(doc))
+    assert main(["run", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "spec.entrypointArgs: got" in err and "'n_layer': 2" in err and "does not accept" in err
