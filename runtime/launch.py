@@ -157,12 +157,24 @@ def rank_command(spec: ZeroTrainingJobSpec, config_path: Path) -> list[str]:
     return ["-P", "-u", "-m", "zerotrain.runtime.train", "--config", str(config_path)]
 
 
+def available_cpus(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
+    """CPUs this container may use: its cgroup (v2) CPU limit if any, else the CPUs it may be scheduled on."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        quota, period = cpu_max.read_text().split()
+    except (OSError, ValueError):
+        return cpus
+    if quota == "max":
+        return cpus
+    return max(1, min(cpus, -(-int(quota) // int(period))))
+
+
 def rank_environment(plan: LaunchPlan) -> dict[str, str]:
     """Variables the ranks inherit beyond torch's (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_*...)."""
     env: dict[str, str] = {}
     if "OMP_NUM_THREADS" not in os.environ:
-        # Ranks share the node's cores; torch would otherwise start one thread per core in every rank.
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // plan.nproc_per_node))
+        # Ranks share the pod's CPUs; torch would otherwise start one thread per node core in every rank.
+        env["OMP_NUM_THREADS"] = str(max(1, available_cpus() // plan.nproc_per_node))
     if plan.master_addr in ("127.0.0.1", "localhost") and "GLOO_SOCKET_IFNAME" not in os.environ:
         loopback = next((name for _, name in socket.if_nameindex() if name.startswith("lo")), None)
         if loopback:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
-from zerotrain.runtime.launch import LaunchPlan, Outcome, free_port, outcome_of_failures, plan_from_env
+from zerotrain.runtime.launch import LaunchPlan, Outcome, available_cpus, free_port, outcome_of_failures, plan_from_env
 from zerotrain.runtime.task import ConfigError
 
 from zerotrain.spec import ZeroTrainingJobSpec
@@ -56,6 +56,15 @@ def test_single_node_defaults() -> None:
 def test_inconsistent_env_is_refused(env: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         plan_from_env(env, spec(2, 1))
+
+
+@pytest.mark.parametrize(("cpu_max", "expected"), [("250000 100000", 3), ("50000 100000", 1), ("max 100000", None)])
+def test_available_cpus_follows_the_cgroup_limit(tmp_path: Path, cpu_max: str, expected: int | None) -> None:
+    (tmp_path / "cpu.max").write_text(cpu_max + "\n")
+    schedulable = len(os.sched_getaffinity(0))
+    want = schedulable if expected is None else min(expected, schedulable)
+    assert available_cpus(tmp_path / "cpu.max") == want
+    assert available_cpus(tmp_path / "missing") == schedulable
 
 
 # ---------------------------------------------------------------- which failure is the root cause
