@@ -26,7 +26,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from enum import Enum
@@ -101,11 +101,14 @@ class RankContext:
     """Where this rank stands in the job (from the torchrun environment)."""
 
     rank: int
+    """Global rank (RANK)."""
     world_size: int
+    """Total ranks (WORLD_SIZE)."""
     local_rank: int
+    """Rank within this node (LOCAL_RANK): the GPU it drives."""
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> RankContext:
+    def from_env(cls, env: Mapping[str, str] | None = None) -> RankContext:
         e = os.environ if env is None else env
         try:
             return cls(int(e["RANK"]), int(e["WORLD_SIZE"]), int(e.get("LOCAL_RANK", "0")))
