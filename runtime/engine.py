@@ -24,6 +24,7 @@ from torch.utils import _pytree as pytree
 from zerotrain.runtime import optimizer as opt_mod
 from zerotrain.runtime.collectives import Comm, init_from_env
 from zerotrain.runtime.config import Precision, Stage, ZeroConfig
+from zerotrain.runtime.consistency import Event, OrderCheck
 from zerotrain.runtime.hooks import Gatherer, GradReadyHooks
 from zerotrain.runtime.memory import MemoryReport, StorageCounter, predict
 from zerotrain.runtime.partition import ParamClass, build_units
@@ -85,7 +86,11 @@ class ZeroEngine:
         if config.stage is Stage.PARAMETERS:
             self.gatherer = Gatherer(self.units, self.comm, config.prefetch_units)
             self.gatherer.install()
-        self._grad_hooks = GradReadyHooks(self.units, self._on_grads_ready)
+        self._grad_hooks = GradReadyHooks(self.units, lambda u: self._on_grads_ready(u, from_hook=True))
+        self.order_check = OrderCheck(self.comm, [u.name for u in self.units]) if self.world_size > 1 else None
+        for u in self.units:
+            if u.layout.module is not None and self.order_check is not None:
+                u.layout.module.register_forward_pre_hook(lambda *_, i=u.index: self._note(Event.FORWARD, i))
         self.micro_steps = 0
         self.steps = 0
         self.last_grad_norm: float | None = None
@@ -113,13 +118,14 @@ class ZeroEngine:
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """The model's forward; in stage 3 each unit is gathered just before it runs and freed after."""
-        if self.gatherer is None:
-            args, kwargs = self._cast_inputs(args, kwargs)
-            return self.module(*args, **kwargs)
-        self.gatherer.begin_forward(self.root)
         args, kwargs = self._cast_inputs(args, kwargs)
+        if self.gatherer is not None:
+            self.gatherer.begin_forward(self.root)
         out = self.module(*args, **kwargs)
-        return self.gatherer.end_forward(self.root, out)
+        # Before any gradient collective: a rank that ran other units fails here, naming them.
+        if self.order_check is not None:
+            self.order_check.verify("end of forward")
+        return out if self.gatherer is None else self.gatherer.end_forward(self.root, out)
 
     def _cast_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """Floating-point inputs in the compute dtype (as FSDP's mixed precision does); others untouched."""
@@ -132,7 +138,13 @@ class ZeroEngine:
 
         return pytree.tree_map(cast, args), pytree.tree_map(cast, kwargs)
 
-    def _on_grads_ready(self, u: UnitState) -> None:
+    def _note(self, event: Event, unit: int) -> None:
+        if self.order_check is not None:
+            self.order_check.note(event, unit)
+
+    def _on_grads_ready(self, u: UnitState, from_hook: bool = False) -> None:
+        if from_hook:
+            self._note(Event.GRADS_READY, u.index)
         if not (self._boundary or self.strategy.reduce_every_micro_batch) or u.reduced:
             return
         u.reduced = True
@@ -146,6 +158,8 @@ class ZeroEngine:
         GradReadyHooks.arm(self.units)
         scale = self.scaler.scale / self.config.gradient_accumulation_steps
         (loss * scale).backward()
+        if self.order_check is not None and (self._boundary or self.strategy.reduce_every_micro_batch):
+            self.order_check.verify("end of backward")
         # Units some parameters of which got no gradient: reduce them now, in unit order on every rank.
         for u in self.units:
             self._on_grads_ready(u)

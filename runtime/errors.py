@@ -29,3 +29,15 @@ class CollectiveTimeoutError(RuntimeError):
             "same order (rank-divergent control flow, e.g. a rank skipped this unit's forward); make every rank "
             "run every unit, or raise zero.collectiveTimeoutSeconds if a peer is merely slow"
         )
+
+
+class RankDivergenceError(RuntimeError):
+    """The ranks ran different units (or in a different order) between two consistency checks."""
+
+    def __init__(self, rank: int, unit: str, detail: str) -> None:
+        self.rank, self.unit = rank, unit
+        super().__init__(
+            f"rank-divergent control flow: rank {rank}, unit {unit!r}: {detail}. Every rank must run every unit's "
+            "forward and backward the same number of times in the same order (ZeRO's collectives are matched by "
+            "order); make the control flow identical on all ranks"
+        )

@@ -88,6 +88,7 @@ class Gatherer:
         blocks = [u.index for u in units if u.layout.module is not None]
         self.order: list[int] = blocks  # last iteration's forward order; registration order until then
         self.current: list[int] = []
+        self.pos = 0  # next position of `order` whose gather this forward has not issued yet
 
     def gathered_bytes(self) -> int:
         return sum(u.full.nbytes() for u in self.units)
@@ -130,9 +131,16 @@ class Gatherer:
     def _pre_forward(self, u: UnitState) -> Callable[..., None]:
         def hook(*_: Any) -> None:
             self.current.append(u.index)
+            if u.index in self.order[self.pos :]:
+                # Gathers follow the schedule (last iteration's order), not what this rank happens to
+                # run: a rank that skips a unit still issues its gather, so ranks stay matched until
+                # the end-of-forward order check names the divergence instead of gloo mixing up units.
+                target = self.order.index(u.index, self.pos)
+                for j in range(self.pos, target + 1):
+                    self.start(self.units[self.order[j]])
+                self.pos = target + 1
             self.wait(u)
-            if u.index in self.order:
-                self.prefetch_after(self.order, self.order.index(u.index), +1)
+            self.prefetch_after(self.order, self.pos - 1, +1)
 
         return hook
 
@@ -151,7 +159,7 @@ class Gatherer:
             self.prefetch_after(self.order, len(self.order), -1)
 
     def begin_forward(self, root: UnitState | None) -> None:
-        self.current = []
+        self.current, self.pos = [], 0
         if root is not None:
             self.wait(root)
         self.prefetch_after(self.order, -1, +1)
@@ -159,7 +167,8 @@ class Gatherer:
     def end_forward(self, root: UnitState | None, output: Any) -> Any:
         if self.current:
             self.order = self.current
+        for u in self.units:
+            self.free(u)  # including units scheduled (so gathered) but not run
         if root is None:
             return output
-        self.free(root)
         return attach_pre_backward(output, lambda: self.pre_backward(root))

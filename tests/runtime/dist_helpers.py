@@ -14,6 +14,7 @@ import io
 import os
 import queue
 import socket
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -65,14 +66,22 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: floa
     for p in procs:
         p.start()
     results: dict[int, tuple[bool, Any]] = {}
+    deadline = time.monotonic() + timeout
     try:
         while len(results) < world_size:
             try:
-                rank, ok, value = out.get(timeout=timeout)
-            except queue.Empty as e:
-                missing = sorted(set(range(world_size)) - set(results))
-                raise RankFailed(f"ranks {missing} did not finish in {timeout}s") from e
-            results[rank] = (ok, value)
+                rank, ok, value = out.get(timeout=0.5)
+                results[rank] = (ok, value)
+                continue
+            except queue.Empty:
+                pass
+            missing = sorted(set(range(world_size)) - set(results))
+            dead = [r for r in missing if procs[r].exitcode is not None]
+            if dead:
+                codes = {r: procs[r].exitcode for r in dead}
+                raise RankFailed(f"ranks died without a result (exit codes {codes}); their stderr is above")
+            if time.monotonic() > deadline:
+                raise RankFailed(f"ranks {missing} did not finish in {timeout}s")
     finally:
         for p in procs:
             p.join(timeout=10)

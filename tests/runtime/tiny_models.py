@@ -26,8 +26,9 @@ class Block(nn.Module):
 class TinyLM(nn.Module):
     """Embedding, blocks, final norm and an output projection (tied to the embedding if `tied`)."""
 
-    def __init__(self, vocab: int = 13, d: int = 10, blocks: int = 3, tied: bool = False) -> None:
+    def __init__(self, vocab: int = 13, d: int = 10, blocks: int = 3, tied: bool = False, skip: int = -1) -> None:
         super().__init__()
+        self.skip = skip  # index of a block this replica's forward leaves out (divergence tests)
         self.embed = nn.Embedding(vocab, d)
         self.blocks = nn.ModuleList(Block(d) for _ in range(blocks))
         self.norm_f = nn.LayerNorm(d)
@@ -37,8 +38,9 @@ class TinyLM(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.embed(tokens)
-        for b in self.blocks:
-            x = b(x)
+        for i, b in enumerate(self.blocks):
+            if i != self.skip:
+                x = b(x)
         return self.head(self.norm_f(x))
 
 

@@ -1,0 +1,75 @@
+"""Detection of rank-divergent control flow (a rank that skips or adds a unit's forward or backward).
+
+ZeRO's collectives are matched by issue order, so ranks that run different units would silently
+exchange the wrong units' data (same-size units) or wait on each other forever (different sizes).
+Each rank keeps a running hash of the unit events it saw - forward of a unit, a unit's gradients
+completing during backward - and a count per unit and event. At fixed points (end of each stage-3
+forward, end of every backward that reduces) the ranks all-gather their one-int64 hash: 8·N bytes,
+counted like any collective. On a mismatch they all-gather the counts (every rank now knows, so the
+second collective is matched too) and raise `RankDivergenceError` naming the first rank and unit
+that differ. A collective that cannot complete meanwhile fails after `collectiveTimeoutSeconds`
+(`CollectiveTimeoutError`, naming the unit), so no rank hangs forever.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+import torch
+from zerotrain.runtime.collectives import Comm
+from zerotrain.runtime.errors import RankDivergenceError
+
+_MOD = (1 << 61) - 1
+CHECK_UNIT = "<order-check>"
+
+
+class Event(IntEnum):
+    """What happened to a unit."""
+
+    FORWARD = 0
+    GRADS_READY = 1
+
+
+class OrderCheck:
+    """Running per-rank fingerprint of unit events, compared across ranks at fixed points."""
+
+    def __init__(self, comm: Comm, unit_names: list[str]) -> None:
+        self.comm, self.names = comm, unit_names
+        self.counts = torch.zeros(len(Event) * len(unit_names), dtype=torch.int64)
+        self.hash = 0
+
+    def note(self, event: Event, unit: int) -> None:
+        key = event * len(self.names) + unit
+        self.counts[key] += 1
+        self.hash = (self.hash * 1_000_003 + key + 1) % _MOD
+
+    def verify(self, where: str) -> None:
+        """All ranks compare their fingerprints since the last check; raise on any difference."""
+        mine = torch.tensor([self.hash], dtype=torch.int64)
+        every = torch.empty(self.comm.world_size, dtype=torch.int64)
+        self.comm.all_gather(every, mine, CHECK_UNIT)
+        if bool((every == every[0]).all()):
+            self.counts.zero_()
+            self.hash = 0
+            return
+        table = torch.empty(self.comm.world_size * self.counts.numel(), dtype=torch.int64)
+        self.comm.all_gather(table, self.counts, CHECK_UNIT)
+        raise self._explain(table.view(self.comm.world_size, -1), where)
+
+    def _explain(self, table: torch.Tensor, where: str) -> RankDivergenceError:
+        n_units = len(self.names)
+        for key in range(table.shape[1]):
+            column = table[:, key]
+            values, freq = column.unique(return_counts=True)
+            if len(values) > 1:
+                # The majority count is the expected one; on a tie, the higher (the rank that skipped is odd).
+                usual = max(zip(freq.tolist(), values.tolist(), strict=True))[1]
+                odd = int((column != usual).nonzero()[0])
+                event, unit = Event(key // n_units), key % n_units
+                ran = ", ".join(f"rank {r}: {int(c)}" for r, c in enumerate(column))
+                return RankDivergenceError(
+                    odd, self.names[unit], f"{event.name.lower()} events of this unit up to the {where} differ ({ran})"
+                )
+        return RankDivergenceError(
+            self.comm.rank, "?", f"the ranks ran the same units but in different orders up to the {where}"
+        )
