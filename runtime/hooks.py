@@ -85,6 +85,7 @@ class Gatherer:
     def __init__(self, units: list[UnitState], comm: Comm, prefetch: int) -> None:
         self.units, self.comm, self.prefetch = units, comm, prefetch
         self.peak_bytes = 0
+        self.prefetches = 0  # gathers issued ahead of need, so they overlap the running unit's compute
         blocks = [u.index for u in units if u.layout.module is not None]
         self.order: list[int] = blocks  # last iteration's forward order; registration order until then
         self.current: list[int] = []
@@ -93,13 +94,15 @@ class Gatherer:
     def gathered_bytes(self) -> int:
         return sum(u.full.nbytes() for u in self.units)
 
-    def start(self, u: UnitState) -> None:
+    def start(self, u: UnitState) -> bool:
+        """Issue the unit's async all-gather unless it is gathered or in flight; True if issued."""
         if u.full.allocated or u.gather is not None:
-            return
+            return False
         u.full.allocate()
         self.peak_bytes = max(self.peak_bytes, self.gathered_bytes())
         assert u.shard is not None
         u.gather = self.comm.all_gather(u.full.data, u.shard, u.name, async_op=True)
+        return True
 
     def wait(self, u: UnitState) -> None:
         self.start(u)
@@ -119,8 +122,8 @@ class Gatherer:
         """Start gathering the next `prefetch` units after position `pos` of `order`, walking by `step`."""
         for k in range(1, self.prefetch + 1):
             j = pos + step * k
-            if 0 <= j < len(order):
-                self.start(self.units[order[j]])
+            if 0 <= j < len(order) and self.start(self.units[order[j]]):
+                self.prefetches += 1
 
     def install(self, on_backward_gather: Callable[[UnitState], None] | None = None) -> None:
         for u in self.units:

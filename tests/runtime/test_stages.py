@@ -92,6 +92,7 @@ def run_case(rank: int, world: int, case: Case) -> dict:
         "step_bytes": step_bytes,
         "memory": mem.model_dump(),
         "unit_bytes": unit_bytes,
+        "prefetches": engine.gatherer.prefetches if engine.gatherer else 0,
     }
 
 
@@ -128,7 +129,7 @@ def _check_comm(r: dict, stage: int, world: int, skip_first: bool = False) -> No
 
 @pytest.mark.slow
 def test_every_stage_matches_adamw_on_two_ranks_with_tied_weights_and_uneven_sizes() -> None:
-    cases = [Case(stage=s) for s in range(4)]
+    cases = [Case(stage=s) for s in range(4)] + [Case(stage=3, prefetch=0)]
     per_rank = run_ranks(run_cases, 2, cases)
     for rank_results in per_rank:
         for case, r in zip(cases, rank_results, strict=True):
@@ -142,6 +143,12 @@ def test_every_stage_matches_adamw_on_two_ranks_with_tied_weights_and_uneven_siz
     block, root = stage3["unit_bytes"]["blocks.0"], stage3["unit_bytes"]["<root>"]
     assert stage3["memory"]["gathered_peak_bytes"] <= root + 2 * block
     assert stage3["memory"]["gathered_bytes"] == 0
+    # Prefetch: every block's gather is issued one unit ahead, in forward and in backward (3 blocks,
+    # 5 steps), so it overlaps the running unit's compute; without prefetch, one block at a time.
+    assert stage3["prefetches"] == 5 * (3 + 3)
+    no_prefetch = per_rank[0][4]
+    assert no_prefetch["prefetches"] == 0
+    assert no_prefetch["memory"]["gathered_peak_bytes"] <= root + block < stage3["memory"]["gathered_peak_bytes"]
 
 
 @pytest.mark.slow
