@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils import _pytree as pytree
 from zerotrain.runtime import optimizer as opt_mod
+from zerotrain.runtime.activations import apply_checkpointing
 from zerotrain.runtime.collectives import Comm, init_from_env
 from zerotrain.runtime.config import Precision, Stage, ZeroConfig
 from zerotrain.runtime.consistency import Event, OrderCheck
@@ -86,6 +87,9 @@ class ZeroEngine:
         if config.stage is Stage.PARAMETERS:
             self.gatherer = Gatherer(self.units, self.comm, config.prefetch_units)
             self.gatherer.install()
+        if config.activation_checkpointing:
+            modules = [u.layout.module for u in self.units if u.layout.module is not None]
+            apply_checkpointing(modules, offload=config.offload_activation_checkpoints)
         self._grad_hooks = GradReadyHooks(self.units, lambda u: self._on_grads_ready(u, from_hook=True))
         self.order_check = OrderCheck(self.comm, [u.name for u in self.units]) if self.world_size > 1 else None
         for u in self.units:

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from dist_helpers import free_port
-from tiny_models import batches, lm_loss, make_model, reference_train
+from tiny_models import Block, batches, lm_loss, make_model, reference_train
 from torch import nn
 from zerotrain.runtime import ZeroConfig, ZeroEngine
 from zerotrain.runtime.errors import ZeroSetupError
@@ -78,3 +78,24 @@ def test_world_size_one_matches_adamw(monkeypatch: pytest.MonkeyPatch, stage: in
     # One rank sends nothing; the ops are still counted (calls), so reports keep their shape.
     report = engine.comm_report()
     assert sum(op["bytes"] for op in report.values()) == 0 and report["broadcast"]["calls"] > 0
+
+
+def test_activation_checkpointing_recomputes_each_unit_once_in_backward(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    calls: list[int] = []
+    original = Block.forward
+
+    def counting(self: Block, x: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        return original(self, x)
+
+    monkeypatch.setattr(Block, "forward", counting)
+    tokens = batches(1, 1)[0][0][0]
+    for checkpointing, expected in ((False, 3), (True, 6)):
+        calls.clear()
+        cfg = ZeroConfig(stage=3, unit_modules=["Block"], activation_checkpointing=checkpointing)
+        engine = ZeroEngine(make_model(), cfg, optimizer=adamw)
+        engine.backward(lm_loss(engine(tokens), tokens))
+        assert engine.step().applied
+        assert len(calls) == expected

@@ -33,6 +33,7 @@ class Case:
     persistence: int = 0
     prefetch: int = 1
     optimizer: str = "adamw"
+    checkpointing: bool = False
     extra: dict = field(default_factory=dict, hash=False)
 
 
@@ -64,6 +65,7 @@ def run_case(rank: int, world: int, case: Case) -> dict:
         gradient_clipping=case.clip,
         param_persistence_elements=case.persistence,
         prefetch_units=case.prefetch,
+        activation_checkpointing=case.checkpointing,
     )
     engine = ZeroEngine(_model(case), cfg, optimizer=_opt(case.optimizer))
     data = batches(STEPS, world, micro=case.accum)
@@ -157,6 +159,8 @@ def test_four_ranks_with_accumulation_clipping_frozen_and_untied_params() -> Non
     cases = [Case(stage=s, tied=False, accum=2, clip=0.5, frozen=frozen) for s in range(4)]
     cases.append(Case(stage=3, tied=False, persistence=500, prefetch=2))
     cases.append(Case(stage=2, optimizer="sgd", clip=None))
+    # Recomputed activations: the same numbers, and stage 3 still moves 3Ψ (one gather serves both).
+    cases.append(Case(stage=3, checkpointing=True))
     for rank_results in run_ranks(run_cases, 4, cases):
         for r in rank_results:
             _check_parity(r)
@@ -170,3 +174,4 @@ def test_four_ranks_with_accumulation_clipping_frozen_and_untied_params() -> Non
         resident = rank_results[4]
         assert resident["memory"]["gathered_bytes"] == sum(resident["unit_bytes"].values())
         _check_comm(resident, stage=2, world=4, skip_first=True)
+        _check_comm(rank_results[6], stage=3, world=4)
