@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
@@ -28,12 +29,18 @@ def make_registry(reconciler: Reconciler) -> kopf.OperatorRegistry:
         settings.posting.enabled = True
         settings.watching.server_timeout = 300
         settings.networking.request_timeout = 60
+        # A job deleted while its resync timer runs a (sync) reconcile: kopf waits for the timer before removing
+        # its finalizer, and by default re-checks only every 60 s, which would hold the deletion that long.
+        settings.background.instant_exit_timeout = 0.5
+        settings.background.cancellation_polling = 1.0
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo:
         return reconciler.kube.connection_info(**kwargs)
 
-    def run(namespace: str, name: str, permanent: bool) -> None:
+    def run(namespace: str | None, name: str, permanent: bool) -> None:
+        if namespace is None:  # the resource is namespaced; kopf types allow None for cluster objects
+            return
         try:
             outcome = reconciler.reconcile(namespace, name)
         except KubeError as e:
@@ -45,22 +52,24 @@ def make_registry(reconciler: Reconciler) -> kopf.OperatorRegistry:
     @kopf.on.create(*resource, registry=registry)
     @kopf.on.resume(*resource, registry=registry)
     @kopf.on.update(*resource, registry=registry)
-    def on_job(namespace: str, name: str, **_: Any) -> None:
+    def on_job(namespace: str | None, name: str, **_: Any) -> None:
         run(namespace, name, permanent=True)
 
     @kopf.timer(*resource, interval=reconciler.settings.resync_seconds, registry=registry)
-    def resync(namespace: str, name: str, **_: Any) -> None:
+    def resync(namespace: str | None, name: str, **_: Any) -> None:
         run(namespace, name, permanent=False)
 
     @kopf.on.event("", "v1", "pods", labels={naming.LABEL_JOB: kopf.PRESENT}, registry=registry)
-    def on_pod(namespace: str, labels: dict[str, str], **_: Any) -> None:
+    def on_pod(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
+        if namespace is None:
+            return
         try:
             reconciler.reconcile(namespace, labels[naming.LABEL_JOB])
         except KubeError as e:  # event handlers are not retried; the resync timer catches up
             log.warning("reconcile after a pod event failed: %s", e)
 
     @kopf.on.delete(*resource, optional=True, registry=registry)
-    def on_delete(namespace: str, name: str, **_: Any) -> None:
-        reconciler.metrics.set_phase((namespace, name), None)
+    def on_delete(namespace: str | None, name: str, **_: Any) -> None:
+        reconciler.metrics.set_phase((namespace or "", name), None)
 
     return registry

@@ -3,7 +3,7 @@ actions that make the world match it. No I/O, no clock: `now` is an argument."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import Enum
@@ -136,8 +136,8 @@ def transitions(previous: ZeroTrainingJobStatus | None, new: ZeroTrainingJobStat
 def rank_counts(spec: ZeroTrainingJobSpec, pods: Sequence[ObservedPod]) -> RankCounts:
     per = spec.nproc_per_node
 
-    def count(pred: object) -> int:
-        return per * sum(1 for p in pods if pred(p))  # type: ignore[operator]
+    def count(pred: Callable[[ObservedPod], bool]) -> int:
+        return per * sum(1 for p in pods if pred(p))
 
     return RankCounts(
         total=spec.world_size,

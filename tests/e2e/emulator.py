@@ -132,24 +132,33 @@ class ZeroEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         owner_uid = None
         if request.resource is not None:
             self._stamp(request)
-            if request.action == kmock.action.DELETE and request.name is not None:
+            if request.action in (kmock.action.DELETE, kmock.action.UPDATE) and request.name is not None:
                 owner_uid = ((self._stored(request) or {}).get("metadata") or {}).get("uid")
         try:
             response = await super()._handle(request)
         except jsonpatch.JsonPatchException as e:
             raise kmock.KubernetesError(status=422, reason="Invalid", message=str(e)) from e
-        if owner_uid:
-            await self._collect_garbage(owner_uid)
+        # Collect dependents once the owner is really gone (a DELETE, or the last finalizer removed).
+        if owner_uid and self._stored(request) is None:
+            await self._collect_garbage({owner_uid})
+        elif request.action == kmock.action.CREATE and isinstance(request.data, dict):
+            # A child created after its owner was deleted (a reconcile racing the deletion) is collected too.
+            owners = {r.get("uid") for r in request.data.get("metadata", {}).get("ownerReferences") or []}
+            if owners and not owners & self._live_uids():
+                await self._collect_garbage(owners)
         return response
 
-    async def _collect_garbage(self, owner_uid: str) -> None:
+    def _live_uids(self) -> set[str]:
+        return {obj.get("metadata", {}).get("uid") for obj in self._objects.values() if not obj.deleted}
+
+    async def _collect_garbage(self, owner_uids: set[str]) -> None:
         """What the kube-controller-manager's garbage collector does for background deletion."""
         async with self._lock:
             doomed = [
                 (key, obj)
                 for key, obj in self._objects.items()
                 if not obj.deleted
-                and any(r.get("uid") == owner_uid for r in (obj.get("metadata", {}).get("ownerReferences") or []))
+                and any(r.get("uid") in owner_uids for r in (obj.get("metadata", {}).get("ownerReferences") or []))
             ]
             for (resource, _, _), obj in doomed:
                 raw = obj.raw
