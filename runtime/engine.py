@@ -82,6 +82,7 @@ class ZeroEngine:
             self.units.append(u)
         self.root = next((u for u in self.units if u.layout.module is None), None)
         self.optimizer = self._build_optimizer(optimizer)
+        self._zero_grads()  # views exist now; buffers a stage holds only during a step can go
         self.scaler = LossScaler(config.loss_scale, enabled=config.precision is Precision.FP16)
         self.gatherer: Gatherer | None = None
         if config.stage is Stage.PARAMETERS:

@@ -11,11 +11,13 @@ holds it, so a view aliasing another buffer is never double counted):
 - communication buffers: temporaries allocated only to send or receive, now and at peak.
 
 Predicted: `zerotrain.planner.stage_bytes` with Ψ = the model's real elements, N = world size,
-w = compute element size, g = element size of the gradients the stage holds (compute dtype for
-stages 0/1, fp32 shard for 2/3) and K = per-element optimizer state bytes (measured once the
-optimizer has state; Adam's 8 before) plus 4 for a separate fp32 master. So fp32 AdamW is
-K = 8 (no separate master exists), bf16 AdamW K = 12, as the ZeRO paper counts. Padding to a
-multiple of N is real memory, reported apart so the comparison can allow for it.
+w = compute element size, g = element size of the gradients the stage holds between steps (the
+compute dtype for stages 0/1, whose fp32 copy lives only from reduction to step; the fp32 shard
+for stages 2/3) and K = per-element optimizer state bytes (measured once the optimizer has state;
+Adam's 8 before) plus 4 for a separate fp32 master. So fp32 AdamW is K = 8 (with fp32 compute the
+parameters are the master: no second copy exists, and none is counted), bf16 AdamW K = 12, as the
+ZeRO paper counts. Frozen parameters count in Ψ but hold no gradient or optimizer state. Padding
+to a multiple of N is real memory, reported apart so a comparison can allow for it.
 """
 
 from __future__ import annotations

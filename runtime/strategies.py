@@ -96,6 +96,14 @@ class Strategy:
         grad_shard = torch.zeros_like(master) if self._mixed else grad_full.data[lo:hi]
         return UnitState(index, layout, params, full, master, grad_shard, grad_full=grad_full)
 
+    def _fp32_grads(self, u: UnitState) -> torch.Tensor:
+        """The fp32 gradient shard, its storage allocated (stages 0/1 in mixed precision free it between steps)."""
+        st = u.grad_shard.untyped_storage()
+        if st.nbytes() == 0:
+            st.resize_(u.grad_shard.numel() * u.grad_shard.element_size())
+            u.grad_shard.zero_()
+        return u.grad_shard
+
     def _master_range(self, layout: UnitLayout) -> tuple[int, int]:
         return (0, layout.padded) if not self.shards_optimizer else layout.shard_range(self.comm.rank)
 
@@ -125,16 +133,21 @@ class Strategy:
         def finish() -> None:
             self._post(buf)
             if buf.data_ptr() != u.grad_shard.data_ptr():
-                u.grad_shard.copy_(buf)
+                self._fp32_grads(u).copy_(buf)
             if u.grad_full is not None and buf.data_ptr() != u.grad_full.data.data_ptr():
                 self.comm.stats.release(buf)
 
         u.pending.append((work, finish))
 
     def zero_grads(self, u: UnitState) -> None:
-        u.grad_shard.zero_()
         if u.grad_full is not None:
             u.grad_full.data.zero_()
+            if self._mixed:
+                # Mixed precision keeps the full gradients in the compute dtype; the fp32 copy the optimizer
+                # reads exists only from the reduction to the end of the step (as in DeepSpeed).
+                u.grad_shard.untyped_storage().resize_(0)
+                return
+        u.grad_shard.zero_()
 
     def after_step(self, u: UnitState) -> None:
         """Bring the updated master values back into the compute parameters."""
@@ -164,7 +177,7 @@ class OptimizerStatesStrategy(Strategy):
             if accumulate:
                 u.grad_shard.add_(out)
             else:
-                u.grad_shard.copy_(out)
+                self._fp32_grads(u).copy_(out)
             self.comm.stats.release(out)
             if u.grad_full is None or full.data_ptr() != u.grad_full.data.data_ptr():
                 self.comm.stats.release(full)
