@@ -35,4 +35,4 @@ def _checkpointed(forward: Callable[..., Any], offload: bool) -> Callable[..., A
 def apply_checkpointing(modules: list[nn.Module], offload: bool) -> None:
     """Recompute each module's activations in backward instead of keeping them."""
     for module in modules:
-        module.forward = _checkpointed(module.forward, offload)  # type: ignore[method-assign]
+        module.forward = _checkpointed(module.forward, offload)

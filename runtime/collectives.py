@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -103,7 +105,7 @@ class Comm:
     def _ring(self, n_bytes: int) -> int:
         return n_bytes * (self.world_size - 1) // self.world_size
 
-    def _run(self, op: str, unit: str, nbytes: tuple[int, int], async_op: bool, launch) -> Pending:  # type: ignore[no-untyped-def]
+    def _run(self, op: str, unit: str, nbytes: tuple[int, int], async_op: bool, launch: Callable[[], Any]) -> Pending:
         t0 = time.perf_counter()
         if self.world_size == 1:
             work = None

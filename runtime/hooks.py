@@ -125,7 +125,7 @@ class Gatherer:
             if 0 <= j < len(order) and self.start(self.units[order[j]]):
                 self.prefetches += 1
 
-    def install(self, on_backward_gather: Callable[[UnitState], None] | None = None) -> None:
+    def install(self) -> None:
         for u in self.units:
             if u.layout.module is not None:
                 u.layout.module.register_forward_pre_hook(self._pre_forward(u))
