@@ -67,7 +67,9 @@ class ZeroEngine:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         model.to(device)
         self.dtypes = Dtypes(DTYPES[config.precision], DTYPES[config.reduce_dtype])
-        self.strategy = STRATEGIES[config.stage](self.comm, self.dtypes)
+        self.strategy = STRATEGIES[config.stage](
+            self.comm, self.dtypes, config.reduce_bucket_elements, config.allgather_bucket_elements
+        )
         named = dict(model.named_parameters())
         self.units: list[UnitState] = []
         for i, layout in enumerate(layouts):
@@ -168,11 +170,7 @@ class ZeroEngine:
         # Units some parameters of which got no gradient: reduce them now, in unit order on every rank.
         for u in self.units:
             self._on_grads_ready(u)
-        for u in self.units:
-            for work, finish in u.pending:
-                work.wait()
-                finish()
-            u.pending.clear()
+        self.strategy.drain()
         if self.gatherer is not None:
             for u in self.units:
                 self.gatherer.free(u)

@@ -62,13 +62,15 @@ class FlatBuffer:
         return self.data[lo:hi]
 
 
-def flatten_grads(layout: UnitLayout, params: list[nn.Parameter], out: torch.Tensor) -> None:
-    """Write each parameter's `.grad` into its slot of `out` (zeros for none, frozen and padding) and drop it.
-
-    Dropping `.grad` is what frees the unsharded gradients in stages 2 and 3.
-    """
-    out.zero_()
-    for slot, p in zip(layout.slots, params, strict=True):
-        if p.grad is not None:
-            out[slot.offset : slot.offset + slot.numel].copy_(p.grad.reshape(-1))
-            p.grad = None
+def fill_rows(
+    rows: torch.Tensor, grads: list[tuple[ParamSlot, torch.Tensor]], shard_numel: int, a: int, b: int
+) -> None:
+    """Write shard columns `[a, b)` of every rank's shard of a unit into `rows` (N × (b-a)) from the
+    parameters' flat gradients; zeros where no gradient, a frozen parameter or padding lies."""
+    rows.zero_()
+    for r in range(rows.shape[0]):
+        lo, hi = r * shard_numel + a, r * shard_numel + b
+        for slot, g in grads:
+            x, y = max(lo, slot.offset), min(hi, slot.offset + slot.numel)
+            if x < y:
+                rows[r, x - lo : y - lo].copy_(g[x - slot.offset : y - slot.offset])

@@ -12,6 +12,10 @@ Stages 0 and 1 let autograd accumulate straight into a flat gradient buffer (`.g
 communicate once per optimizer step; stages 2 and 3 cannot hold full gradients, so every micro-batch
 is reduce-scattered into the fp32 gradient shard and the unsharded gradients are dropped.
 
+Reduce-scatters and the stage 1/2 parameter all-gathers run in chunks through `buckets` (at most
+`reduceBucketElements` / `allgatherBucketElements` per chunk, two reused buffers); stage 0's
+all-reduce works in place on the flat gradient buffer and stage 3 gathers straight into the unit.
+
 Averaging: gloo has no AVG/PREMUL_SUM, so ranks SUM and the result is divided by N afterwards; when
 the reduce dtype is fp16 the division happens before the sum instead, so the sum cannot overflow.
 With fp32 compute the fp32 master is the parameter storage itself (no second copy is held).
@@ -20,13 +24,14 @@ With fp32 compute the fp32 master is the parameter storage itself (no second cop
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import nn
+from zerotrain.runtime.buckets import BucketPool, chunks
 from zerotrain.runtime.collectives import Comm, Pending
 from zerotrain.runtime.config import Stage
-from zerotrain.runtime.flat_buffer import FlatBuffer, flatten_grads
+from zerotrain.runtime.flat_buffer import FlatBuffer, fill_rows
 from zerotrain.runtime.partition import UnitLayout
 
 
@@ -54,7 +59,6 @@ class UnitState:
     gather: Pending | None = None
     grads_left: int = 0
     reduced: bool = False
-    pending: list[tuple[Pending, Callable[[], None]]] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -76,9 +80,11 @@ class Strategy:
     shards_optimizer = False
     reduce_every_micro_batch = False
 
-    def __init__(self, comm: Comm, dtypes: Dtypes) -> None:
+    def __init__(self, comm: Comm, dtypes: Dtypes, reduce_bucket: int, allgather_bucket: int) -> None:
         self.comm, self.dtypes = comm, dtypes
         self.n = comm.world_size
+        self.reduce_bucket, self.allgather_bucket = reduce_bucket, allgather_bucket
+        self.pool = BucketPool(comm)
 
     @property
     def _mixed(self) -> bool:
@@ -115,18 +121,14 @@ class Strategy:
         if self.dtypes.reduce != torch.float16 and self.n > 1:
             t.div_(self.n)
 
-    def _comm_copy(self, src: torch.Tensor) -> torch.Tensor:
-        """`src` itself when it already has the reduce dtype, else a counted comm-buffer copy."""
-        if src.dtype == self.dtypes.reduce:
-            return src
-        buf = src.to(self.dtypes.reduce)
-        self.comm.stats.hold(buf)
-        return buf
-
     def reduce(self, u: UnitState, async_op: bool) -> None:
-        """Launch the unit's gradient reduction (called at the accumulation boundary only)."""
+        """Launch the unit's gradient all-reduce (at the accumulation boundary only), in place when the
+        gradients already have the reduce dtype."""
         assert u.grad_full is not None
-        buf = self._comm_copy(u.grad_full.data)
+        src = u.grad_full.data
+        buf = src if src.dtype == self.dtypes.reduce else self.pool.acquire(src.numel(), self.dtypes.reduce, src.device)
+        if buf is not src:
+            buf.copy_(src)
         self._pre(buf)
         work = self.comm.all_reduce(buf, u.name, async_op=async_op)
 
@@ -134,10 +136,12 @@ class Strategy:
             self._post(buf)
             if buf.data_ptr() != u.grad_shard.data_ptr():
                 self._fp32_grads(u).copy_(buf)
-            if u.grad_full is not None and buf.data_ptr() != u.grad_full.data.data_ptr():
-                self.comm.stats.release(buf)
 
-        u.pending.append((work, finish))
+        self.pool.submit(work, finish, None if buf is src else buf)
+
+    def drain(self) -> None:
+        """Wait for every reduction launched and apply its result."""
+        self.pool.drain()
 
     def zero_grads(self, u: UnitState) -> None:
         if u.grad_full is not None:
@@ -163,32 +167,69 @@ class OptimizerStatesStrategy(Strategy):
 
     def reduce(self, u: UnitState, async_op: bool) -> None:
         assert u.grad_full is not None
-        full = self._comm_copy(u.grad_full.data)
-        self._reduce_scatter(u, full, accumulate=False, async_op=async_op)
+        rows_of = u.grad_full.data.view(self.n, -1)
 
-    def _reduce_scatter(self, u: UnitState, full: torch.Tensor, accumulate: bool, async_op: bool) -> None:
-        self._pre(full)
-        out = torch.empty(u.layout.shard_numel, dtype=self.dtypes.reduce, device=full.device)
-        self.comm.stats.hold(out)
-        work = self.comm.reduce_scatter(out, full, u.name, async_op=async_op)
+        def fill(rows: torch.Tensor, a: int, b: int) -> None:
+            rows.copy_(rows_of[:, a:b])
 
+        direct = u.grad_full.data if u.grad_full.data.dtype == self.dtypes.reduce else None
+        self._reduce_scatter(u, fill, direct, accumulate=False, async_op=async_op)
+
+    def _reduce_scatter(
+        self,
+        u: UnitState,
+        fill: Callable[[torch.Tensor, int, int], None],
+        direct: torch.Tensor | None,
+        accumulate: bool,
+        async_op: bool,
+    ) -> None:
+        """Reduce-scatter the unit chunk by chunk; `fill(rows, a, b)` writes every rank's columns [a, b).
+
+        `direct`, a flat buffer already holding the whole unit in the reduce dtype, is sent as it is
+        when one chunk covers the unit (no copy, no bucket).
+        """
+        shard = u.layout.shard_numel
+        ranges = chunks(shard, self.n, self.reduce_bucket)
+        device = u.grad_shard.device
+        for a, b in ranges:
+            if direct is not None and len(ranges) == 1:
+                bucket, lent = direct, None
+            else:
+                bucket = lent = self.pool.acquire(self.n * (b - a), self.dtypes.reduce, device)
+                fill(bucket.view(self.n, b - a), a, b)
+            self._pre(bucket)
+            out = torch.empty(b - a, dtype=self.dtypes.reduce, device=device)
+            self.comm.stats.hold(out)
+            work = self.comm.reduce_scatter(out, bucket, u.name, async_op=async_op)
+            self.pool.submit(work, self._apply(u, out, a, b, accumulate), lent)
+
+    def _apply(self, u: UnitState, out: torch.Tensor, a: int, b: int, accumulate: bool) -> Callable[[], None]:
         def finish() -> None:
             self._post(out)
             if accumulate:
-                u.grad_shard.add_(out)
+                u.grad_shard[a:b].add_(out)
             else:
-                self._fp32_grads(u).copy_(out)
+                self._fp32_grads(u)[a:b].copy_(out)
             self.comm.stats.release(out)
-            if u.grad_full is None or full.data_ptr() != u.grad_full.data.data_ptr():
-                self.comm.stats.release(full)
 
-        u.pending.append((work, finish))
+        return finish
 
     def after_step(self, u: UnitState) -> None:
-        shard = u.master.to(self.dtypes.compute, copy=True)
-        self.comm.stats.hold(shard)
-        self.comm.all_gather(u.full.data, shard, u.name)
-        self.comm.stats.release(shard)
+        """All-gather the updated shards, in chunks of at most `allgather_bucket` elements."""
+        shard = u.layout.shard_numel
+        ranges = chunks(shard, self.n, self.allgather_bucket)
+        for a, b in ranges:
+            send = u.master[a:b].to(self.dtypes.compute, copy=True)
+            self.comm.stats.hold(send)
+            if len(ranges) == 1:
+                self.comm.all_gather(u.full.data, send, u.name)
+            else:
+                recv = self.pool.acquire(self.n * (b - a), self.dtypes.compute, send.device)
+                self.comm.all_gather(recv, send, u.name)
+                u.full.data.view(self.n, shard)[:, a:b].copy_(recv.view(self.n, b - a))
+                self.pool.give_back(recv)
+            self.comm.stats.release(send)
+        self.pool.drain()
 
 
 class GradientsStrategy(OptimizerStatesStrategy):
@@ -206,10 +247,16 @@ class GradientsStrategy(OptimizerStatesStrategy):
         return UnitState(index, layout, params, full, master, torch.zeros(hi - lo, device=init.device))
 
     def reduce(self, u: UnitState, async_op: bool) -> None:
-        buf = torch.empty(u.layout.padded, dtype=self.dtypes.reduce, device=u.master.device)
-        self.comm.stats.hold(buf)
-        flatten_grads(u.layout, u.params, buf)
-        self._reduce_scatter(u, buf, accumulate=True, async_op=async_op)
+        pairs = zip(u.layout.slots, u.params, strict=True)
+        grads = [(slot, p.grad.reshape(-1)) for slot, p in pairs if p.grad is not None]
+        shard = u.layout.shard_numel
+
+        def fill(rows: torch.Tensor, a: int, b: int) -> None:
+            fill_rows(rows, grads, shard, a, b)
+
+        self._reduce_scatter(u, fill, None, accumulate=True, async_op=async_op)
+        for p in u.params:
+            p.grad = None  # the unsharded gradients are in the buckets now: free them
 
 
 class ParametersStrategy(GradientsStrategy):

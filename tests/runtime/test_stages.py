@@ -20,6 +20,7 @@ from tiny_models import batches, lm_loss, make_model, reference_train
 from zerotrain.runtime.config import Stage
 
 STEPS = 5
+BUCKET = 64  # elements per communication bucket in the ZeRO-R cases
 BYTES = 4  # fp32
 
 
@@ -34,6 +35,7 @@ class Case:
     prefetch: int = 1
     optimizer: str = "adamw"
     checkpointing: bool = False
+    bucket: int = 50_000_000
     extra: dict = field(default_factory=dict, hash=False)
 
 
@@ -66,6 +68,8 @@ def run_case(rank: int, world: int, case: Case) -> dict:
         param_persistence_elements=case.persistence,
         prefetch_units=case.prefetch,
         activation_checkpointing=case.checkpointing,
+        reduce_bucket_elements=case.bucket,
+        allgather_bucket_elements=case.bucket,
     )
     engine = ZeroEngine(_model(case), cfg, optimizer=_opt(case.optimizer))
     data = batches(STEPS, world, micro=case.accum)
@@ -132,6 +136,7 @@ def _check_comm(r: dict, stage: int, world: int, skip_first: bool = False) -> No
 @pytest.mark.slow
 def test_every_stage_matches_adamw_on_two_ranks_with_tied_weights_and_uneven_sizes() -> None:
     cases = [Case(stage=s) for s in range(4)] + [Case(stage=3, prefetch=0)]
+    cases += [Case(stage=s, bucket=BUCKET) for s in (1, 2, 3)]
     per_rank = run_ranks(run_cases, 2, cases)
     for rank_results in per_rank:
         for case, r in zip(cases, rank_results, strict=True):
@@ -145,6 +150,12 @@ def test_every_stage_matches_adamw_on_two_ranks_with_tied_weights_and_uneven_siz
     block, root = stage3["unit_bytes"]["blocks.0"], stage3["unit_bytes"]["<root>"]
     assert stage3["memory"]["gathered_peak_bytes"] <= root + 2 * block
     assert stage3["memory"]["gathered_bytes"] == 0
+    # ZeRO-R buckets: reductions and gathers in chunks of <= 64 elements, through at most two reused
+    # buffers, move the same bytes (checked above) while holding a fraction of a unit for communication.
+    for r in per_rank[0][5:]:
+        assert r["memory"]["comm_buffer_peak_bytes"] <= 4 * BUCKET * BYTES < block
+    assert per_rank[0][2]["memory"]["comm_buffer_peak_bytes"] > block
+
     # Prefetch: every block's gather is issued one unit ahead, in forward and in backward (3 blocks,
     # 5 steps), so it overlaps the running unit's compute; without prefetch, one block at a time.
     assert stage3["prefetches"] == 5 * (3 + 3)
