@@ -177,8 +177,10 @@ class Reconciler:
             verdict.spec, observe_pods(self.kube.list_pods(namespace, name)), previous, now, self.backoff
         )
         decision.status.memory_plan = verdict.plan
-        decision.status.observed_generation = body["metadata"].get("generation")
-        self._act(job, verdict.spec, decision)
+        generation = body["metadata"].get("generation")
+        decision.status.observed_generation = generation
+        spec_changed = previous is None or previous.observed_generation != generation
+        self._act(job, verdict.spec, decision, apply_supporting=decision.create_gang or spec_changed)
         if decision.delete_job:
             # A status write now would race kopf's finalizer removal (its JSON patch tests the resourceVersion).
             self.metrics.set_phase((namespace, name), None)
@@ -188,8 +190,10 @@ class Reconciler:
             self.metrics.gang_restarted(decision.restart_cause)
         return Outcome(Result.OK, requeue_after=decision.requeue_after)
 
-    def _act(self, job: builders.JobRef, spec: ZeroTrainingJobSpec, d: Decision) -> None:
-        if d.status.phase not in TERMINAL and d.status.phase != Phase.SUSPENDED:
+    def _act(self, job: builders.JobRef, spec: ZeroTrainingJobSpec, d: Decision, apply_supporting: bool) -> None:
+        # Service, ConfigMap and RBAC follow the spec: applied when it changes and before every gang starts,
+        # not on each of the many pod events in between.
+        if apply_supporting and d.status.phase not in TERMINAL and d.status.phase != Phase.SUSPENDED:
             for obj in builders.build_supporting(job, spec):
                 self.kube.apply(obj)
         for pod in d.delete_pods:

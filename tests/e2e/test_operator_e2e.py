@@ -21,7 +21,14 @@ JOBS = f"{GROUP}/{VERSION}"
 
 
 def job_manifest(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
-    base = {"image": "zerotrain:test", "entrypoint": "examples.tiny:build", "replicas": 2, "nprocPerNode": 2}
+    base = {
+        "image": "zerotrain:test",
+        "entrypoint": "examples.tiny:build",
+        "replicas": 2,
+        "nprocPerNode": 2,
+        # On a real cluster no node matches, so no kubelet touches the pods: the test plays the kubelet.
+        "scheduling": {"nodeSelector": {"zerotrain.dev/e2e": "no-such-node"}},
+    }
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,
@@ -72,8 +79,7 @@ async def start_job(kube: Kube, ns: str, name: str, **spec: Any) -> list[dict[st
     await call(kube.request, "POST", path_of(JOBS, PLURAL, ns), job_manifest(name, ns, **spec))
     replicas = spec.get("replicas", 2)
     created = await wait_pods(kube, ns, name, replicas)
-    for p in created:
-        await call(set_pod_phase, kube, ns, p["metadata"]["name"], "Running")
+    await asyncio.gather(*(call(set_pod_phase, kube, ns, p["metadata"]["name"], "Running") for p in created))
     await wait_status(kube, ns, name, lambda s: s.get("phase") == "Running")
     return created
 
@@ -240,3 +246,13 @@ async def test_deletion_leaves_no_orphans(cluster: Cluster, operator: Operator, 
             await until_async(lambda p=path: kube.request("GET", p) is None, timeout=30)  # type: ignore[misc]
         except KubeError as e:
             assert e.status == 404
+
+
+@pytest.mark.slow
+async def test_64_replica_gang(cluster: Cluster, operator: Operator, kube: Kube) -> None:
+    ns = cluster.namespace
+    created = await start_job(kube, ns, "wide", replicas=64, nprocPerNode=8)
+    assert sorted(int(p["metadata"]["labels"][naming.LABEL_REPLICA]) for p in created) == list(range(64))
+    assert {env_of(p)["WORLD_SIZE"] for p in created} == {"512"}
+    job = await call(get_job, kube, ns, "wide")
+    assert job["status"]["ranks"] == {"total": 512, "ready": 512, "running": 512, "succeeded": 0, "failed": 0}
