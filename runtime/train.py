@@ -26,12 +26,13 @@ import os
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from enum import Enum
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
 import torch
 import torch.distributed as dist
@@ -346,19 +347,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as e:
         message = f"zerotrain rank {os.environ.get('RANK', '?')}: error: {e}"
         print(message, file=sys.stderr, flush=True)
-        write_failure_record(message)
-        return EXIT_BAD_INPUT
-    except (Exception, SystemExit) as e:
-        if not (isinstance(e, SystemExit) and e.code in (0, None)):
-            write_failure_record(f"{type(e).__name__}: {e}")
+        fail(message, EXIT_BAD_INPUT)
+    except SystemExit as e:
+        if e.code not in (0, None):
+            fail(f"SystemExit: {e.code}", e.code if isinstance(e.code, int) else 1)
         raise
-    finally:
-        # The engine's hooks form reference cycles; collect it (and the gloo work objects it holds) while the
-        # process group is alive, or finalising them at interpreter exit can abort the process.
-        gc.collect()
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    except Exception as e:
+        traceback.print_exc()
+        fail(f"{type(e).__name__}: {e}", 1)
+    # The engine's hooks form reference cycles; collect it (and the gloo work objects it holds) while the
+    # process group is alive, or finalising them at interpreter exit can abort the process.
+    gc.collect()
+    if dist.is_initialized():
+        dist.destroy_process_group()
     return 0
+
+
+def fail(message: str, code: int) -> NoReturn:
+    """Record the failure for the launcher and exit at once with `code`.
+
+    No process-group teardown: with peers gone or stuck it can hang, or abort and replace `code` with SIGABRT.
+    """
+    write_failure_record(message)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

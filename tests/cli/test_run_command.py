@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -91,7 +92,7 @@ def test_script_entry_point_runs_as_every_rank_with_spec_env(tmp_path: Path) -> 
 
 
 @pytest.mark.slow
-def test_a_configuration_the_engine_refuses_exits_2_from_every_rank(tmp_path: Path) -> None:
+def test_a_configuration_the_engine_refuses_exits_2(tmp_path: Path) -> None:
     doc = yaml.safe_load(QUICKSTART.read_text())
     doc["spec"]["zero"]["unitModules"] = ["Blok"]
     job = tmp_path / "job.yaml"
@@ -104,9 +105,9 @@ def test_a_configuration_the_engine_refuses_exits_2_from_every_rank(tmp_path: Pa
         cwd=tmp_path,
     )
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    for rank in (0, 1):
-        assert f"zerotrain rank {rank}: error: zero.unitModules[0]: got 'Blok'" in proc.stderr
-    assert "rank-failed: rank 0 exited with status 2" in proc.stdout
+    # The first rank to fail stops the others, which may not get to print the same error.
+    assert re.search(r"zerotrain rank [01]: error: zero\.unitModules\[0\]: got 'Blok'", proc.stderr)
+    assert re.search(r"rank-failed: rank [01] exited with status 2", proc.stdout)
 
 
 def test_unknown_entrypoint_args_exit_2_before_any_rank(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
