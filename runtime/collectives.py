@@ -121,14 +121,16 @@ class Comm:
             pending.wait()
         return pending
 
-    def all_gather(self, out: torch.Tensor, shard: torch.Tensor, unit: str, async_op: bool = False) -> Pending:
-        """Concatenate every rank's equal-size `shard` into `out` (n = out.numel())."""
+    def all_gather(
+        self, out: torch.Tensor, shard: torch.Tensor, unit: str, async_op: bool = False, label: str = "all_gather"
+    ) -> Pending:
+        """Concatenate every rank's equal-size `shard` into `out` (n = out.numel()), counted under `label`."""
         if out.numel() != shard.numel() * self.world_size:
             raise ValueError(f"uneven all-gather for unit {unit!r}: {out.numel()} != {shard.numel()}·{self.world_size}")
         if self.world_size == 1:
             out.copy_(shard)
         return self._run(
-            "all_gather",
+            label,
             unit,
             (self._ring(_nbytes(out)), _nbytes(out)),
             async_op,

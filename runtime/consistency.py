@@ -3,12 +3,15 @@
 ZeRO's collectives are matched by issue order, so ranks that run different units would silently
 exchange the wrong units' data (same-size units) or wait on each other forever (different sizes).
 Each rank keeps a running hash of the unit events it saw - forward of a unit, a unit's gradients
-completing during backward - and a count per unit and event. At fixed points (end of each stage-3
-forward, end of every backward that reduces) the ranks all-gather their one-int64 hash: 8·N bytes,
-counted like any collective. On a mismatch they all-gather the counts (every rank now knows, so the
-second collective is matched too) and raise `RankDivergenceError` naming the first rank and unit
-that differ. A collective that cannot complete meanwhile fails after `collectiveTimeoutSeconds`
-(`CollectiveTimeoutError`, naming the unit), so no rank hangs forever.
+completing during backward - and a count per unit and event. At fixed points (end of every forward,
+before any gradient collective; end of every backward that reduces) the ranks all-gather their
+one-int64 hash: 8·N bytes, counted like any collective (as op `order_check`). On a mismatch they
+all-gather the counts (every rank now knows, so the second collective is matched too) and raise
+`RankDivergenceError` naming the rank and unit that differ. Stage-3 gathers follow a schedule
+(`hooks.Gatherer`), so a rank that skips a unit still issues the same gathers until the check.
+A collective that cannot complete meanwhile (divergence in backward only) fails after
+`collectiveTimeoutSeconds` (`CollectiveTimeoutError`, naming the unit), so no rank waits forever;
+gloo itself aborts the process if mismatched collectives of different sizes meet first.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from zerotrain.runtime.errors import RankDivergenceError
 
 _MOD = (1 << 61) - 1
 CHECK_UNIT = "<order-check>"
+CHECK_OP = "order_check"  # its own line in comm_report(), so unit traffic reads clean
 
 
 class Event(IntEnum):
@@ -47,13 +51,13 @@ class OrderCheck:
         """All ranks compare their fingerprints since the last check; raise on any difference."""
         mine = torch.tensor([self.hash], dtype=torch.int64)
         every = torch.empty(self.comm.world_size, dtype=torch.int64)
-        self.comm.all_gather(every, mine, CHECK_UNIT)
+        self.comm.all_gather(every, mine, CHECK_UNIT, label=CHECK_OP)
         if bool((every == every[0]).all()):
             self.counts.zero_()
             self.hash = 0
             return
         table = torch.empty(self.comm.world_size * self.counts.numel(), dtype=torch.int64)
-        self.comm.all_gather(table, self.counts, CHECK_UNIT)
+        self.comm.all_gather(table, self.counts, CHECK_UNIT, label=CHECK_OP)
         raise self._explain(table.view(self.comm.world_size, -1), where)
 
     def _explain(self, table: torch.Tensor, where: str) -> RankDivergenceError:

@@ -176,6 +176,15 @@ class ZeroEngine:
                 self.gatherer.free(u)
         self.micro_steps += 1
 
+    def train(self, mode: bool = True) -> ZeroEngine:
+        """Set the model's training mode (dropout etc.), as `nn.Module.train`."""
+        self.module.train(mode)
+        return self
+
+    def eval(self) -> ZeroEngine:
+        """Evaluation mode; run evaluation forwards under `torch.no_grad()` on every rank."""
+        return self.train(False)
+
     def is_accumulation_boundary(self) -> bool:
         """True when the next `step()` will update (all micro-batches of this step are in)."""
         return self.micro_steps % self.config.gradient_accumulation_steps == 0 and self.micro_steps > 0
