@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
+from zerotrain.runtime.data import read_text_corpus
 from zerotrain.runtime.examples import gpt
 from zerotrain.runtime.task import ConfigError, TrainingTask
 
@@ -57,3 +60,11 @@ def test_a_few_plain_adamw_steps_lower_the_loss() -> None:
 def test_heads_must_divide_width() -> None:
     with pytest.raises(ConfigError, match=r"spec\.entrypointArgs\.d_model: got 30.*n_heads=4"):
         gpt.build(0, 1, d_model=30, n_heads=4, max_bytes=10_000)
+
+
+def test_quickstart_states_the_parameter_count_of_the_model_it_builds() -> None:
+    spec = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml").read_text())["spec"]
+    args = {k: v for k, v in spec["entrypointArgs"].items() if k not in ("batch_size", "max_bytes")}
+    model = gpt.GPT(**args)
+    assert sum(p.numel() for p in model.parameters()) == spec["model"]["parameters"]
+    assert read_text_corpus(max_bytes=spec["entrypointArgs"]["max_bytes"]).numel() == 2_000_000
