@@ -163,6 +163,8 @@ class ZeroEngine:
         """Backward of `loss / gradient_accumulation_steps` (times the fp16 loss scale) and gradient reduction."""
         self._boundary = (self.micro_steps + 1) % self.config.gradient_accumulation_steps == 0
         GradReadyHooks.arm(self.units)
+        for u in self.units:
+            self.strategy.prepare_backward(u)
         scale = self.scaler.scale / self.config.gradient_accumulation_steps
         (loss * scale).backward()
         if self.order_check is not None and (self._boundary or self.strategy.reduce_every_micro_batch):

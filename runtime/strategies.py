@@ -139,6 +139,11 @@ class Strategy:
 
         self.pool.submit(work, finish, None if buf is src else buf)
 
+    def prepare_backward(self, u: UnitState) -> None:
+        """Re-point `.grad` at the flat buffer if something (e.g. `model.zero_grad()`) dropped it."""
+        if u.grad_full is not None and any(p.requires_grad and p.grad is None for p in u.params):
+            u.grad_full.bind_grads(u.params)
+
     def drain(self) -> None:
         """Wait for every reduction launched and apply its result."""
         self.pool.drain()
