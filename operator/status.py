@@ -120,14 +120,20 @@ def set_condition(
 
 
 def transitions(previous: ZeroTrainingJobStatus | None, new: ZeroTrainingJobStatus) -> list[JobEvent]:
-    """One Event per condition whose status or reason changed, and one per phase change otherwise."""
+    """One Event per condition whose status or reason changed (conditions changed for the same reason and
+    message, e.g. InvalidSpec and Failed, share one), and one per phase change otherwise."""
     before = {c.type: (c.status, c.reason) for c in (previous.conditions if previous else [])}
-    events = []
+    events: list[JobEvent] = []
     for c in new.conditions:
         if before.get(c.type) == (c.status, c.reason) or (c.type not in before and c.status == "False"):
             continue
         warn = c.status == "True" and ConditionType(c.type) in _WARNING_WHEN_TRUE
-        events.append(JobEvent("Warning" if warn else "Normal", c.reason, c.message or f"{c.type}={c.status}"))
+        event = JobEvent("Warning" if warn else "Normal", c.reason, c.message or f"{c.type}={c.status}")
+        same = next((e for e in events if (e.reason, e.message) == (event.reason, event.message)), None)
+        if same is None:
+            events.append(event)
+        elif event.type == "Warning" and same.type == "Normal":
+            events[events.index(same)] = event
     if not events and (previous is None or previous.phase != new.phase):
         events.append(JobEvent("Normal", f"Phase{new.phase.value}", f"job is {new.phase.value}"))
     return events

@@ -40,6 +40,7 @@ async def cluster() -> AsyncIterator[Cluster]:
         cfg.host = str(emu.url).rstrip("/")
         yield Cluster(cfg, "default", emu)
         served = [s for s in emu.served if s.user_agent.startswith(OPERATOR_AGENTS)]
+        assert any(s.user_agent.startswith("kopf") for s in served), "kopf's own requests were not recorded"
         undeclared = sorted({f"{s.call} ({s.method} {s.path})" for s in served if s.call not in API_CALLS})
         assert not undeclared, f"operator made API calls missing from kube.API_CALLS: {undeclared}"
 

@@ -214,7 +214,8 @@ async def test_invalid_spec_is_refused_without_pods(cluster: Cluster, operator: 
     await asyncio.sleep(0.6)
     assert await call(pods, kube, ns, "eta") == []
     events = (await call(kube.request, "GET", path_of("v1", "events", ns)))["items"]
-    assert any(e["reason"] == "InvalidSpec" and e["type"] == "Warning" for e in events)
+    refusals = [e for e in events if e["reason"] == "InvalidSpec" and e["involvedObject"]["name"] == "eta"]
+    assert len(refusals) == 1 and refusals[0]["type"] == "Warning", "one Event per transition, no retry loop"
 
 
 async def test_memory_plan_that_cannot_fit_is_refused(cluster: Cluster, operator: Operator, kube: Kube) -> None:

@@ -220,3 +220,9 @@ def exited(code: int, message: str = "") -> dict[str, Any]:
 def test_observe_disruptions(status: dict[str, Any], expected: Disruption | None) -> None:
     p = observe_pod({"metadata": {"name": "p", "labels": {"zerotrain.dev/gang": "0"}}, "status": status})
     assert p.disruption == expected
+
+
+def test_invalid_spec_posts_one_warning() -> None:
+    bad = invalid(None, Reason.INVALID_SPEC, "spec.replicas: got 0", NOW)
+    events = transitions(None, bad)
+    assert [(e.type, e.reason) for e in events] == [("Warning", Reason.INVALID_SPEC)]
