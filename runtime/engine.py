@@ -233,6 +233,20 @@ class ZeroEngine:
         for u in self.units:
             self.strategy.zero_grads(u)
 
+    # ----------------------------------------------------------------- checkpoints
+
+    def save_checkpoint(self, directory: str | os.PathLike[str]) -> str:
+        """Save this rank's shards under `directory/step-NNNNNNNN/` (see `checkpoint`); call on every rank."""
+        from zerotrain.runtime import checkpoint
+
+        return str(checkpoint.save(self, directory))
+
+    def load_checkpoint(self, path: str | os.PathLike[str]) -> None:
+        """Resume from a committed checkpoint (e.g. `checkpoint.latest(directory)`); call on every rank."""
+        from zerotrain.runtime import checkpoint
+
+        checkpoint.load(self, path)
+
     # ----------------------------------------------------------------- reports
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
