@@ -44,7 +44,9 @@ def make_registry(reconciler: Reconciler) -> kopf.OperatorRegistry:
         try:
             outcome = reconciler.reconcile(namespace, name)
         except KubeError as e:
-            raise kopf.TemporaryError(f"API error: {e}", delay=min(60, 2 * reconciler.settings.api_retries)) from e
+            # kube.py already retried with back-off; kopf retries the handler at the next step of that back-off.
+            s = reconciler.settings
+            raise kopf.TemporaryError(f"API error: {e}", delay=s.api_retry_base_seconds * 2**s.api_retries) from e
         if permanent and outcome is not None and outcome.result == Result.INVALID:
             # The status and an Event already say why; retrying cannot fix a spec.
             raise kopf.PermanentError(outcome.message)

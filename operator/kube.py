@@ -241,7 +241,7 @@ class Kube:
         )
 
     def delete_job(self, namespace: str, name: str) -> None:
-        self._delete(path_of(f"{GROUP}/{VERSION}", PLURAL, namespace, name), background=True)
+        self._delete(path_of(f"{GROUP}/{VERSION}", PLURAL, namespace, name), "Background")
 
     # -- children --------------------------------------------------------------------------------------------
 
@@ -256,7 +256,7 @@ class Kube:
         return self.request("POST", path_of(obj["apiVersion"], self._plural(obj), md.get("namespace")), obj)
 
     def delete_pod(self, namespace: str, name: str) -> None:
-        self._delete(path_of("v1", "pods", namespace, name), background=False)
+        self._delete(path_of("v1", "pods", namespace, name))
 
     def apply(self, obj: Obj) -> bool:
         """Make `obj` exist as built; True if anything was written."""
@@ -317,8 +317,8 @@ class Kube:
                 return None
             raise
 
-    def _delete(self, path: str, background: bool) -> None:
-        body = {"propagationPolicy": "Background" if background else "Foreground"} if background else None
+    def _delete(self, path: str, propagation: str | None = None) -> None:
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": propagation} if propagation else None
         try:
             self.request("DELETE", path, body)
         except KubeError as e:
