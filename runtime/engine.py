@@ -28,7 +28,7 @@ from zerotrain.runtime.config import Precision, Stage, ZeroConfig
 from zerotrain.runtime.consistency import Event, OrderCheck
 from zerotrain.runtime.hooks import Gatherer, GradReadyHooks
 from zerotrain.runtime.memory import MemoryReport, StorageCounter, predict
-from zerotrain.runtime.partition import ParamClass, build_units
+from zerotrain.runtime.partition import ParamClass, UnitLayout, build_units
 from zerotrain.runtime.precision import DTYPES, LossScaler
 from zerotrain.runtime.strategies import STRATEGIES, Dtypes, UnitState
 
@@ -70,8 +70,24 @@ class ZeroEngine:
         self.strategy = STRATEGIES[config.stage](
             self.comm, self.dtypes, config.reduce_bucket_elements, config.allgather_bucket_elements
         )
-        named = dict(model.named_parameters())
-        self.units: list[UnitState] = []
+        self.units = self._build_units(layouts, device)
+        self.root = next((u for u in self.units if u.layout.module is None), None)
+        self.optimizer = self._build_optimizer(optimizer)
+        self._zero_grads()  # views exist now; buffers a stage holds only during a step can go
+        self.scaler = LossScaler(config.loss_scale, enabled=config.precision is Precision.FP16)
+        self.gatherer: Gatherer | None = None
+        self.order_check = OrderCheck(self.comm, [u.name for u in self.units]) if self.world_size > 1 else None
+        self._install_hooks()
+        self.micro_steps = 0
+        self.steps = 0
+        self.last_grad_norm: float | None = None
+        self._boundary = False
+
+    # ----------------------------------------------------------------- setup
+
+    def _build_units(self, layouts: list[UnitLayout], device: torch.device) -> list[UnitState]:
+        named = dict(self.module.named_parameters())
+        units = []
         for i, layout in enumerate(layouts):
             params = [named[s.name] for s in layout.slots]
             init = torch.zeros(layout.padded, dtype=torch.float32, device=device)
@@ -80,30 +96,22 @@ class ZeroEngine:
             # Every rank starts from rank 0's values, whatever seed each used.
             self.comm.broadcast(init, 0, layout.name)
             u = self.strategy.build(i, layout, params, init)
-            u.resident = config.stage < Stage.PARAMETERS or layout.padded <= config.param_persistence_elements
-            self.units.append(u)
-        self.root = next((u for u in self.units if u.layout.module is None), None)
-        self.optimizer = self._build_optimizer(optimizer)
-        self._zero_grads()  # views exist now; buffers a stage holds only during a step can go
-        self.scaler = LossScaler(config.loss_scale, enabled=config.precision is Precision.FP16)
-        self.gatherer: Gatherer | None = None
-        if config.stage is Stage.PARAMETERS:
-            self.gatherer = Gatherer(self.units, self.comm, config.prefetch_units)
+            persistent = layout.padded <= self.config.param_persistence_elements
+            u.resident = self.config.stage < Stage.PARAMETERS or persistent
+            units.append(u)
+        return units
+
+    def _install_hooks(self) -> None:
+        if self.config.stage is Stage.PARAMETERS:
+            self.gatherer = Gatherer(self.units, self.comm, self.config.prefetch_units)
             self.gatherer.install()
-        if config.activation_checkpointing:
-            modules = [u.layout.module for u in self.units if u.layout.module is not None]
-            apply_checkpointing(modules, offload=config.offload_activation_checkpoints)
+        modules = [u.layout.module for u in self.units if u.layout.module is not None]
+        if self.config.activation_checkpointing:
+            apply_checkpointing(modules, offload=self.config.offload_activation_checkpoints)
         self._grad_hooks = GradReadyHooks(self.units, lambda u: self._on_grads_ready(u, from_hook=True))
-        self.order_check = OrderCheck(self.comm, [u.name for u in self.units]) if self.world_size > 1 else None
         for u in self.units:
             if u.layout.module is not None and self.order_check is not None:
                 u.layout.module.register_forward_pre_hook(lambda *_, i=u.index: self._note(Event.FORWARD, i))
-        self.micro_steps = 0
-        self.steps = 0
-        self.last_grad_norm: float | None = None
-        self._boundary = False
-
-    # ----------------------------------------------------------------- setup
 
     def _build_optimizer(self, factory: opt_mod.OptimizerFactory) -> torch.optim.Optimizer:
         shard_params = []
