@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -60,11 +61,11 @@ class Operator:
     kube: Kube
 
 
-@pytest.fixture
-async def operator(cluster: Cluster) -> AsyncIterator[Operator]:
-    """The real operator: kopf in its own thread and event loop (G1), watching the test namespace."""
+@contextlib.asynccontextmanager
+async def running_operator(cluster: Cluster, namespaces: list[str]) -> AsyncIterator[Operator]:
+    """The real operator: kopf in its own thread and event loop (G1), fast timers for tests."""
     settings = OperatorSettings(
-        namespaces=[cluster.namespace],
+        namespaces=namespaces,
         resync_seconds=0.5,
         restart_backoff_seconds=0.2,
         max_restart_backoff_seconds=1.0,
@@ -87,3 +88,10 @@ async def operator(cluster: Cluster) -> AsyncIterator[Operator]:
         await asyncio.to_thread(thread.join, 10)
         kube.close()
     assert not thread.is_alive(), "the operator did not stop within 10 s"
+
+
+@pytest.fixture
+async def operator(cluster: Cluster) -> AsyncIterator[Operator]:
+    """The operator watching the test namespace."""
+    async with running_operator(cluster, [cluster.namespace]) as op:
+        yield op

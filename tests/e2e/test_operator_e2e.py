@@ -14,7 +14,7 @@ from zerotrain.manifest import parse_job
 from zerotrain.spec import API_VERSION, GROUP, KIND, PLURAL, VERSION
 
 from .cluster import Cluster, until_async
-from .conftest import Operator
+from .conftest import Operator, running_operator
 from .kubelet import set_pod_phase
 
 JOBS = f"{GROUP}/{VERSION}"
@@ -257,3 +257,9 @@ async def test_64_replica_gang(cluster: Cluster, operator: Operator, kube: Kube)
     assert {env_of(p)["WORLD_SIZE"] for p in created} == {"512"}
     job = await call(get_job, kube, ns, "wide")
     assert job["status"]["ranks"] == {"total": 512, "ready": 512, "running": 512, "succeeded": 0, "failed": 0}
+
+
+async def test_cluster_wide_operator(cluster: Cluster, kube: Kube) -> None:
+    """ZEROTRAIN_NAMESPACES empty: one operator serves every namespace (scanning stays off, see handlers)."""
+    async with running_operator(cluster, namespaces=[]):
+        await start_job(kube, cluster.namespace, "nu", replicas=1)
