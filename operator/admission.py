@@ -70,16 +70,17 @@ def _does_not_fit(spec: ZeroTrainingJobSpec, result: MemoryPlan, p: PlanInput) -
         return None
     usable = result.usable_memory
     fixes = []
-    if result.recommended_stage is not None and result.recommended_stage > stage:
+    if result.recommended_stage is not None:
         fixes.append(f"set spec.zero.stage to {result.recommended_stage.value}")
-    for s in (stage, Stage.PARAMETERS) if stage != Stage.PARAMETERS else (stage,):
-        ranks = min_data_parallel(s, p, usable)
-        if ranks is not None:
-            replicas = math.ceil(ranks / spec.nproc_per_node)
-            fixes.append(
-                f"run stage {s.value} on at least {replicas} replicas ({replicas * spec.nproc_per_node} ranks)"
-            )
-            break
+    ranks = min_data_parallel(stage, p, usable)
+    if ranks is not None:
+        replicas = math.ceil(ranks / spec.nproc_per_node)
+        fixes.append(
+            f"keep stage {stage.value} on at least {replicas} replicas ({replicas * spec.nproc_per_node} ranks)"
+        )
+    elif result.recommended_stage is None and (ranks := min_data_parallel(Stage.PARAMETERS, p, usable)):
+        replicas = math.ceil(ranks / spec.nproc_per_node)
+        fixes.append(f"set spec.zero.stage to 3 and run at least {replicas} replicas")
     fix = "; or ".join(fixes) if fixes else "use GPUs with more memory"
     return (
         f"spec.zero.stage: stage {stage.value} needs {format_bytes(chosen.model_state_bytes)} of model states per GPU "

@@ -1,0 +1,62 @@
+"""Admission: spec errors with field paths, job-name limits, and the memory plan's verdict."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from zerotrain.operator.admission import admit, parse_quantity
+from zerotrain.operator.status import Reason
+
+BASE: dict[str, Any] = {"image": "i", "entrypoint": "m:f", "replicas": 2, "nprocPerNode": 8}
+BIG = {"model": {"parameters": 7_500_000_000}, "resources": {"gpu": 8}}
+
+
+@pytest.mark.parametrize(("text", "value"), [("80Gi", 80 * 2**30), ("40G", 40 * 10**9), ("1.5Ki", 1536), ("7", 7)])
+def test_parse_quantity(text: str, value: int) -> None:
+    assert parse_quantity(text) == value
+
+
+def test_invalid_spec_names_the_field() -> None:
+    verdict = admit({**BASE, "replicas": 0}, "job")
+    assert verdict.reason == Reason.INVALID_SPEC and verdict.spec is None
+    assert verdict.message.startswith("spec.replicas: got 0")
+
+
+def test_name_too_long_for_hostnames() -> None:
+    verdict = admit(BASE, "x" * 60)
+    assert verdict.reason == Reason.INVALID_NAME and "at most 54 characters" in verdict.message
+
+
+def test_no_plan_without_parameters_or_memory() -> None:
+    assert admit(BASE, "job").plan is None
+    assert admit({**BASE, **BIG}, "job").plan is None  # no GPU memory known anywhere
+
+
+@pytest.mark.parametrize("where", ["spec", "settings"])
+def test_plan_from_spec_or_operator_default(where: str) -> None:
+    spec = {**BASE, **BIG, "zero": {"stage": 3}}
+    if where == "spec":
+        spec["resources"] = {"gpu": 8, "gpuMemory": "80Gi"}
+    verdict = admit(spec, "job", default_gpu_memory="80Gi" if where == "settings" else None)
+    assert verdict.admitted and verdict.plan is not None
+    assert verdict.plan.data_parallel == 16 and verdict.plan.device_memory == 80 * 2**30
+
+
+def test_stage_that_cannot_fit_is_refused_with_what_would() -> None:
+    spec = {**BASE, **BIG, "zero": {"stage": 0}, "resources": {"gpu": 8, "gpuMemory": "16Gi"}}
+    verdict = admit(spec, "job")
+    assert verdict.reason == Reason.MEMORY_PLAN_DOES_NOT_FIT and verdict.plan is not None
+    assert verdict.message.startswith("spec.zero.stage: stage 0 needs")
+    assert verdict.message.endswith("; set spec.zero.stage to 3")  # stage 0 never fits by adding replicas
+
+
+def test_too_few_replicas_for_the_stage_names_the_count() -> None:
+    spec = {**BASE, "replicas": 1, "nprocPerNode": 1, "resources": {"gpu": 1, "gpuMemory": "16Gi"}}
+    verdict = admit({**spec, "model": {"parameters": 70_000_000_000}, "zero": {"stage": 3}}, "job")
+    assert verdict.reason == Reason.MEMORY_PLAN_DOES_NOT_FIT
+    assert "keep stage 3 on at least 102 replicas (102 ranks)" in verdict.message
+
+
+def test_cpu_job_ignores_the_gpu_default() -> None:
+    assert admit({**BASE, "nprocPerNode": 1, **BIG, "resources": {}}, "job", "80Gi").plan is None
