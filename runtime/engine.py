@@ -30,6 +30,7 @@ from zerotrain.runtime.hooks import Gatherer, GradReadyHooks
 from zerotrain.runtime.memory import MemoryReport, StorageCounter, predict
 from zerotrain.runtime.partition import ParamClass, UnitLayout, build_units
 from zerotrain.runtime.precision import DTYPES, LossScaler
+from zerotrain.runtime.saved import SavedActivations
 from zerotrain.runtime.strategies import STRATEGIES, Dtypes, UnitState
 
 _TRAINABLE = (ParamClass.DECAY, ParamClass.NO_DECAY)
@@ -78,6 +79,7 @@ class ZeroEngine:
         self.gatherer: Gatherer | None = None
         self.order_check = OrderCheck(self.comm, [u.name for u in self.units]) if self.world_size > 1 else None
         self._install_hooks()
+        self.activations = SavedActivations()
         self.micro_steps = 0
         self.steps = 0
         self.last_grad_norm: float | None = None
@@ -136,11 +138,15 @@ class ZeroEngine:
         args, kwargs = self._cast_inputs(args, kwargs)
         if self.gatherer is not None:
             self.gatherer.begin_forward(self.root)
-        out = self.module(*args, **kwargs)
+        with self.activations.measure(self._parameter_storages()):
+            out = self.module(*args, **kwargs)
         # Before any gradient collective: a rank that ran other units fails here, naming them.
         if self.order_check is not None:
             self.order_check.verify("end of forward")
         return out if self.gatherer is None else self.gatherer.end_forward(self.root, out)
+
+    def _parameter_storages(self) -> set[int]:
+        return {u.full.data.untyped_storage().data_ptr() for u in self.units if u.full.allocated}
 
     def _cast_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """Floating-point inputs in the compute dtype (as FSDP's mixed precision does); others untouched."""
@@ -307,6 +313,8 @@ class ZeroEngine:
             gathered_peak_bytes=self.gatherer.peak_bytes if self.gatherer else 0,
             gradient_bytes=grads,
             optimizer_bytes=opt_bytes,
+            activation_bytes=self.activations.last_bytes,
+            activation_peak_bytes=self.activations.peak_bytes,
             comm_buffer_bytes=stats.buffer_bytes,
             comm_buffer_peak_bytes=stats.peak_buffer_bytes,
             model_state_bytes=params + grads + opt_bytes,

@@ -8,6 +8,7 @@ holds it, so a view aliasing another buffer is never double counted):
 - gathered: stage 3 full buffers allocated right now, and the peak since construction.
 - gradients: flat gradient buffers, fp32 gradient shards and any unsharded `.grad` still alive.
 - optimizer: every tensor in the optimizer's state plus a separate fp32 master (mixed precision only).
+- activations: tensors autograd saved for backward in the last forward, and the peak (`saved`).
 - communication buffers: temporaries allocated only to send or receive, now and at peak.
 
 Predicted: `zerotrain.planner.stage_bytes` with Ψ = the model's real elements, N = world size,
@@ -54,6 +55,10 @@ class MemoryReport(SpecModel):
     """Gradient buffers, shards and live unsharded gradients."""
     optimizer_bytes: int
     """Optimizer state tensors plus a separate fp32 master copy, if any."""
+    activation_bytes: int = 0
+    """Activations the last forward saved for backward (checkpointed units: their inputs only)."""
+    activation_peak_bytes: int = 0
+    """Most activation bytes any forward saved since construction."""
     comm_buffer_bytes: int
     """Communication-only temporaries alive now."""
     comm_buffer_peak_bytes: int
