@@ -1,8 +1,8 @@
 """Mixed precision on real gloo ranks: bf16 compute tracks fp32, fp16 loss scaling skips overflowing steps.
 
-Tolerance: over 12 steps of the tiny LM, each bf16 loss is within 3% of the fp32 loss of the same
-step (bf16 keeps 8 significant bits, ~0.4% per rounding; the fp32 master weights keep the updates
-themselves exact), and the bf16 run's loss falls as the fp32 one does.
+Tolerance: over 12 steps of the tiny LM, each bf16 loss is within 1% of the fp32 loss of the same
+step (bf16 keeps 8 significant bits, ~0.4% per rounding, which averages out over a loss; the fp32
+master weights keep the updates exact; measured: 0.06%), and the bf16 run's loss falls as fp32's does.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def test_bf16_tracks_fp32_and_fp16_skips_overflowing_steps() -> None:
     for name in ("bf16", "bf16-s1"):
         got = torch.tensor(r[name]["losses"])
         assert r[name]["dtypes"] == {"torch.bfloat16"}
-        assert ((got - fp32).abs() / fp32).max() < 0.03, (name, got, fp32)
+        assert ((got - fp32).abs() / fp32).max() < 0.01, (name, got, fp32)
         assert got[-3:].mean() < got[:3].mean()
     # K = 12 with a separate fp32 master (ZeRO paper's mixed-precision Adam), w = 2; what is held
     # between steps matches the formula (2% plus padding), as in fp32.
