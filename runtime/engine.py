@@ -1,13 +1,21 @@
 """`ZeroEngine`: orchestration only. Layout in `partition`, per-stage behaviour in `strategies`,
-hooks in `hooks`, collectives in `collectives`, accounting in `memory`.
+hooks in `hooks`, collectives in `collectives`, buckets in `buckets`, accounting in `memory`,
+divergence detection in `consistency`, checkpoints in `checkpoint`.
 
-Call pattern (DeepSpeed's): every micro-batch `out = engine(x)`, `engine.backward(loss)`,
-`engine.step()`; `step()` only updates at the gradient-accumulation boundary (every
-`gradient_accumulation_steps` micro-batches) and returns a `StepResult` saying whether it did.
-`backward` divides the loss by `gradient_accumulation_steps`, so the update uses the mean over
-micro-batches, and gradients are averaged over ranks: with equal per-rank batch sizes the result is
-exactly the gradient of the mean loss over the global batch. `full_state_dict()` and `step()` run
-collectives: call them on every rank.
+Contract for callers:
+- Every micro-batch: `out = engine(x)`, `engine.backward(loss)`; then `engine.step()`, which only
+  updates at the gradient-accumulation boundary (every `gradient_accumulation_steps` backward
+  calls) and returns a `StepResult` saying whether it did. One forward, then its backward.
+- `backward` divides the loss by `gradient_accumulation_steps`, and gradients are averaged over
+  ranks: with equal per-rank batch sizes the update uses exactly the gradient of the mean loss over
+  the global batch.
+- Collectives, so call them on every rank: forward (an 8·N-byte order check even in stages 0-2),
+  backward, step, `full_state_dict()`, `save_checkpoint()`, `load_checkpoint()`.
+- The model's parameters become views into the engine's flat buffers: do not move or re-create
+  them after wrapping, and in stage 3 read weights through `full_state_dict()` (outside a unit's
+  forward or backward its parameters hold no storage).
+- Resume: `path = checkpoint.latest(dir)`; if one exists, `engine.load_checkpoint(path)`; save
+  with `engine.save_checkpoint(dir)` every so many steps (same world size and stage to resume).
 """
 
 from __future__ import annotations
