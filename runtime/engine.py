@@ -218,7 +218,7 @@ class ZeroEngine:
     def _global_norm(self) -> float:
         sq = torch.zeros(1, dtype=torch.float64, device=self.units[0].grad_shard.device)
         for u in self.units:
-            sq += u.grad_shard.double().pow(2).sum()
+            sq += torch.linalg.vector_norm(u.grad_shard).double() ** 2  # fp32 shard: no copy
         if self.strategy.shards_optimizer:
             self.comm.all_reduce(sq, "<grad-norm>")
         return math.sqrt(sq.item())
