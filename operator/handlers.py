@@ -27,6 +27,9 @@ def make_registry(reconciler: Reconciler) -> kopf.OperatorRegistry:
         # Scanning lists namespaces and CRDs, which needs cluster-wide RBAC the chart does not grant.
         settings.scanning.disabled = True
         settings.posting.enabled = True
+        # kopf's default also writes handler progress to status.kopf, which the CRD's structural status schema
+        # prunes (and which would race the operator's own status writes); annotations hold it instead.
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage()
         settings.watching.server_timeout = 300
         settings.networking.request_timeout = 60
         # A job deleted while its resync timer runs a (sync) reconcile: kopf waits for the timer before removing
