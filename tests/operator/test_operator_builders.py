@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import kubernetes_validate
 import pytest
 from zerotrain.operator import builders, naming
 from zerotrain.operator.builders import JobRef
@@ -116,3 +117,22 @@ def test_name_limits(name: str, replicas: int, ok: bool) -> None:
     assert (problem is None) == ok
     if problem:
         assert problem.startswith("metadata.name: got")
+
+
+@pytest.mark.parametrize("gang", ["none", "coscheduling", "volcano"])
+def test_built_objects_validate_against_the_kubernetes_schema(gang: str) -> None:
+    """What a real API server would accept (PodGroups are CRDs outside the bundled schemas)."""
+    s = spec(
+        replicas=2,
+        nprocPerNode=2,
+        resources={"gpu": 2, "cpu": "8", "memory": "64Gi"},
+        checkpoint={"claimName": "ckpt"},
+        scheduling={"gang": gang, "tolerations": [{"key": "gpu", "operator": "Exists"}], "nodeSelector": {"a": "b"}},
+        volumes=[{"name": "data", "emptyDir": {}}],
+        volumeMounts=[{"name": "data", "mountPath": "/data"}],
+    )
+    objs = [o for o in builders.build_supporting(JOB, s) if o["kind"] != "PodGroup"]
+    objs += builders.build_pods(JOB, s, 0)
+    version = kubernetes_validate.latest_version()
+    for obj in objs:
+        kubernetes_validate.validate(obj, version, strict=True)
