@@ -3,7 +3,9 @@ optional PodGroup and one Pod per replica. No I/O; every object carries the job'
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import yaml
@@ -235,3 +237,28 @@ def build_supporting(job: JobRef, spec: ZeroTrainingJobSpec) -> list[Obj]:
     if (group := build_pod_group(job, spec)) is not None:
         objs.append(group)
     return objs
+
+
+def build_event(job: JobRef, event_type: str, reason: str, message: str, now: datetime) -> Obj:
+    """A core/v1 Event about the job (unique name, as generateName would give)."""
+    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{job.name}.{uuid.uuid4().hex[:12]}", "namespace": job.namespace},
+        "involvedObject": {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "name": job.name,
+            "namespace": job.namespace,
+            "uid": job.uid,
+        },
+        "type": event_type,
+        "reason": reason,
+        "message": message[:1024],
+        "source": {"component": naming.MANAGER},
+        "reportingComponent": naming.MANAGER,
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }

@@ -15,9 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-import uuid
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from enum import Enum
 from typing import Any
 from urllib.parse import urlencode
@@ -278,34 +276,12 @@ class Kube:
         self.request("PATCH", path, patch, _MERGE)
         return True
 
-    def create_event(self, involved: Obj, event_type: str, reason: str, message: str) -> None:
-        """Post an Event about `involved`; never fails the caller (events are best-effort, as in kubelet)."""
-        md = involved.get("metadata", {})
-        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": f"{md.get('name')}.{uuid.uuid4().hex[:12]}", "namespace": md.get("namespace")},
-            "involvedObject": {
-                "apiVersion": involved.get("apiVersion"),
-                "kind": involved.get("kind"),
-                "name": md.get("name"),
-                "namespace": md.get("namespace"),
-                "uid": md.get("uid"),
-            },
-            "type": event_type,
-            "reason": reason,
-            "message": message[:1024],
-            "source": {"component": naming.MANAGER},
-            "reportingComponent": naming.MANAGER,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
+    def create_event(self, event: Obj) -> None:
+        """Post an Event (builders.build_event); never fails the caller: events are best-effort, as in kubelet."""
         try:
             self.create(event)
         except (KubeError, urllib3.exceptions.HTTPError) as e:
-            log.warning("could not post event %s for %s: %s", reason, md.get("name"), e)
+            log.warning("could not post event %s: %s", event.get("reason"), e)
 
     # -- helpers ---------------------------------------------------------------------------------------------
 

@@ -214,9 +214,9 @@ class Reconciler:
         if patch is None:
             return
         self.kube.patch_job_status(md["namespace"], md["name"], patch)
-        involved = {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"), "metadata": md}
+        job, now = builders.JobRef.from_body(body), self.clock()
         for ev in transitions(previous, new):
-            self.kube.create_event(involved, ev.type, ev.reason, ev.message)
+            self.kube.create_event(builders.build_event(job, ev.type, ev.reason, ev.message, now))
 
 
 def job_of_pod(labels: dict[str, str] | None) -> str | None:

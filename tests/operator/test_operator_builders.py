@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import Any
 
 import kubernetes_validate
@@ -12,6 +13,7 @@ from zerotrain.operator.builders import JobRef
 from zerotrain.manifest import parse_spec
 
 JOB = JobRef("llm", "team-a", "uid-1")
+NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 
 def spec(**extra: Any) -> Any:
@@ -133,6 +135,7 @@ def test_built_objects_validate_against_the_kubernetes_schema(gang: str) -> None
     )
     objs = [o for o in builders.build_supporting(JOB, s) if o["kind"] != "PodGroup"]
     objs += builders.build_pods(JOB, s, 0)
+    objs.append(builders.build_event(JOB, "Warning", "RankFailed", "pod llm-worker-1 exited with code 1", NOW))
     version = kubernetes_validate.latest_version()
     for obj in objs:
         kubernetes_validate.validate(obj, version, strict=True)
