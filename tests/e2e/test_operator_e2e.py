@@ -18,6 +18,8 @@ from .conftest import Operator, running_operator
 from .kubelet import set_pod_phase
 
 JOBS = f"{GROUP}/{VERSION}"
+# On a real cluster no node matches, so no kubelet touches the pods: the test plays the kubelet.
+NO_NODE = {"nodeSelector": {"zerotrain.dev/e2e": "no-such-node"}}
 
 
 def job_manifest(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
@@ -26,8 +28,7 @@ def job_manifest(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
         "entrypoint": "examples.tiny:build",
         "replicas": 2,
         "nprocPerNode": 2,
-        # On a real cluster no node matches, so no kubelet touches the pods: the test plays the kubelet.
-        "scheduling": {"nodeSelector": {"zerotrain.dev/e2e": "no-such-node"}},
+        "scheduling": NO_NODE,
     }
     return {
         "apiVersion": API_VERSION,
@@ -263,3 +264,18 @@ async def test_cluster_wide_operator(cluster: Cluster, kube: Kube) -> None:
     """ZEROTRAIN_NAMESPACES empty: one operator serves every namespace (scanning stays off, see handlers)."""
     async with running_operator(cluster, namespaces=[]):
         await start_job(kube, cluster.namespace, "nu", replicas=1)
+
+
+async def test_pod_pending_past_startup_timeout_is_reported(cluster: Cluster, operator: Operator, kube: Kube) -> None:
+    ns = cluster.namespace
+    manifest = job_manifest("xi", ns, replicas=1, scheduling={**NO_NODE, "startupTimeoutSeconds": 1})
+    await call(kube.request, "POST", path_of(JOBS, PLURAL, ns), manifest)
+    await wait_pods(kube, ns, "xi", 1)
+    job = await wait_status(
+        kube, ns, "xi", lambda s: any(c["type"] == "Unschedulable" for c in s.get("conditions", []))
+    )
+    cond = condition(job, "Unschedulable")
+    assert cond["status"] == "True" and cond["reason"] == "StartupTimeout" and "xi-worker-0" in cond["message"]
+    await call(set_pod_phase, kube, ns, "xi-worker-0", "Running")
+    job = await wait_status(kube, ns, "xi", lambda s: s.get("phase") == "Running")
+    assert condition(job, "Unschedulable")["status"] == "False"
