@@ -7,10 +7,11 @@ Layout under the checkpoint directory:
     step-00000050/COMMITTED                              written by rank 0 after every rank has saved
 
 A crash mid-save leaves a directory without COMMITTED, which `latest()` ignores, so a restarted gang
-resumes from the newest complete checkpoint. Loading needs the same world size, stage and units
-(each rank reads only its own file); the compute parameters are rebuilt from the masters exactly as
-after an optimizer step. The directory must be shared by all ranks (rank 0 writes the marker after a
-collective that proves every rank's file is written).
+resumes from the newest complete checkpoint. With the same world size and stage each rank reads only
+its own file; with another world size or stage every rank reads all files and takes its ranges
+(`reshard`). The model and its units must be the same. The compute parameters are then rebuilt from
+the masters exactly as after an optimizer step. The directory must be shared by all ranks (rank 0
+writes the marker after a collective that proves every rank's file is written).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from zerotrain.runtime.errors import ZeroSetupError
+from zerotrain.runtime.reshard import load_resharded
 
 if TYPE_CHECKING:
     from zerotrain.runtime.engine import ZeroEngine
@@ -37,12 +39,12 @@ def latest(root: str | Path) -> Path | None:
     return done[-1] if done else None
 
 
+def _units(engine: ZeroEngine) -> list[tuple[str, int]]:
+    return [(u.name, u.layout.numel) for u in engine.units]
+
+
 def _layout(engine: ZeroEngine) -> dict[str, Any]:
-    return {
-        "stage": int(engine.config.stage),
-        "world_size": engine.world_size,
-        "units": [(u.name, u.layout.padded) for u in engine.units],
-    }
+    return {"stage": int(engine.config.stage), "world_size": engine.world_size, "units": _units(engine)}
 
 
 def save(engine: ZeroEngine, root: str | Path) -> Path:
@@ -52,6 +54,8 @@ def save(engine: ZeroEngine, root: str | Path) -> Path:
     state = {
         "layout": _layout(engine),
         "masters": [u.master.detach().clone() for u in engine.units],
+        "master_ranges": [engine.master_range(u) for u in engine.units],
+        "optimizer_segments": engine.optimizer_segments,
         "optimizer": engine.optimizer.state_dict(),
         "scaler": {"scale": engine.scaler.scale, "skipped": engine.scaler.skipped_steps},
         "steps": engine.steps,
@@ -73,19 +77,23 @@ def load(engine: ZeroEngine, path: str | Path) -> None:
     path = Path(path)
     if not (path / COMMITTED).exists():
         raise ZeroSetupError("checkpoint", str(path), "not a committed checkpoint", "pass a directory latest() returns")
-    state = torch.load(path / f"rank-{engine.rank:05d}.pt", map_location=engine.units[0].master.device)
-    if state["layout"] != _layout(engine):
-        raise ZeroSetupError(
-            "checkpoint",
-            str(path),
-            f"saved with {state['layout']['world_size']} ranks, stage {state['layout']['stage']} and other units "
-            f"than this run ({engine.world_size} ranks, stage {int(engine.config.stage)})",
-            "resume with the same world size, stage and unit modules",
-        )
-    with torch.no_grad():
-        for u, master in zip(engine.units, state["masters"], strict=True):
-            u.master.copy_(master)
-    engine.optimizer.load_state_dict(state["optimizer"])
+    mine = path / f"rank-{engine.rank:05d}.pt"
+    state = torch.load(mine, map_location=engine.units[0].master.device) if mine.exists() else None
+    if state is not None and state["layout"] == _layout(engine):
+        with torch.no_grad():
+            for u, master in zip(engine.units, state["masters"], strict=True):
+                u.master.copy_(master)
+        engine.optimizer.load_state_dict(state["optimizer"])
+    else:
+        saved = torch.load(next(path.glob("rank-*.pt")), map_location="cpu")["layout"]
+        if saved["units"] != _units(engine):
+            raise ZeroSetupError(
+                "checkpoint",
+                str(path),
+                "saved from a model with other units or parameter counts",
+                "resume with the same model and zero.unitModules",
+            )
+        state = load_resharded(engine, path)
     engine.scaler.scale = state["scaler"]["scale"]
     engine.scaler.skipped_steps = state["scaler"]["skipped"]
     engine.steps, engine.micro_steps = state["steps"], state["micro_steps"]

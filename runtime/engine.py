@@ -125,16 +125,28 @@ class ZeroEngine:
 
     def _build_optimizer(self, factory: opt_mod.OptimizerFactory) -> torch.optim.Optimizer:
         shard_params = []
+        where: dict[int, tuple[int, int, int]] = {}
         for u in self.units:
+            lo = self.master_range(u)[0]
             if self.strategy.shards_optimizer:
                 segs = u.layout.shard_segments(self.rank, _TRAINABLE)
             else:
                 segs = [s for s in u.layout.class_segments() if s.kind in _TRAINABLE]
-            shard_params += opt_mod.shard_params(u.master, u.grad_shard, [(s.start, s.stop, s.kind) for s in segs])
+            made = opt_mod.shard_params(u.master, u.grad_shard, [(s.start, s.stop, s.kind) for s in segs])
+            for s, (_, p) in zip(segs, made, strict=True):
+                where[id(p)] = (u.index, lo + s.start, lo + s.stop)
+            shard_params += made
         groups = opt_mod.param_groups(shard_params)
         opt = factory(groups)
         opt_mod.check_uses_groups(opt, groups)
+        # (unit, start, stop) in unit coordinates of each optimizer parameter, in the optimizer's order:
+        # what lets a checkpoint be loaded at another world size or stage.
+        self.optimizer_segments = [where.get(id(p), (-1, 0, 0)) for g in opt.param_groups for p in g["params"]]
         return opt
+
+    def master_range(self, u: UnitState) -> tuple[int, int]:
+        """The unit-coordinate range of `u` whose fp32 master this rank holds."""
+        return self.strategy.master_range(u.layout)
 
     # ----------------------------------------------------------------- forward / backward
 

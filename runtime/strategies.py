@@ -97,7 +97,7 @@ class Strategy:
         full.bind(params)
         grad_full = FlatBuffer(layout, self.dtypes.compute, init.device)
         grad_full.bind_grads(params)
-        lo, hi = self._master_range(layout)
+        lo, hi = self.master_range(layout)
         master = init[lo:hi].clone() if self._mixed else full.data[lo:hi]
         grad_shard = torch.zeros_like(master) if self._mixed else grad_full.data[lo:hi]
         return UnitState(index, layout, params, full, master, grad_shard, grad_full=grad_full)
@@ -110,7 +110,8 @@ class Strategy:
             u.grad_shard.zero_()
         return u.grad_shard
 
-    def _master_range(self, layout: UnitLayout) -> tuple[int, int]:
+    def master_range(self, layout: UnitLayout) -> tuple[int, int]:
+        """Unit-coordinate range whose fp32 master this rank holds: all of it in stage 0, its shard above."""
         return (0, layout.padded) if not self.shards_optimizer else layout.shard_range(self.comm.rank)
 
     def _pre(self, t: torch.Tensor) -> None:
