@@ -28,7 +28,7 @@ API_VERSION = f"{GROUP}/{VERSION}"
 _ENTRYPOINT = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$|^\S+\.py$")
 _QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
 # What a checkpoint was trained with: changing it under a running job would resume from incompatible state.
-_IMMUTABLE = {
+_IMMUTABLE: dict[str, Any] = {
     "x-kubernetes-validations": [
         {"rule": "self == oldSelf", "message": "is immutable (checkpoints depend on it); create a new job instead"}
     ]
