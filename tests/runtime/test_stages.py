@@ -37,6 +37,7 @@ class Case:
     checkpointing: bool = False
     bucket: int = 50_000_000
     units: tuple[str, ...] = ("Block",)
+    overlap: bool = True
     extra: dict = field(default_factory=dict, hash=False)
 
 
@@ -64,6 +65,7 @@ def run_case(rank: int, world: int, case: Case) -> dict:
     cfg = ZeroConfig(
         stage=case.stage,
         unit_modules=list(case.units),
+        overlap_comm=case.overlap,
         gradient_accumulation_steps=case.accum,
         gradient_clipping=case.clip,
         param_persistence_elements=case.persistence,
@@ -139,6 +141,7 @@ def test_every_stage_matches_adamw_on_two_ranks_with_tied_weights_and_uneven_siz
     cases = [Case(stage=s) for s in range(4)] + [Case(stage=3, prefetch=0)]
     cases += [Case(stage=s, bucket=BUCKET) for s in (1, 2, 3)]
     cases += [Case(stage=3, units=())]  # no unit classes: one root unit, gathered for forward and backward
+    cases += [Case(stage=s, overlap=False) for s in (1, 3)]  # reductions blocking instead of async
     per_rank = run_ranks(run_cases, 2, cases)
     for rank_results in per_rank:
         for case, r in zip(cases, rank_results, strict=True):
