@@ -196,8 +196,8 @@ class Reconciler:
         if apply_supporting and d.status.phase not in TERMINAL and d.status.phase != Phase.SUSPENDED:
             for obj in builders.build_supporting(job, spec):
                 self.kube.apply(obj)
-        for pod in d.delete_pods:
-            self.kube.delete_pod(job.namespace, pod)
+        for pod_name in d.delete_pods:
+            self.kube.delete_pod(job.namespace, pod_name)
         if d.create_gang:
             existing = {p["metadata"]["name"] for p in self.kube.list_pods(job.namespace, job.name)}
             for pod in builders.build_pods(job, spec, gang=d.status.restarts.total):
