@@ -7,7 +7,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from zerotrain.spec import Phase
+from zerotrain.job_status import Phase
 
 
 class OperatorMetrics:

@@ -24,7 +24,8 @@ from zerotrain.operator.observe import observe_pods
 from zerotrain.operator.settings import OperatorSettings
 from zerotrain.operator.status import TERMINAL, Backoff, Decision, compute_status, invalid, transitions
 
-from zerotrain.spec import Phase, ZeroTrainingJobSpec, ZeroTrainingJobStatus
+from zerotrain.job_status import Phase, ZeroTrainingJobStatus
+from zerotrain.spec import ZeroTrainingJobSpec
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]  # (namespace, name)

@@ -10,7 +10,8 @@ from enum import Enum
 
 from zerotrain.operator.observe import Disruption, ObservedPod, PodPhase
 
-from zerotrain.spec import Condition, Phase, RankCounts, ZeroTrainingJobSpec, ZeroTrainingJobStatus
+from zerotrain.job_status import Condition, Phase, RankCounts, ZeroTrainingJobStatus
+from zerotrain.spec import ZeroTrainingJobSpec
 
 
 class ConditionType(str, Enum):

@@ -18,8 +18,8 @@ from zerotrain.operator.status import (
     transitions,
 )
 
+from zerotrain.job_status import Phase, ZeroTrainingJobStatus
 from zerotrain.manifest import parse_spec
-from zerotrain.spec import Phase, ZeroTrainingJobStatus
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
 BACKOFF = Backoff(base_seconds=10, max_seconds=60)

@@ -1,0 +1,101 @@
+"""Observed state of a ZeroTrainingJob (`status`), written by the operator and, for progress, by rank 0."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import Enum
+
+from pydantic import Field
+
+from zerotrain._model import SpecModel
+from zerotrain.planner import MemoryPlan
+
+
+class Phase(str, Enum):
+    """Lifecycle phase of a job."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    SUSPENDED = "Suspended"
+
+
+class Condition(SpecModel):
+    """A Kubernetes-style condition."""
+
+    type: str
+    """Condition type (Created, Running, Restarting, Succeeded, Failed, Suspended, InvalidSpec, ...)."""
+    status: str = Field(pattern="^(True|False|Unknown)$")
+    """True, False or Unknown."""
+    reason: str = ""
+    """CamelCase machine-readable reason."""
+    message: str = ""
+    """Human-readable detail."""
+    last_transition_time: datetime | None = None
+    """When status last changed."""
+
+
+class RankCounts(SpecModel):
+    """Ranks by state (a pod's ranks count together)."""
+
+    total: int = 0
+    """Ranks the job runs."""
+    ready: int = 0
+    """Ranks in Ready pods."""
+    running: int = 0
+    """Ranks in Running pods."""
+    succeeded: int = 0
+    """Ranks in Succeeded pods."""
+    failed: int = 0
+    """Ranks in Failed pods."""
+
+
+class Restarts(SpecModel):
+    """Gang restarts."""
+
+    total: int = 0
+    """All gang restarts."""
+    failures: int = 0
+    """Restarts counted against failurePolicy.backoffLimit."""
+    by_cause: dict[str, int] = Field(default_factory=dict)
+    """Restarts per cause (Failed, Evicted, Preempted, NodeLost...)."""
+
+
+class CheckpointStatus(SpecModel):
+    """The newest committed checkpoint."""
+
+    step: int
+    """Optimizer step it holds."""
+    path: str = ""
+    """Its directory."""
+    time: datetime | None = None
+    """When it was committed."""
+
+
+class ZeroTrainingJobStatus(SpecModel):
+    """Observed state of a ZeRO training job."""
+
+    phase: Phase = Phase.PENDING
+    """Pending, Running, Restarting, Succeeded, Failed or Suspended."""
+    conditions: list[Condition] = Field(default_factory=list)
+    """Latest observations."""
+    ranks: RankCounts = Field(default_factory=RankCounts)
+    """Ranks by state."""
+    restarts: Restarts = Field(default_factory=Restarts)
+    """Gang restarts."""
+    step: int | None = None
+    """Latest optimizer step reported by rank 0."""
+    start_time: datetime | None = None
+    """When the first gang started."""
+    completion_time: datetime | None = None
+    """When the job succeeded or failed."""
+    last_checkpoint: CheckpointStatus | None = None
+    """Newest committed checkpoint; a restarted gang resumes from it."""
+    memory_plan: MemoryPlan | None = None
+    """Per-rank model-state memory by ZeRO stage for this job."""
+    next_restart_time: datetime | None = None
+    """When a gang torn down after a failure is created again (exponential back-off); null when none is due."""
+    observed_generation: int | None = None
+    """metadata.generation this status describes."""
