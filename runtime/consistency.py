@@ -9,9 +9,12 @@ one-int64 hash: 8·N bytes, counted like any collective (as op `order_check`). O
 all-gather the counts (every rank now knows, so the second collective is matched too) and raise
 `RankDivergenceError` naming the rank and unit that differ. Stage-3 gathers follow a schedule
 (`hooks.Gatherer`), so a rank that skips a unit still issues the same gathers until the check.
-A collective that cannot complete meanwhile (divergence in backward only) fails after
-`collectiveTimeoutSeconds` (`CollectiveTimeoutError`, naming the unit), so no rank waits forever;
-gloo itself aborts the process if mismatched collectives of different sizes meet first.
+Gradient reductions follow a schedule too (`schedule`), and a rank whose backward never reached
+some units issues their gathers and reductions at its end, before the end-of-backward check: so
+a rank that skips a unit's forward, or whose loss does not reach a unit, gets a
+`RankDivergenceError` on every rank instead of a hang. Anything else that leaves a collective
+unmatched fails after `collectiveTimeoutSeconds` (`CollectiveTimeoutError`, naming the unit); gloo
+itself aborts the process when mismatched collectives of different sizes meet.
 """
 
 from __future__ import annotations

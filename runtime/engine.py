@@ -39,6 +39,7 @@ from zerotrain.runtime.memory import MemoryReport, StorageCounter, predict
 from zerotrain.runtime.partition import ParamClass, UnitLayout, build_units
 from zerotrain.runtime.precision import DTYPES, LossScaler
 from zerotrain.runtime.saved import SavedActivations
+from zerotrain.runtime.schedule import ReductionSchedule
 from zerotrain.runtime.strategies import STRATEGIES, Dtypes, UnitState
 
 _TRAINABLE = (ParamClass.DECAY, ParamClass.NO_DECAY)
@@ -86,6 +87,8 @@ class ZeroEngine:
         self.scaler = LossScaler(config.loss_scale, enabled=config.precision is Precision.FP16)
         self.gatherer: Gatherer | None = None
         self.order_check = OrderCheck(self.comm, [u.name for u in self.units]) if self.world_size > 1 else None
+        self._forward_order: list[int] = []
+        self._schedule = ReductionSchedule(len(self.units), self._reduce)
         self._install_hooks()
         self.activations = SavedActivations()
         self.micro_steps = 0
@@ -118,10 +121,10 @@ class ZeroEngine:
         modules = [u.layout.module for u in self.units if u.layout.module is not None]
         if self.config.activation_checkpointing:
             apply_checkpointing(modules, offload=self.config.offload_activation_checkpoints)
-        self._grad_hooks = GradReadyHooks(self.units, lambda u: self._on_grads_ready(u, from_hook=True))
+        self._grad_hooks = GradReadyHooks(self.units, self._on_grads_ready)
         for u in self.units:
-            if u.layout.module is not None and self.order_check is not None:
-                u.layout.module.register_forward_pre_hook(lambda *_, i=u.index: self._note(Event.FORWARD, i))
+            if u.layout.module is not None:
+                u.layout.module.register_forward_pre_hook(lambda *_, i=u.index: self._on_forward(i))
 
     def _build_optimizer(self, factory: opt_mod.OptimizerFactory) -> torch.optim.Optimizer:
         shard_params = []
@@ -156,6 +159,7 @@ class ZeroEngine:
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """The model's forward; in stage 3 each unit is gathered just before it runs and freed after."""
         args, kwargs = self._cast_inputs(args, kwargs)
+        self._forward_order = []
         if self.gatherer is not None:
             self.gatherer.begin_forward(self.root)
         with self.activations.measure(self._parameter_storages()):
@@ -183,9 +187,20 @@ class ZeroEngine:
         if self.order_check is not None:
             self.order_check.note(event, unit)
 
-    def _on_grads_ready(self, u: UnitState, from_hook: bool = False) -> None:
-        if from_hook:
-            self._note(Event.GRADS_READY, u.index)
+    def _on_forward(self, unit: int) -> None:
+        self._forward_order.append(unit)
+        self._note(Event.FORWARD, unit)
+
+    def _on_grads_ready(self, u: UnitState) -> None:
+        self._note(Event.GRADS_READY, u.index)
+        self._schedule.mark_ready(u.index)
+
+    def _replay_pre_backward(self, index: int) -> None:
+        if self.gatherer is not None and index not in self.gatherer.backward_seen:
+            self.gatherer.pre_backward(self.units[index])
+
+    def _reduce(self, index: int) -> None:
+        u = self.units[index]
         if not (self._boundary or self.strategy.reduce_every_micro_batch) or u.reduced:
             return
         u.reduced = True
@@ -197,15 +212,18 @@ class ZeroEngine:
         """Backward of `loss / gradient_accumulation_steps` (times the fp16 loss scale) and gradient reduction."""
         self._boundary = (self.micro_steps + 1) % self.config.gradient_accumulation_steps == 0
         GradReadyHooks.arm(self.units)
+        self._schedule.begin(self._forward_order)
+        if self.gatherer is not None:
+            self.gatherer.backward_seen = set()
         for u in self.units:
             self.strategy.prepare_backward(u)
         scale = self.scaler.scale / self.config.gradient_accumulation_steps
         (loss * scale).backward()
+        # Units some parameters of which got no gradient: reduce them now, in schedule order. The check
+        # comes after, so a rank whose backward skipped units still issues every collective the others did.
+        self._schedule.finish(before=self._replay_pre_backward)
         if self.order_check is not None and (self._boundary or self.strategy.reduce_every_micro_batch):
             self.order_check.verify("end of backward")
-        # Units some parameters of which got no gradient: reduce them now, in unit order on every rank.
-        for u in self.units:
-            self._on_grads_ready(u)
         self.strategy.drain()
         if self.gatherer is not None:
             for u in self.units:

@@ -90,6 +90,7 @@ class Gatherer:
         self.order: list[int] = blocks  # last iteration's forward order; registration order until then
         self.current: list[int] = []
         self.pos = 0  # next position of `order` whose gather this forward has not issued yet
+        self.backward_seen: set[int] = set()  # units whose pre-backward ran in this backward
 
     def gathered_bytes(self) -> int:
         return sum(u.full.nbytes() for u in self.units)
@@ -155,6 +156,7 @@ class Gatherer:
         return hook
 
     def pre_backward(self, u: UnitState) -> None:
+        self.backward_seen.add(u.index)
         self.wait(u)
         if u.index in self.order:
             self.prefetch_after(self.order, self.order.index(u.index), -1)

@@ -1,4 +1,5 @@
-"""Rank-divergent control flow (rank 1 skips a block's forward) fails fast with the rank and unit named."""
+"""Rank-divergent control flow fails fast with the rank and unit named: rank 1 skips a block's forward,
+or its backward never reaches a block (activations detached after it)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ from tiny_models import batches, lm_loss, make_model
 TIMEOUT_S = 10
 
 
-def diverge(rank: int, world: int, stage: int, prefetch: int) -> tuple[str, str, float, int, str]:
+def diverge(rank: int, world: int, stage: int, prefetch: int, how: str) -> tuple[str, str, float, int, str]:
     from zerotrain.runtime import ZeroConfig, ZeroEngine
 
     cfg = ZeroConfig(stage=stage, unit_modules=["Block"], prefetch_units=prefetch, collective_timeout_seconds=TIMEOUT_S)
-    engine = ZeroEngine(make_model(skip=1 if rank == 1 else -1), cfg, optimizer=lambda g: torch.optim.AdamW(g))
+    odd = {how: 1} if rank == 1 else {}
+    engine = ZeroEngine(make_model(**odd), cfg, optimizer=lambda g: torch.optim.AdamW(g))
     start = time.monotonic()
     try:
         for step in batches(2, world):
@@ -29,11 +31,17 @@ def diverge(rank: int, world: int, stage: int, prefetch: int) -> tuple[str, str,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("stage", "prefetch"), [(3, 0), (3, 1), (2, 1)])
-def test_a_rank_skipping_a_unit_fails_within_the_timeout_naming_rank_and_unit(stage: int, prefetch: int) -> None:
-    for kind, message, elapsed, rank, unit in run_ranks(diverge, 2, stage, prefetch, timeout=4 * TIMEOUT_S):
-        # Every rank reports the same culprit: rank 1 (not the rank reporting) and the unit it skipped.
+@pytest.mark.parametrize(
+    ("stage", "prefetch", "how"),
+    [(3, 0, "skip"), (3, 1, "skip"), (2, 1, "skip"), (3, 1, "cut"), (2, 1, "cut")],
+)
+def test_a_rank_diverging_fails_within_the_timeout_naming_rank_and_unit(stage: int, prefetch: int, how: str) -> None:
+    results = run_ranks(diverge, 2, stage, prefetch, how, timeout=4 * TIMEOUT_S)
+    # With `cut`, blocks 0 and 1 never complete on rank 1; the first difference found is block 0.
+    culprit = "blocks.1" if how == "skip" else "blocks.0"
+    for kind, message, elapsed, rank, unit in results:
+        # Every rank reports the same culprit: rank 1 (not the rank reporting) and its unit.
         assert kind == "RankDivergenceError", message
         assert elapsed < TIMEOUT_S
-        assert (rank, unit) == (1, "blocks.1"), message
-        assert "rank 1" in message and "'blocks.1'" in message, message
+        assert (rank, unit) == (1, culprit), message
+        assert f"rank 1, unit '{culprit}'" in message, message

@@ -26,9 +26,13 @@ class Block(nn.Module):
 class TinyLM(nn.Module):
     """Embedding, blocks, final norm and an output projection (tied to the embedding if `tied`)."""
 
-    def __init__(self, vocab: int = 13, d: int = 10, blocks: int = 3, tied: bool = False, skip: int = -1) -> None:
+    def __init__(
+        self, vocab: int = 13, d: int = 10, blocks: int = 3, tied: bool = False, skip: int = -1, cut: int = -1
+    ) -> None:
         super().__init__()
-        self.skip = skip  # index of a block this replica's forward leaves out (divergence tests)
+        # Divergence tests: `skip` leaves a block out of forward; `cut` detaches the activations after a
+        # block, so backward never reaches it or anything before it.
+        self.skip, self.cut = skip, cut
         self.embed = nn.Embedding(vocab, d)
         self.blocks = nn.ModuleList(Block(d) for _ in range(blocks))
         self.norm_f = nn.LayerNorm(d)
@@ -41,6 +45,8 @@ class TinyLM(nn.Module):
         for i, b in enumerate(self.blocks):
             if i != self.skip:
                 x = b(x)
+            if i == self.cut:
+                x = x.detach()
         return self.head(self.norm_f(x))
 
 
