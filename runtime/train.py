@@ -21,6 +21,7 @@ import argparse
 import dataclasses
 import gc
 import json
+import logging
 import math
 import os
 import sys
@@ -36,11 +37,14 @@ from typing import Any, NoReturn, TextIO
 
 import torch
 import torch.distributed as dist
-from zerotrain.runtime.launch import PROGRESS_ENV, SUMMARY_ENV, write_failure_record
-from zerotrain.runtime.task import ConfigError, TrainingTask, build_task, is_script
 
 from zerotrain.errors import EXIT_BAD_INPUT, UserError
+from zerotrain.runtime.launch import PROGRESS_ENV, SUMMARY_ENV, write_failure_record
+from zerotrain.runtime.resume import CheckpointPolicy
+from zerotrain.runtime.task import ConfigError, TrainingTask, build_task, is_script
 from zerotrain.spec import OptimizerName, OptimizerSpec, ZeroTrainingJobSpec
+
+logger = logging.getLogger(__name__)
 
 OptimizerFactory = Callable[[list[dict[str, Any]]], torch.optim.Optimizer]
 EngineFactory = Callable[..., Any]
@@ -148,15 +152,17 @@ class StepReporter:
         self._last = -math.inf
         self._thread: threading.Thread | None = None
 
-    def report(self, step: int, final: bool = False) -> None:
+    def report(self, step: int, final: bool = False, checkpoint: tuple[int, str] | None = None) -> None:
+        """Send `step` (and a newly committed checkpoint, which is never throttled away)."""
         from zerotrain.status_report import report_progress
 
         busy = self._thread is not None and self._thread.is_alive()
-        if not final and (busy or time.monotonic() - self._last < self.interval_s):
+        if not final and checkpoint is None and (busy or time.monotonic() - self._last < self.interval_s):
             return
         self.close()
         self._last = time.monotonic()
-        self._thread = threading.Thread(target=report_progress, args=(step,), daemon=True)
+        ckpt_step, ckpt_path = checkpoint if checkpoint else (None, None)
+        self._thread = threading.Thread(target=report_progress, args=(step, ckpt_step, ckpt_path), daemon=True)
         self._thread.start()
 
     def close(self) -> None:
@@ -175,6 +181,11 @@ class ProgressLog:
         self._out.write(json.dumps(record) + "\n")
         self._out.flush()
         self._reporter.report(record["step"], final=record["step"] == record["steps"])
+
+    def checkpoint(self, step: int, path: str) -> None:
+        self._out.write(json.dumps({"checkpoint": path, "checkpoint_step": step}) + "\n")
+        self._out.flush()
+        self._reporter.report(step, checkpoint=(step, path))
 
     def close(self) -> None:
         self._reporter.close()
@@ -197,13 +208,15 @@ def run_steps(
     ctx: RankContext,
     device: torch.device,
     log: ProgressLog | None,
+    policy: CheckpointPolicy | None = None,
+    first_step: int = 1,
 ) -> TrainResult:
-    """The loop: accumulate micro-batches, step, log from rank 0."""
+    """The loop from `first_step`: accumulate micro-batches, step, checkpoint, log from rank 0."""
     accumulation = spec.zero.gradient_accumulation_steps
     steps = spec.training.steps
     result = TrainResult()
     start = time.perf_counter()
-    for step in range(1, steps + 1):
+    for step in range(first_step, steps + 1):
         step_start = time.perf_counter()
         losses = []
         for _ in range(accumulation):
@@ -228,6 +241,10 @@ def run_steps(
                 f"step {step}: the engine did not step after {accumulation} micro-batches; its accumulation "
                 "boundary disagrees with spec.zero.gradientAccumulationSteps"
             )
+        if policy is not None and policy.due(step, steps):
+            saved = policy.save(engine)
+            if log is not None:
+                log.checkpoint(step, str(saved))
         step_s = time.perf_counter() - step_start
         step_tokens = task.tokens_per_batch * accumulation * ctx.world_size
         result.losses.append(step_loss)
@@ -305,9 +322,11 @@ def train(spec: ZeroTrainingJobSpec, ctx: RankContext, engine_factory: EngineFac
     task = build_task(spec.entrypoint, rank=ctx.rank, world_size=ctx.world_size, args=spec.entrypoint_args)
     device = device_for(ctx.local_rank)
     engine = make_engine(task, spec, device, engine_factory)
+    policy = CheckpointPolicy.from_env(spec.checkpoint)
+    first_step = resume(engine, task, spec, policy) + 1
     log = ProgressLog(os.environ.get(PROGRESS_ENV)) if ctx.rank == 0 else None
     try:
-        result = run_steps(engine, task, spec, ctx, device, log)
+        result = run_steps(engine, task, spec, ctx, device, log, policy, first_step)
     finally:
         if log is not None:
             log.close()
@@ -320,6 +339,19 @@ def train(spec: ZeroTrainingJobSpec, ctx: RankContext, engine_factory: EngineFac
         else:
             print(record, flush=True)
     return result
+
+
+def resume(engine: Any, task: TrainingTask, spec: ZeroTrainingJobSpec, policy: CheckpointPolicy | None) -> int:
+    """Load the newest good checkpoint and skip the micro-batches it already consumed; the steps done."""
+    path = policy.resume_newest(engine) if policy is not None else None
+    if path is None:
+        return 0
+    done = int(engine.steps)
+    # Batches are a deterministic function of the seed and their index, so skipping reproduces the data order.
+    for _ in range(done * spec.zero.gradient_accumulation_steps):
+        next(task.batches, None)
+    logger.warning("resumed from %s at step %d", path, done)
+    return done
 
 
 def init_process_group(spec: ZeroTrainingJobSpec) -> None:

@@ -121,7 +121,7 @@ class CheckpointSpec(SpecModel):
     claim_name: str | None = None
     """PersistentVolumeClaim mounted at `path` in every pod; without it the path is an emptyDir."""
     path: str = "/checkpoints"
-    """Directory of the checkpoints (in the pod, or on the local disk for `zerotrain run`)."""
+    """Directory of the checkpoints in every pod (`zerotrain run` takes --checkpoint-dir instead)."""
     interval_steps: int = Field(default=100, ge=1)
     """Save every this many optimizer steps (and at the end)."""
     keep_last: int = Field(default=3, ge=1)

@@ -33,6 +33,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("manifest", help="path of the ZeroTrainingJob YAML")
     p.add_argument("--nproc", type=int, default=None, help="ranks to start (default spec.replicas × nprocPerNode)")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps (default spec.training.steps)")
+    p.add_argument(
+        "--checkpoint-dir",
+        default=None,
+        help="save sharded checkpoints here every spec.checkpoint.intervalSteps and resume from the newest good "
+        "one on the next run (default: no checkpoints)",
+    )
     p.add_argument("--summary-file", default=None, help="also write rank 0's JSON summary (losses, reports) here")
     p.set_defaults(func=run)
 
@@ -101,7 +107,9 @@ class ProgressTail(threading.Thread):
 
 def run(args: argparse.Namespace) -> int:
     job, nproc = effective_job(args.manifest, args.nproc, args.steps)
+    # Imported here so `zerotrain --help` and the other subcommands don't pay for torch.
     from zerotrain.runtime.launch import PROGRESS_ENV, SUMMARY_ENV, preflight
+    from zerotrain.runtime.resume import CHECKPOINT_DIR_ENV
 
     preflight(job.spec)
     console = Console()
@@ -118,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
         # Local runs are CPU ranks on gloo even on a GPU machine: N ranks could not share one GPU under NCCL.
         local_env = {e.name: e.value for e in job.spec.env}  # spec.env, as the pods get it
         local_env |= {PROGRESS_ENV: str(progress_file), SUMMARY_ENV: str(summary_file), "CUDA_VISIBLE_DEVICES": ""}
+        if args.checkpoint_dir:
+            local_env[CHECKPOINT_DIR_ENV] = str(Path(args.checkpoint_dir).resolve())
         with _environ(local_env):
             outcome = _train_with_progress(job, config, nproc, progress_file, console)
         summary = json.loads(summary_file.read_text()) if summary_file.exists() else None
