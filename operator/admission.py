@@ -7,13 +7,12 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from zerotrain.operator import naming
-from zerotrain.operator.status import Reason
-from zerotrain.runtime.config import Precision, Stage
-
 from zerotrain.errors import UserError
 from zerotrain.manifest import parse_spec
+from zerotrain.operator import naming
+from zerotrain.operator.status import Reason
 from zerotrain.planner import MemoryPlan, PlanInput, format_bytes, min_data_parallel, plan
+from zerotrain.runtime.config import Precision, Stage
 from zerotrain.spec import ZeroTrainingJobSpec
 
 _UNITS = {"": 1, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}

@@ -7,6 +7,7 @@ import logging
 import threading
 
 import kopf
+
 from zerotrain.operator.handlers import make_registry
 from zerotrain.operator.kube import Kube
 from zerotrain.operator.metrics import OperatorMetrics

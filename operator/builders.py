@@ -9,8 +9,8 @@ from datetime import datetime
 from typing import Any
 
 import yaml
-from zerotrain.operator import naming
 
+from zerotrain.operator import naming
 from zerotrain.spec import API_VERSION, GROUP, KIND, PLURAL, GangMode, ZeroTrainingJob, ZeroTrainingJobSpec
 
 Obj = dict[str, Any]

@@ -7,10 +7,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import kopf
+
 from zerotrain.operator import naming
 from zerotrain.operator.kube import KubeError
 from zerotrain.operator.reconcile import Reconciler, Result
-
 from zerotrain.spec import GROUP, PLURAL, VERSION
 
 log = logging.getLogger(__name__)

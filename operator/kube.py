@@ -23,9 +23,9 @@ from urllib.parse import urlencode
 import kopf
 import kubernetes
 import urllib3
-from zerotrain.operator import naming
 
 from zerotrain import __version__
+from zerotrain.operator import naming
 from zerotrain.spec import GROUP, PLURAL, VERSION
 
 log = logging.getLogger(__name__)

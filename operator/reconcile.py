@@ -16,6 +16,8 @@ from enum import Enum
 from typing import Any
 
 from pydantic import ValidationError
+
+from zerotrain.job_status import Phase, ZeroTrainingJobStatus
 from zerotrain.operator import builders, naming
 from zerotrain.operator.admission import admit
 from zerotrain.operator.kube import Kube
@@ -23,8 +25,6 @@ from zerotrain.operator.metrics import OperatorMetrics
 from zerotrain.operator.observe import observe_pods
 from zerotrain.operator.settings import OperatorSettings
 from zerotrain.operator.status import TERMINAL, Backoff, Decision, compute_status, invalid, transitions
-
-from zerotrain.job_status import Phase, ZeroTrainingJobStatus
 from zerotrain.spec import ZeroTrainingJobSpec
 
 log = logging.getLogger(__name__)

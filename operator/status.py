@@ -8,9 +8,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import Enum
 
-from zerotrain.operator.observe import Disruption, ObservedPod, PodPhase
-
 from zerotrain.job_status import Condition, Phase, RankCounts, ZeroTrainingJobStatus
+from zerotrain.operator.observe import Disruption, ObservedPod, PodPhase
 from zerotrain.spec import ZeroTrainingJobSpec
 
 

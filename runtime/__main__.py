@@ -13,9 +13,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from zerotrain.runtime.launch import LaunchOutcome, Outcome, launch, plan_from_env, preflight, write_termination_log
-
 from zerotrain.errors import EXIT_BAD_INPUT, UserError
+from zerotrain.runtime.launch import LaunchOutcome, Outcome, launch, plan_from_env, preflight, write_termination_log
 
 DEFAULT_CONFIG = "/etc/zerotrain/job.yaml"
 

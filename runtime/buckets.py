@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Callable
 
 import torch
+
 from zerotrain.runtime.collectives import Comm, Pending
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
 from zerotrain.runtime.errors import CollectiveTimeoutError
 
 # torch 2.13 renamed the flat collectives (the old names warn); older torch has only the old names.

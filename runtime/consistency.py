@@ -22,6 +22,7 @@ from __future__ import annotations
 from enum import IntEnum
 
 import torch
+
 from zerotrain.runtime.collectives import Comm
 from zerotrain.runtime.errors import RankDivergenceError
 

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+
 from zerotrain.runtime.task import ConfigError
 
 # Distinct streams for distinct seeds without overlap for any realistic number of micro-batches.

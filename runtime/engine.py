@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.utils import _pytree as pytree
+
 from zerotrain.runtime import optimizer as opt_mod
 from zerotrain.runtime.activations import apply_checkpointing
 from zerotrain.runtime.collectives import Comm, init_from_env

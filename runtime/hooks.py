@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
+
 from zerotrain.runtime.collectives import Comm
 from zerotrain.runtime.strategies import UnitState
 

@@ -47,7 +47,6 @@ from pathlib import Path
 from typing import Any
 
 from zerotrain.runtime.task import ConfigError, check_arguments, is_script, load_entrypoint
-
 from zerotrain.spec import ZeroTrainingJobSpec
 
 DEFAULT_PORT = 29500

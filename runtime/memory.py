@@ -26,10 +26,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
-from zerotrain.runtime.config import Stage
 
 from zerotrain._model import SpecModel
 from zerotrain.planner import PlanInput, stage_bytes
+from zerotrain.runtime.config import Stage
 
 
 class MemoryReport(SpecModel):

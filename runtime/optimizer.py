@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 from torch import nn
+
 from zerotrain.runtime.errors import ZeroSetupError
 from zerotrain.runtime.partition import ParamClass
 

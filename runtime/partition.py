@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 
 from torch import nn
+
 from zerotrain.runtime.errors import ZeroSetupError
 
 ROOT_UNIT = "<root>"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from zerotrain.runtime.config import LossScaleConfig, Precision
 
 DTYPES: dict[Precision, torch.dtype] = {

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+
 from zerotrain.runtime.buckets import BucketPool, chunks
 from zerotrain.runtime.collectives import Comm, Pending
 from zerotrain.runtime.config import Stage

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
+
 from zerotrain.runtime.data import TextBatches, read_text_corpus
 from zerotrain.runtime.task import ConfigError, TrainingTask
 

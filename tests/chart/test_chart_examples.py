@@ -13,10 +13,10 @@ import kubernetes_validate
 import pytest
 import yaml
 from chart_util import ROOT, Obj
-from zerotrain.operator.admission import admit
 
 import zerotrain
 from zerotrain.manifest import parse_job
+from zerotrain.operator.admission import admit
 from zerotrain.spec import API_VERSION, KIND
 
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))

@@ -6,9 +6,9 @@ from __future__ import annotations
 import re
 
 from chart_util import Obj, one, render
+
 from zerotrain.operator import builders, naming
 from zerotrain.operator.settings import ENV_PREFIX, OperatorSettings
-
 from zerotrain.spec import ZeroTrainingJobSpec
 
 MONITORS = {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}}

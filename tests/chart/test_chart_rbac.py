@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 from chart_util import NAMESPACE, Obj, by_kind, one, render
+
 from zerotrain.operator.kube import API_CALLS, ApiCall
 
 PODGROUP_GROUPS = {"coscheduling": "scheduling.x-k8s.io", "volcano": "scheduling.volcano.sh"}

@@ -16,9 +16,9 @@ from typing import Any
 
 import kubernetes
 import yaml
-from zerotrain.operator.kube import Kube, KubeError
 
 from zerotrain.crd import build_crd
+from zerotrain.operator.kube import Kube, KubeError
 from zerotrain.spec import GROUP, PLURAL, VERSION
 
 from .emulator import ZeroEmulator

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import kmock
 import pytest
+
 from zerotrain.operator.app import operate
 from zerotrain.operator.kube import API_CALLS, Kube
 from zerotrain.operator.metrics import OperatorMetrics

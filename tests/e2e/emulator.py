@@ -17,8 +17,8 @@ from typing import Any
 
 import jsonpatch
 import kmock
-from zerotrain.operator.kube import ApiCall
 
+from zerotrain.operator.kube import ApiCall
 from zerotrain.spec import GROUP, KIND, PLURAL, VERSION
 
 CR = f"{GROUP}/{VERSION}/{PLURAL}"

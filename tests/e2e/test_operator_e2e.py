@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 import yaml
-from zerotrain.operator import naming
-from zerotrain.operator.kube import Kube, KubeError, path_of
 
 from zerotrain.manifest import parse_job
+from zerotrain.operator import naming
+from zerotrain.operator.kube import Kube, KubeError, path_of
 from zerotrain.spec import API_VERSION, GROUP, KIND, PLURAL, VERSION
 
 from .cluster import Cluster, until_async

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from zerotrain.operator.kube import Kube, path_of
 
 from .cluster import Cluster, until, until_async

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from zerotrain.operator.kube import Kube
 
 from zerotrain import status_report
+from zerotrain.operator.kube import Kube
 
 from .cluster import Cluster, until_async
 from .conftest import Operator

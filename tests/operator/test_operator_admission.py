@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from zerotrain.operator.admission import admit, parse_quantity
 from zerotrain.operator.status import Reason
 

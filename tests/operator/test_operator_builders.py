@@ -7,10 +7,10 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
-from zerotrain.operator import builders, naming
-from zerotrain.operator.builders import JobRef
 
 from zerotrain.manifest import parse_spec
+from zerotrain.operator import builders, naming
+from zerotrain.operator.builders import JobRef
 
 JOB = JobRef("llm", "team-a", "uid-1")
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)

@@ -10,11 +10,11 @@ from typing import Any
 
 import kubernetes
 import pytest
+
+from zerotrain.manifest import parse_spec
 from zerotrain.operator import builders
 from zerotrain.operator.builders import JobRef
 from zerotrain.operator.kube import API_CALLS, PLURALS, ApiCall, Kube, KubeError, is_subset
-
-from zerotrain.manifest import parse_spec
 
 
 class Script:

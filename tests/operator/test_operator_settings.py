@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from zerotrain.operator.settings import OperatorSettings
 
 from zerotrain.cli import build_parser
 from zerotrain.errors import UserError
+from zerotrain.operator.settings import OperatorSettings
 
 
 def test_defaults_are_the_documented_ports() -> None:

@@ -6,6 +6,9 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+
+from zerotrain.job_status import Phase, ZeroTrainingJobStatus
+from zerotrain.manifest import parse_spec
 from zerotrain.operator.observe import Disruption, ObservedPod, PodPhase, observe_pod
 from zerotrain.operator.status import (
     Backoff,
@@ -17,9 +20,6 @@ from zerotrain.operator.status import (
     is_true,
     transitions,
 )
-
-from zerotrain.job_status import Phase, ZeroTrainingJobStatus
-from zerotrain.manifest import parse_spec
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
 BACKOFF = Backoff(base_seconds=10, max_seconds=60)

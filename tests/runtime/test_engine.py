@@ -11,6 +11,7 @@ import torch.distributed as dist
 from dist_helpers import free_port
 from tiny_models import Block, batches, lm_loss, make_model, reference_train
 from torch import nn
+
 from zerotrain.runtime import ZeroConfig, ZeroEngine
 from zerotrain.runtime.errors import ZeroSetupError
 

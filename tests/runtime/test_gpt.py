@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+
 from zerotrain.runtime.data import read_text_corpus
 from zerotrain.runtime.examples import gpt
 from zerotrain.runtime.task import ConfigError, TrainingTask

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import yaml
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
 from zerotrain.runtime.launch import LaunchPlan, Outcome, available_cpus, free_port, outcome_of_failures, plan_from_env
 from zerotrain.runtime.task import ConfigError
-
 from zerotrain.spec import ZeroTrainingJobSpec
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from tiny_models import TinyLM
 from torch import nn
+
 from zerotrain.runtime.errors import ZeroSetupError
 from zerotrain.runtime.partition import ROOT_UNIT, ParamClass, build_units
 

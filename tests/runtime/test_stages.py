@@ -17,6 +17,7 @@ import pytest
 import torch
 from dist_helpers import run_ranks
 from tiny_models import batches, lm_loss, make_model, reference_train
+
 from zerotrain.runtime.config import Stage
 
 STEPS = 5

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from zerotrain.runtime.data import TextBatches, read_text_corpus, stdlib_dir
 from zerotrain.runtime.examples import gpt
 from zerotrain.runtime.task import ConfigError

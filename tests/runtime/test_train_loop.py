@@ -12,10 +12,10 @@ from typing import Any, ClassVar
 
 import pytest
 import torch
+
 from zerotrain.runtime.launch import PROGRESS_ENV, SUMMARY_ENV
 from zerotrain.runtime.task import ConfigError
 from zerotrain.runtime.train import RankContext, optimizer_factory, train
-
 from zerotrain.spec import OptimizerName, OptimizerSpec, ZeroTrainingJobSpec
 
 GPT_ARGS = {"seq_len": 32, "batch_size": 4, "d_model": 32, "n_layers": 2, "n_heads": 4, "max_bytes": 100_000}

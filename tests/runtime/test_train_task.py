@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from zerotrain.runtime.task import ConfigError, TrainingTask, build_task, load_entrypoint
 
 MODULE = """
