@@ -6,9 +6,14 @@ for (or needs) torch.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from zerotrain.runtime.config import Precision, Stage, ZeroConfig
+
+# torch's CPU wheel does not depend on numpy and warns at import when it is absent; the runtime never
+# hands tensors to numpy, so the warning (printed once per rank) is only noise.
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
 
 __all__ = ["Precision", "Stage", "ZeroConfig", "ZeroEngine"]
 
