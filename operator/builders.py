@@ -22,6 +22,9 @@ COSCHEDULING_LABEL = "scheduling.x-k8s.io/pod-group"
 VOLCANO_ANNOTATION = "scheduling.k8s.io/group-name"
 CONFIG_VOLUME = "zerotrain-config"
 CHECKPOINT_VOLUME = "zerotrain-checkpoints"
+SHM_VOLUME = "zerotrain-shm"
+# The runtime image's user and group; fsGroup makes a checkpoint PVC writable for it where the driver supports it.
+RUNTIME_GID = 65532
 
 
 @dataclass(frozen=True)
@@ -172,6 +175,8 @@ def _container(job: JobRef, spec: ZeroTrainingJobSpec, replica: int) -> Obj:
     mounts: list[Obj] = [
         {"name": CONFIG_VOLUME, "mountPath": naming.CONFIG_DIR, "readOnly": True},
         {"name": CHECKPOINT_VOLUME, "mountPath": spec.checkpoint.path},
+        # Container runtimes give /dev/shm 64 MiB; NCCL and torch's shared-memory transports need more.
+        {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
     ]
     mounts += [m.to_wire() for m in spec.volume_mounts]
     container: Obj = {
@@ -213,8 +218,10 @@ def build_pod(job: JobRef, spec: ZeroTrainingJobSpec, replica: int, gang: int) -
         "volumes": [
             {"name": CONFIG_VOLUME, "configMap": {"name": naming.config_map_name(job.name)}},
             checkpoint,
+            {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}},
             *spec.volumes,
         ],
+        "securityContext": {"fsGroup": RUNTIME_GID, "fsGroupChangePolicy": "OnRootMismatch"},
     }
     if name := scheduler_name(spec):
         pod_spec["schedulerName"] = name

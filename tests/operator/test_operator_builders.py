@@ -62,7 +62,18 @@ def test_checkpoint_volume(checkpoint: dict[str, Any], volume: dict[str, Any]) -
     vol = next(v for v in pod["spec"]["volumes"] if v["name"] == builders.CHECKPOINT_VOLUME)
     assert {k: v for k, v in vol.items() if k != "name"} == volume
     mounts = {m["name"]: m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
-    assert mounts == {builders.CONFIG_VOLUME: "/etc/zerotrain", builders.CHECKPOINT_VOLUME: "/ck"}
+    assert mounts == {
+        builders.CONFIG_VOLUME: "/etc/zerotrain",
+        builders.CHECKPOINT_VOLUME: "/ck",
+        builders.SHM_VOLUME: "/dev/shm",
+    }
+
+
+def test_pods_get_shared_memory_and_a_writable_checkpoint_group() -> None:
+    pod = builders.build_pod(JOB, spec(checkpoint={"claimName": "ckpt"}), 0, 0)
+    shm = next(v for v in pod["spec"]["volumes"] if v["name"] == builders.SHM_VOLUME)
+    assert shm["emptyDir"] == {"medium": "Memory"}
+    assert pod["spec"]["securityContext"]["fsGroup"] == builders.RUNTIME_GID == 65532
 
 
 @pytest.mark.parametrize(
