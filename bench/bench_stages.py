@@ -11,6 +11,7 @@ block for full sharding): wall-clock seconds on a shared machine mean little alo
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import socket
 import statistics
@@ -136,6 +137,9 @@ def _rank_main(rank: int, world: int, port: int, name: str, args: argparse.Names
         state_bytes, comm = _tensor_bytes(model, opt), 0
     if rank == 0:
         out.put(asdict(Result(name, statistics.median(times), state_bytes, comm, loss.item())))
+    # The engine's hooks form reference cycles: free it (and its gloo work) while the group is alive.
+    del engine, model, opt
+    gc.collect()
     dist.destroy_process_group()
 
 
@@ -150,6 +154,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--configs", default=",".join(CONFIGS))
     args = parser.parse_args()
+    # Spawned ranks import torch first; the CPU wheel warns about numpy in each of them otherwise.
+    os.environ.setdefault("PYTHONWARNINGS", "ignore:Failed to initialize NumPy")
     ctx = mp.get_context("spawn")
     results: dict[str, dict[str, Any]] = {}
     for name in args.configs.split(","):
