@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -117,7 +118,7 @@ def _layout(engine: ZeroEngine) -> dict[str, Any]:
     return {"stage": int(engine.config.stage), "world_size": engine.world_size, "units": _units(engine)}
 
 
-def save(engine: ZeroEngine, root: str | Path) -> Path:
+def save(engine: ZeroEngine, root: str | os.PathLike[str]) -> Path:
     """Save this rank's shard of the training state at the engine's current step; a collective on every rank."""
     target = step_dir(Path(root), engine.steps)
     target.mkdir(parents=True, exist_ok=True)
@@ -148,7 +149,7 @@ def save(engine: ZeroEngine, root: str | Path) -> Path:
     return target
 
 
-def load(engine: ZeroEngine, path: str | Path) -> None:
+def load(engine: ZeroEngine, path: str | os.PathLike[str]) -> None:
     """Restore this rank's shard from a committed checkpoint directory; a collective on every rank."""
     path = Path(path)
     if not (path / COMMITTED).exists():

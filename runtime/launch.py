@@ -40,7 +40,8 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -273,24 +274,31 @@ def launch(
         start_method="spawn",
         shutdown_timeout=int(os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", SHUTDOWN_TIMEOUT_S)),
     )
-    extra = rank_environment(plan)
-    saved = {k: os.environ.get(k) for k in extra}
-    os.environ.update(extra)
     try:
-        elastic_launch(config, sys.executable)(*rank_command(spec, config_path))
+        with scoped_environ(rank_environment(plan)):
+            elastic_launch(config, sys.executable)(*rank_command(spec, config_path))
     except ChildFailedError as e:
         return outcome_of_failures(e.failures)
     except SignalException as e:
         if e.sigval == signal.SIGTERM:
             return LaunchOutcome(0, Outcome.PREEMPTED, "SIGTERM: forwarded to every rank, all stopped")
         return LaunchOutcome(128 + int(e.sigval), Outcome.INTERRUPTED, f"{e.sigval.name}: ranks stopped")
+    return LaunchOutcome(0, Outcome.SUCCEEDED, f"{plan.nproc_per_node} rank(s) finished")
+
+
+@contextmanager
+def scoped_environ(values: Mapping[str, str]) -> Iterator[None]:
+    """Set `values` in os.environ for the block (the elastic launcher passes its env to the ranks), then restore."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
     finally:
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    return LaunchOutcome(0, Outcome.SUCCEEDED, f"{plan.nproc_per_node} rank(s) finished")
 
 
 def write_termination_log(outcome: LaunchOutcome) -> None:

@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import tempfile
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -56,20 +53,6 @@ def effective_job(path: str, nproc: int | None, steps: int | None) -> tuple[Zero
     return job, nproc if nproc is not None else job.spec.world_size
 
 
-@contextmanager
-def _environ(values: dict[str, str]) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 class ProgressTail(threading.Thread):
     """Follows rank 0's JSON-lines progress file into a rich progress bar."""
 
@@ -108,7 +91,7 @@ class ProgressTail(threading.Thread):
 def run(args: argparse.Namespace) -> int:
     job, nproc = effective_job(args.manifest, args.nproc, args.steps)
     # Imported here so `zerotrain --help` and the other subcommands don't pay for torch.
-    from zerotrain.runtime.launch import PROGRESS_ENV, SUMMARY_ENV, preflight
+    from zerotrain.runtime.launch import PROGRESS_ENV, SUMMARY_ENV, preflight, scoped_environ
     from zerotrain.runtime.resume import CHECKPOINT_DIR_ENV
 
     preflight(job.spec)
@@ -128,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
         local_env |= {PROGRESS_ENV: str(progress_file), SUMMARY_ENV: str(summary_file), "CUDA_VISIBLE_DEVICES": ""}
         if args.checkpoint_dir:
             local_env[CHECKPOINT_DIR_ENV] = str(Path(args.checkpoint_dir).resolve())
-        with _environ(local_env):
+        with scoped_environ(local_env):
             outcome = _train_with_progress(job, config, nproc, progress_file, console)
         summary = json.loads(summary_file.read_text()) if summary_file.exists() else None
     if summary is not None and args.summary_file:

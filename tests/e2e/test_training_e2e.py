@@ -1,0 +1,91 @@
+"""From `kubectl apply` to a finished training run through the operator, with a rank killed on the way.
+
+The pods run as local processes (`process_kubelet`): real torch.distributed ranks on gloo, checkpoints on a
+directory shared like a PVC, progress reported by rank 0 into the job's status. SIGKILL on rank 1 must make the
+operator restart the whole gang, and the new gang must resume from the newest checkpoint and finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from zerotrain.operator.kube import Kube, path_of
+
+from .cluster import Cluster
+from .conftest import Operator
+from .process_kubelet import ProcessKubelet, is_alive
+from .test_operator_e2e import JOBS, PLURAL, job_manifest, wait_status
+
+STEPS = 120
+INTERVAL = 5
+# A tiny GPT of examples/quickstart.yaml: ~25 ms a step on 2 cores, so the run lasts a few seconds and the
+# fault lands mid-run. Steps 40 would end within a second of the first checkpoint, racing the kill.
+TINY = {
+    "entrypoint": "zerotrain.runtime.examples.gpt:build",
+    "entrypointArgs": {"seq_len": 32, "batch_size": 4, "d_model": 32, "n_layers": 2, "n_heads": 2, "max_bytes": 100000},
+    "replicas": 2,
+    "nprocPerNode": 1,
+    "zero": {"stage": 3, "unitModules": ["Block"]},
+    "training": {"steps": STEPS, "seed": 0, "logEvery": 10},
+    "checkpoint": {"claimName": "ckpt", "intervalSteps": INTERVAL, "keepLast": 2},
+    "failurePolicy": {"backoffLimit": 2},
+    "metrics": {"enabled": False},
+}
+RESUMED = re.compile(r"resumed from (\S+) at step (\d+)")
+START_S = 90.0  # two torch imports per pod (launcher, rank) on 2 shared cores
+
+
+def resumed_step(output: str) -> int:
+    found = RESUMED.findall(output)
+    assert len(found) == 1, f"expected one 'resumed from ... at step N' line, got {found}:\n{output[-3000:]}"
+    return int(found[0][1])
+
+
+@pytest.mark.slow
+async def test_killed_rank_restarts_gang_which_resumes_and_finishes(
+    cluster: Cluster, operator: Operator, kube: Kube, tmp_path: Path
+) -> None:
+    if cluster.emulator is None:
+        pytest.skip("rank 0's status reports authenticate with a pod service-account token, which only a pod has")
+    ns, name = cluster.namespace, "train"
+    async with ProcessKubelet(cluster, name, tmp_path) as kubelet:
+        await asyncio.to_thread(kube.request, "POST", path_of(JOBS, PLURAL, ns), job_manifest(name, ns, **TINY))
+        job = await wait_status(kube, ns, name, lambda s: (s.get("lastCheckpoint") or {}).get("step", 0) >= 5, START_S)
+        assert job["status"]["phase"] == "Running", job["status"]
+        killed = await asyncio.to_thread(kubelet.kill, f"{name}-worker-1", signal.SIGKILL)
+
+        job = await wait_status(kube, ns, name, lambda s: s.get("restarts", {}).get("total") == 1)
+        assert job["status"]["restarts"] == {"total": 1, "failures": 1, "byCause": {"Failed": 1}}
+        job = await wait_status(kube, ns, name, lambda s: s.get("phase") in ("Succeeded", "Failed"), START_S)
+        first, second = kubelet.gang(0), kubelet.gang(1)
+        assert not kubelet.errors, kubelet.errors
+    logs = "\n".join(f"--- {p.name} gang {p.gang} exit {p.exit_code}\n{p.output()[-2000:]}" for p in kubelet.pods)
+    status: dict[str, Any] = job["status"]
+    assert status["phase"] == "Succeeded", f"{status}\n{logs}"
+
+    assert killed.exit_code == 128 + signal.SIGKILL, logs
+    assert len(first) == 2 and len(second) == 2, logs
+    assert not [pid for p in first for pid, start in p.tree if is_alive(pid, start)], "gang 0 left processes behind"
+    assert len(killed.tree) >= 2, "the launcher's rank process was not seen (and so not killed)"
+    assert all(p.exit_code == 0 and not p.deleted for p in second), logs
+
+    steps = {resumed_step(p.output()) for p in second}
+    assert len(steps) == 1, f"the ranks resumed from different steps: {steps}"
+    (resumed,) = steps
+    assert resumed >= 5 and resumed % INTERVAL == 0 and resumed < STEPS, resumed
+    assert not [p for p in first if RESUMED.search(p.output())], "the first gang had nothing to resume from"
+
+    assert status["step"] == STEPS
+    assert status["lastCheckpoint"]["step"] == STEPS
+    root = tmp_path / "pvc" / "ckpt"
+    assert status["lastCheckpoint"]["path"] == str(root / f"step-{STEPS:08d}")
+    # runtime/checkpoint.py's layout (not imported: it would load torch into the test process)
+    kept = sorted(json.loads(m.read_text())["step"] for m in root.glob("step-*/COMMITTED"))
+    assert kept == [STEPS - INTERVAL, STEPS], kept
