@@ -302,8 +302,9 @@ def summary_record(
         "losses": result.losses,
         "grad_norms": result.grad_norms,
         "skipped_steps": result.skipped_steps,
-        "first_loss": result.losses[0],
-        "final_loss": result.losses[-1],
+        # None when resumed from the final checkpoint: no step was left to run (a gang restarted after it).
+        "first_loss": result.losses[0] if result.losses else None,
+        "final_loss": result.losses[-1] if result.losses else None,
         "elapsed_s": result.elapsed_s,
         "tokens_per_s": result.tokens / result.elapsed_s if result.elapsed_s > 0 else 0.0,
         "ranks": ranks,

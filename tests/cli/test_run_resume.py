@@ -71,3 +71,8 @@ def test_resume_skips_a_corrupt_checkpoint_and_matches_an_uninterrupted_run(tmp_
     # Same data order, same thread count: resuming from step 4 reproduces steps 5-8 bit for bit.
     assert resumed["losses"] == straight["losses"][4:]
     assert sorted(p.name for p in ckpt.iterdir())[-2:] == ["step-00000006", "step-00000008"]
+
+    # Run again (as a gang restarted after its final checkpoint would): nothing left to train, and no failure.
+    again, output = run(tmp_path, tiny_job(tmp_path, 8), "again", ckpt)
+    assert "step-00000008 at step 8" in output and "no steps left" in output
+    assert again["losses"] == [] and again["final_loss"] is None

@@ -179,11 +179,14 @@ def _bytes(n: float | None) -> str:
 
 def render_summary(summary: dict[str, Any], console: Console) -> None:
     """The run's loss and throughput, then per rank: memory measured vs predicted, bytes communicated by op."""
-    console.print(
-        f"loss {summary['first_loss']:.4f} → {summary['final_loss']:.4f} over {summary['steps']} steps, "
-        f"{summary['tokens_per_s']:,.0f} tokens/s, {summary['elapsed_s']:.1f} s",
-        highlight=False,
-    )
+    if summary["losses"]:
+        console.print(
+            f"loss {summary['first_loss']:.4f} → {summary['final_loss']:.4f} over {summary['steps']} steps, "
+            f"{summary['tokens_per_s']:,.0f} tokens/s, {summary['elapsed_s']:.1f} s",
+            highlight=False,
+        )
+    else:
+        console.print(f"no steps left: resumed from the checkpoint of the final step {summary['steps']}")
     memory = Table(title=f"memory per rank (stage {summary['stage']}, N = {summary['world_size']})")
     for col in ("rank", "category", "measured", "predicted"):
         memory.add_column(col, justify="left" if col == "category" else "right")
