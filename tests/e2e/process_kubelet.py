@@ -1,15 +1,16 @@
-"""A kubelet made of local processes: it runs each of a job's Pods as `sys.executable` with the pod's env.
+"""A kubelet made of local processes: it runs each of a job's Pods as a process with the pod's env.
 
-It polls the job's Pods through the test's Kube client, starts a process for every new pod (the container's
-command, `python` replaced by this interpreter, ConfigMap mounts written to files, PVC mounts mapped to one
-shared directory per claim), and writes the pod's status through the status subresource with `kubelet.py`'s
-writer: Running when started, Succeeded or Failed with the exit code when the process ends. A deleted pod's
-processes are killed (the whole tree: torch's launcher starts its ranks in sessions of their own, and a real
-kubelet kills the container's cgroup). Only processes it started are ever signalled, by PID.
+It polls the job's Pods through the test's Kube client and, for every new pod, runs the container's command
+(`python` replaced by this interpreter; ConfigMap volumes written to files, PVC volumes mapped to one directory
+per claim shared by all pods, paths under their mountPaths rewritten), then writes the pod's status with
+`kubelet.set_pod_phase`: Running when started, Succeeded or Failed with the exit code when the process ends.
+A deleted pod's processes are killed with SIGKILL, the whole tree: torch's launcher starts each rank in a
+session of its own, and a real kubelet stops the container's whole cgroup. Only processes it started (and
+their descendants) are ever signalled, by PID.
 
-What a cluster's network would do, done by hand: MASTER_ADDR (rank 0's DNS name through the job's headless
-Service) becomes 127.0.0.1, and every gang (label `zerotrain.dev/gang`) gets its own free MASTER_PORT so an old
-gang's rendezvous store can never be joined by a new one.
+What a cluster network would do, done by hand: MASTER_ADDR (rank 0's DNS name through the job's headless
+Service) becomes 127.0.0.1, and each gang (label `zerotrain.dev/gang`) gets its own free MASTER_PORT, shared by
+its pods, so no process of an old gang can join a new gang's rendezvous.
 """
 
 from __future__ import annotations
@@ -26,12 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from zerotrain.operator import naming
-from zerotrain.operator.kube import Kube, path_of
+from zerotrain.operator.kube import Kube, KubeError, path_of
 
 from .cluster import Cluster
 from .kubelet import set_pod_phase
 
-BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")  # what an image would provide; nothing of the test's own
+BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")  # what an image provides; nothing else of the test's env
 
 
 def free_port() -> int:
@@ -40,8 +41,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _proc_stat(pid: int) -> tuple[str, int, int] | None:
-    """(state, parent pid, start time) of a live process, or None."""
+def _stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, parent pid, start time) of a process, or None if it is gone."""
     try:
         raw = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -50,24 +51,25 @@ def _proc_stat(pid: int) -> tuple[str, int, int] | None:
     return fields[0], int(fields[1]), int(fields[19])
 
 
+def is_alive(pid: int, start: int) -> bool:
+    """The process that had this start time still runs (a reused PID has another start time)."""
+    st = _stat(pid)
+    return st is not None and st[2] == start and st[0] != "Z"
+
+
 def process_tree(root: int) -> set[tuple[int, int]]:
-    """(pid, start time) of `root` and all its descendants; the start time guards against PID reuse."""
-    parents: dict[int, list[int]] = {}
+    """(pid, start time) of `root` and all its live descendants."""
+    children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and (st := _proc_stat(int(entry.name))) is not None:
-            parents.setdefault(st[1], []).append(int(entry.name))
+        if entry.name.isdigit() and (st := _stat(int(entry.name))) is not None:
+            children.setdefault(st[1], []).append(int(entry.name))
     found, todo = set(), [root]
     while todo:
         pid = todo.pop()
-        if (st := _proc_stat(pid)) is not None and st[0] != "Z":
+        if (st := _stat(pid)) is not None and st[0] != "Z":
             found.add((pid, st[2]))
-            todo += parents.get(pid, [])
+            todo += children.get(pid, [])
     return found
-
-
-def is_alive(pid: int, start: int) -> bool:
-    st = _proc_stat(pid)
-    return st is not None and st[2] == start and st[0] != "Z"
 
 
 @dataclass
@@ -78,20 +80,21 @@ class PodProcess:
     uid: str
     gang: str
     popen: subprocess.Popen[bytes]
-    log: Path
+    root: Path
+    """Its own directory: output.log (stdout and stderr), termination-log, ConfigMap files."""
     tree: set[tuple[int, int]] = field(default_factory=set)
-    """Every (pid, start time) seen in its process tree, kept after the process ends."""
+    """Every (pid, start time) seen in its process tree, kept after it ended."""
     exit_code: int | None = None
-    """The container's exit code (128 + signal when killed by one), once it ended."""
+    """The container's exit code once it ended (128 + signal when a signal killed it)."""
     deleted: bool = False
-    """Its pod was deleted while it ran (so it was killed and no status was written)."""
+    """Its pod was deleted while it ran: killed, and no status written."""
 
     def output(self) -> str:
-        return self.log.read_text(errors="replace")
+        return (self.root / "output.log").read_text(errors="replace")
 
 
 class ProcessKubelet:
-    """Plays the kubelet for job `job` in the cluster's namespace; use as `async with` in a test."""
+    """Runs the pods of job `job` in the cluster's namespace; `async with` it in a test."""
 
     def __init__(self, cluster: Cluster, job: str, workdir: Path, poll_s: float = 0.2) -> None:
         self.namespace, self.job, self.workdir, self.poll_s = cluster.namespace, job, workdir, poll_s
@@ -109,7 +112,7 @@ class ProcessKubelet:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await asyncio.to_thread(self.stop)  # the emulator serves API calls on this loop: never block it
+        await asyncio.to_thread(self.stop)  # the emulator answers API calls on this event loop: never block it
 
     def stop(self) -> None:
         self._stop.set()
@@ -119,12 +122,12 @@ class ProcessKubelet:
                 self._kill(p)
         self.kube.close()
 
-    def kill(self, pod: str, sig: signal.Signals = signal.SIGKILL) -> PodProcess:
-        """The fault: kill the running process of `pod`; its status becomes Failed (128 + sig) on the next poll."""
+    def kill(self, pod: str) -> PodProcess:
+        """The fault: SIGKILL the running container of `pod`; the next poll reports it Failed with 137."""
         with self._lock:
-            running = [p for p in self.pods if p.name == pod and p.exit_code is None and p.popen.poll() is None]
-            assert running, f"pod {pod} has no running process to kill (it may have finished already)"
-            self._kill(running[0], sig)
+            running = [p for p in self.pods if p.name == pod and p.popen.poll() is None]
+            assert running, f"pod {pod} has no running process to kill (did it finish already?)"
+            self._kill(running[0])
             return running[0]
 
     def gang(self, gang: int) -> list[PodProcess]:
@@ -135,41 +138,44 @@ class ProcessKubelet:
             try:
                 with self._lock:
                     self._sync()
-            except Exception as e:  # the test checks `errors`; a dead harness would only show up as a timeout
+            except Exception as e:  # the test asserts there are none; a dead loop would only show as a timeout
                 self.errors.append(e)
 
     def _sync(self) -> None:
-        pods = {p["metadata"]["uid"]: p for p in self.kube.list_pods(self.namespace, self.job)}
-        live = {uid: p for uid, p in pods.items() if not p["metadata"].get("deletionTimestamp")}
-        for proc in self.pods:
-            if proc.exit_code is None and proc.uid not in live:
-                self._kill(proc)  # no status to write: the pod object is gone
+        listed = self.kube.list_pods(self.namespace, self.job)
+        live = {p["metadata"]["uid"]: p for p in listed if not p["metadata"].get("deletionTimestamp")}
+        for proc in (p for p in self.pods if p.exit_code is None):
+            if proc.uid not in live:
+                self._kill(proc)
                 proc.deleted, proc.exit_code = True, _exit_code(proc.popen.wait())
-        for proc in self.pods:
-            if proc.exit_code is None:
-                proc.tree |= process_tree(proc.popen.pid)
-                if (rc := proc.popen.poll()) is not None:
-                    proc.exit_code = _exit_code(rc)
-                    self._report_exit(proc, live[proc.uid])
+                continue
+            proc.tree |= process_tree(proc.popen.pid)
+            if (rc := proc.popen.poll()) is not None:
+                proc.exit_code = _exit_code(rc)
+                log = proc.root / "termination-log"
+                message = log.read_text().strip() if log.is_file() else ""
+                self._set_phase(proc.name, "Succeeded" if rc == 0 else "Failed", proc.exit_code, message)
         started = {p.uid for p in self.pods}
         for uid, pod in live.items():
             if uid not in started and pod.get("status", {}).get("phase", "Pending") == "Pending":
                 self.pods.append(self._start(pod))
-                set_pod_phase(self.kube, self.namespace, pod["metadata"]["name"], "Running")
+                self._set_phase(pod["metadata"]["name"], "Running")
 
-    def _report_exit(self, proc: PodProcess, pod: dict[str, Any]) -> None:
-        code = proc.exit_code or 0
-        log_file = self.workdir / f"{proc.name}-{proc.uid[:8]}" / "termination-log"
-        message = log_file.read_text().strip() if log_file.is_file() else ""
-        phase = "Succeeded" if code == 0 else "Failed"
-        set_pod_phase(self.kube, self.namespace, pod["metadata"]["name"], phase, code, message=message)
+    def _set_phase(self, name: str, phase: str, code: int | None = None, message: str = "") -> None:
+        # The pod may be deleted between the list and this write (the operator tearing the gang down); a
+        # recreated pod of the same name cannot be hit: the operator waits out a back-off before creating it.
+        try:
+            set_pod_phase(self.kube, self.namespace, name, phase, code, message=message)
+        except KubeError as e:
+            if e.status != 404:
+                raise
 
-    def _kill(self, proc: PodProcess, sig: signal.Signals = signal.SIGKILL) -> None:
+    def _kill(self, proc: PodProcess) -> None:
         if proc.popen.poll() is None:
             proc.tree |= process_tree(proc.popen.pid)
         for pid, start in proc.tree:
             if is_alive(pid, start):
-                os.kill(pid, sig)
+                os.kill(pid, signal.SIGKILL)
         proc.popen.wait(30)
 
     def _start(self, pod: dict[str, Any]) -> PodProcess:
@@ -194,57 +200,48 @@ class ProcessKubelet:
         )
         argv = [_remap(mounts, a) for a in container["command"] + container.get("args", [])]
         argv[0] = sys.executable if argv[0] in ("python", "python3") else argv[0]
-        log = root / "output.log"
-        with log.open("wb") as out:
+        with (root / "output.log").open("wb") as out:
             popen = subprocess.Popen(
                 argv, env=env, cwd=root, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )
-        return PodProcess(md["name"], md["uid"], gang, popen, log)
+        return PodProcess(md["name"], md["uid"], gang, popen, root)
 
     def _mounts(self, spec: dict[str, Any], container: dict[str, Any], root: Path) -> dict[str, Path]:
-        """mountPath -> local directory, for ConfigMap (files written now) and PVC (shared per claim) volumes."""
+        """mountPath -> local directory, for ConfigMap (files written now) and PVC (one per claim) volumes."""
         volumes = {v["name"]: v for v in spec.get("volumes", [])}
         mounts: dict[str, Path] = {}
         for m in container.get("volumeMounts", []):
             vol = volumes[m["name"]]
             if "configMap" in vol:
                 cm = self.kube.request("GET", path_of("v1", "configmaps", self.namespace, vol["configMap"]["name"]))
-                local = root / vol["name"]
+                mounts[m["mountPath"]] = local = root / vol["name"]
                 local.mkdir()
                 for key, text in cm.get("data", {}).items():
                     (local / key).write_text(text)
-                mounts[m["mountPath"]] = local
             elif "persistentVolumeClaim" in vol:
-                local = self.workdir / "pvc" / vol["persistentVolumeClaim"]["claimName"]
+                mounts[m["mountPath"]] = local = self.workdir / "pvc" / vol["persistentVolumeClaim"]["claimName"]
                 local.mkdir(parents=True, exist_ok=True)
-                mounts[m["mountPath"]] = local
         return mounts
 
 
 def _exit_code(returncode: int) -> int:
-    """What a container runtime reports: 128 + signal for a process killed by one."""
     return 128 - returncode if returncode < 0 else returncode
 
 
 def _remap(mounts: dict[str, Path], value: str) -> str:
-    """A path under a mounted volume's mountPath, as the local directory standing in for it."""
+    """A path under a volume's mountPath, rewritten to the local directory standing in for the volume."""
     for mount in sorted(mounts, key=len, reverse=True):
-        if value == mount or value.startswith(mount.rstrip("/") + "/"):
-            return str(mounts[mount]) + value[len(mount.rstrip("/")) :]
+        base = mount.rstrip("/")
+        if value == mount or value.startswith(base + "/"):
+            return str(mounts[mount]) + value[len(base) :]
     return value
 
 
 def _field(pod: dict[str, Any], source: dict[str, Any]) -> str:
-    """The downward API's fieldRef values this harness can know."""
+    """The downward API's fieldRef values (the pod runs on this host)."""
     path = source["fieldRef"]["fieldPath"]
-    known = {
-        "metadata.name": pod["metadata"]["name"],
-        "metadata.namespace": pod["metadata"]["namespace"],
-        "metadata.uid": pod["metadata"]["uid"],
-        "spec.serviceAccountName": pod["spec"].get("serviceAccountName", "default"),
-        "spec.nodeName": "localhost",
-        "status.podIP": "127.0.0.1",
-        "status.hostIP": "127.0.0.1",
-    }
+    md = pod["metadata"]
+    known = {"metadata.name": md["name"], "metadata.namespace": md["namespace"], "metadata.uid": md["uid"]}
+    known |= {"spec.nodeName": "localhost", "status.podIP": "127.0.0.1", "status.hostIP": "127.0.0.1"}
     assert path in known, f"downward API field {path!r} is not emulated by the process kubelet"
     return known[path]
