@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from zerotrain.runtime.errors import CollectiveTimeoutError
+from zerotrain.runtime.errors import CollectiveTimeoutError, PeerLostError
 
 # torch 2.13 renamed the flat collectives (the old names warn); older torch has only the old names.
 _all_gather_flat = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
@@ -84,9 +84,28 @@ class Pending:
         try:
             self._work.wait(timeout=self._comm.timeout)
         except RuntimeError as e:
-            raise CollectiveTimeoutError(self._comm.rank, self.unit, self.op, str(e).splitlines()[0]) from e
+            raise collective_failure(self._comm.rank, self.unit, self.op, e) from e
         self.done = True
         self._comm.stats.record(self.op, *self._nbytes, self._spent + time.perf_counter() - t0)
+
+
+# What gloo and NCCL say when the other end of a connection has died, as opposed to a timeout.
+_PEER_GONE = (
+    "connection reset by peer",
+    "connection closed by peer",
+    "broken pipe",
+    "end of file",
+    "socket closed",
+    "remote process exited",
+)
+
+
+def collective_failure(rank: int, unit: str, op: str, error: RuntimeError) -> RuntimeError:
+    """The error to raise for a failed collective: a lost peer, or (otherwise) a timeout or mismatch."""
+    detail = str(error).splitlines()[0] if str(error) else type(error).__name__
+    if any(marker in str(error).lower() for marker in _PEER_GONE):
+        return PeerLostError(rank, unit, op, detail)
+    return CollectiveTimeoutError(rank, unit, op, detail)
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -114,7 +133,7 @@ class Comm:
             try:
                 work = launch()
             except RuntimeError as e:
-                raise CollectiveTimeoutError(self.rank, unit, op, str(e).splitlines()[0]) from e
+                raise collective_failure(self.rank, unit, op, e) from e
         pending = Pending(self, work, op, unit, nbytes, t0)
         if work is None:
             self.stats.record(op, *nbytes, time.perf_counter() - t0)

@@ -31,6 +31,18 @@ class CollectiveTimeoutError(RuntimeError):
         )
 
 
+class PeerLostError(RuntimeError):
+    """A peer rank's process went away mid-collective (it crashed, was killed, or its pod was evicted)."""
+
+    def __init__(self, rank: int, unit: str, op: str, detail: str) -> None:
+        self.rank, self.unit, self.op = rank, unit, op
+        super().__init__(
+            f"rank {rank}: {op} for unit {unit!r} failed because a peer rank is gone ({detail}). This rank is not "
+            "the cause: look for the first rank that failed (its own error or exit status); under the operator "
+            "the whole gang restarts from the newest checkpoint"
+        )
+
+
 class RankDivergenceError(RuntimeError):
     """The ranks ran different units (or in a different order) between two consistency checks."""
 
