@@ -22,10 +22,8 @@ import dataclasses
 import gc
 import json
 import logging
-import math
 import os
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -33,13 +31,14 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from enum import Enum
 from pathlib import Path
-from typing import Any, NoReturn, TextIO
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
 
 from zerotrain.errors import EXIT_BAD_INPUT, UserError
 from zerotrain.runtime.launch import PROGRESS_ENV, SUMMARY_ENV, write_failure_record
+from zerotrain.runtime.progress import ProgressLog
 from zerotrain.runtime.resume import CheckpointPolicy
 from zerotrain.runtime.task import ConfigError, TrainingTask, build_task, is_script
 from zerotrain.spec import OptimizerName, OptimizerSpec, ZeroTrainingJobSpec
@@ -140,65 +139,33 @@ class TrainResult:
     """fp16 steps skipped because gradients overflowed."""
 
 
-class StepReporter:
-    """Rank 0's latest step into the job's status (`zerotrain.status_report`), off the training thread.
-
-    At most one report every `interval_s` and one in flight; the last step is always sent. Outside a job
-    (ZEROTRAIN_JOB_NAME unset, as in `zerotrain run`) report_progress does nothing.
-    """
-
-    def __init__(self, interval_s: float = 10.0) -> None:
-        self.interval_s = interval_s
-        self._last = -math.inf
-        self._thread: threading.Thread | None = None
-
-    def report(self, step: int, final: bool = False, checkpoint: tuple[int, str] | None = None) -> None:
-        """Send `step` (and a newly committed checkpoint, which is never throttled away)."""
-        from zerotrain.status_report import report_progress
-
-        busy = self._thread is not None and self._thread.is_alive()
-        if not final and checkpoint is None and (busy or time.monotonic() - self._last < self.interval_s):
-            return
-        self.close()
-        self._last = time.monotonic()
-        ckpt_step, ckpt_path = checkpoint if checkpoint else (None, None)
-        self._thread = threading.Thread(target=report_progress, args=(step, ckpt_step, ckpt_path), daemon=True)
-        self._thread.start()
-
-    def close(self) -> None:
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-
-
-class ProgressLog:
-    """Rank 0's JSON-lines progress, flushed per line so a reader can tail it; steps also go to the job status."""
-
-    def __init__(self, path: str | None, reporter: StepReporter | None = None) -> None:
-        self._out: TextIO = open(path, "a", buffering=1) if path else sys.stdout  # noqa: SIM115
-        self._reporter = reporter or StepReporter()
-
-    def write(self, record: dict[str, Any]) -> None:
-        self._out.write(json.dumps(record) + "\n")
-        self._out.flush()
-        self._reporter.report(record["step"], final=record["step"] == record["steps"])
-
-    def checkpoint(self, step: int, path: str) -> None:
-        self._out.write(json.dumps({"checkpoint": path, "checkpoint_step": step}) + "\n")
-        self._out.flush()
-        self._reporter.report(step, checkpoint=(step, path))
-
-    def close(self) -> None:
-        self._reporter.close()
-        if self._out is not sys.stdout:
-            self._out.close()
-
-
 def make_engine(task: TrainingTask, spec: ZeroTrainingJobSpec, device: torch.device, factory: EngineFactory) -> Any:
     """ZeroConfig from spec.zero, unit modules defaulting to the task's, optimizer from spec.training."""
     zero = spec.zero
     if not zero.unit_modules and task.unit_modules:
         zero = zero.model_copy(update={"unit_modules": list(task.unit_modules)})
     return factory(task.model.to(device), zero, optimizer=optimizer_factory(spec.training.optimizer))
+
+
+def run_micro_batches(
+    engine: Any, task: TrainingTask, device: torch.device, accumulation: int, step: int, steps: int
+) -> list[torch.Tensor]:
+    """Forward and backward of one optimizer step's micro-batches; their detached losses."""
+    losses = []
+    for _ in range(accumulation):
+        try:
+            batch = to_device(next(task.batches), device)
+        except StopIteration:
+            raise ConfigError(
+                f"spec.training.steps: got {steps}, but the entry point's batches ran out at step {step}; "
+                "give it more data or train fewer steps"
+            ) from None
+        inputs = task.inputs(batch)
+        output = engine(*inputs) if isinstance(inputs, tuple) else engine(inputs)
+        loss = task.loss(output, batch)
+        engine.backward(loss)
+        losses.append(loss.detach())
+    return losses
 
 
 def run_steps(
@@ -218,20 +185,7 @@ def run_steps(
     start = time.perf_counter()
     for step in range(first_step, steps + 1):
         step_start = time.perf_counter()
-        losses = []
-        for _ in range(accumulation):
-            try:
-                batch = to_device(next(task.batches), device)
-            except StopIteration:
-                raise ConfigError(
-                    f"spec.training.steps: got {steps}, but the entry point's batches ran out at step {step}; "
-                    "give it more data or train fewer steps"
-                ) from None
-            inputs = task.inputs(batch)
-            output = engine(*inputs) if isinstance(inputs, tuple) else engine(inputs)
-            loss = task.loss(output, batch)
-            engine.backward(loss)
-            losses.append(loss.detach())
+        losses = run_micro_batches(engine, task, device, accumulation, step, steps)
         outcome = engine.step()
         step_loss = float(torch.stack(losses).float().mean())
         grad_norm = outcome.grad_norm if outcome.grad_norm is not None else float("nan")

@@ -46,8 +46,12 @@ def run(tmp_path: Path, job: Path, name: str, checkpoints: Path | None) -> tuple
 @pytest.mark.slow
 def test_resume_skips_a_corrupt_checkpoint_and_matches_an_uninterrupted_run(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
-    first, _ = run(tmp_path, tiny_job(tmp_path, 6), "first", ckpt)
+    first, output = run(tmp_path, tiny_job(tmp_path, 6), "first", ckpt)
     assert len(first["losses"]) == 6
+    # The progress display reports each commit and keeps going after it.
+    for step in (2, 4, 6):
+        assert f"checkpoint committed at step {step}: {ckpt.resolve()}/step-{step:08d}" in " ".join(output.split())
+    assert "step 6/6" in output
     # Saved at 2, 4, 6; keepLast=2 pruned step 2.
     assert sorted(p.name for p in ckpt.iterdir()) == ["step-00000004", "step-00000006"]
     marker = json.loads((ckpt / "step-00000006" / "COMMITTED").read_text())

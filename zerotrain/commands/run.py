@@ -74,6 +74,14 @@ class ProgressTail(threading.Thread):
         self._partial = lines.pop()
         for line in filter(None, lines):
             rec = json.loads(line)
+            if "checkpoint" in rec:
+                # A path must stay on one line to be copied.
+                self.progress.console.print(
+                    f"checkpoint committed at step {rec['checkpoint_step']}: {rec['checkpoint']}",
+                    soft_wrap=True,
+                    highlight=False,
+                )
+                continue
             self.progress.update(
                 self.task,
                 completed=rec["step"],

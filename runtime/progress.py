@@ -1,0 +1,63 @@
+"""Rank 0's progress: JSON lines for `zerotrain run` (or the pod log) and reports into the job's status."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import threading
+import time
+from typing import Any, TextIO
+
+
+class StepReporter:
+    """Rank 0's latest step into the job's status (`zerotrain.status_report`), off the training thread.
+
+    At most one report every `interval_s` and one in flight; the last step is always sent. Outside a job
+    (ZEROTRAIN_JOB_NAME unset, as in `zerotrain run`) report_progress does nothing.
+    """
+
+    def __init__(self, interval_s: float = 10.0) -> None:
+        self.interval_s = interval_s
+        self._last = -math.inf
+        self._thread: threading.Thread | None = None
+
+    def report(self, step: int, final: bool = False, checkpoint: tuple[int, str] | None = None) -> None:
+        """Send `step` (and a newly committed checkpoint, which is never throttled away)."""
+        from zerotrain.status_report import report_progress
+
+        busy = self._thread is not None and self._thread.is_alive()
+        if not final and checkpoint is None and (busy or time.monotonic() - self._last < self.interval_s):
+            return
+        self.close()
+        self._last = time.monotonic()
+        ckpt_step, ckpt_path = checkpoint if checkpoint else (None, None)
+        self._thread = threading.Thread(target=report_progress, args=(step, ckpt_step, ckpt_path), daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+
+class ProgressLog:
+    """Rank 0's JSON-lines progress, flushed per line so a reader can tail it; steps also go to the job status."""
+
+    def __init__(self, path: str | None, reporter: StepReporter | None = None) -> None:
+        self._out: TextIO = open(path, "a", buffering=1) if path else sys.stdout  # noqa: SIM115
+        self._reporter = reporter or StepReporter()
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._out.write(json.dumps(record) + "\n")
+        self._out.flush()
+        self._reporter.report(record["step"], final=record["step"] == record["steps"])
+
+    def checkpoint(self, step: int, path: str) -> None:
+        self._out.write(json.dumps({"checkpoint": path, "checkpoint_step": step}) + "\n")
+        self._out.flush()
+        self._reporter.report(step, checkpoint=(step, path))
+
+    def close(self) -> None:
+        self._reporter.close()
+        if self._out is not sys.stdout:
+            self._out.close()
