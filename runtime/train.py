@@ -128,7 +128,7 @@ class TrainResult:
     """What one rank's loop produced."""
 
     losses: list[float] = field(default_factory=list)
-    """This rank's mean loss of every step."""
+    """Every step's loss: the mean over micro-batches and ranks, i.e. over the global batch at any world size."""
     grad_norms: list[float] = field(default_factory=list)
     """Global gradient norm of every step, as the engine returned it."""
     elapsed_s: float = 0.0
@@ -168,6 +168,17 @@ def run_micro_batches(
     return losses
 
 
+def mean_over_ranks(engine: Any, loss: torch.Tensor, world_size: int) -> float:
+    """The loss averaged over ranks (4 bytes through the engine's counted collectives), so what a run reports
+    does not depend on which slice of the global batch rank 0 happened to get."""
+    comm = getattr(engine, "comm", None)
+    if comm is None or world_size == 1:
+        return float(loss)
+    total = loss.detach().reshape(1).clone()
+    comm.all_reduce(total, "<loss>")
+    return float(total) / world_size
+
+
 def run_steps(
     engine: Any,
     task: TrainingTask,
@@ -187,7 +198,7 @@ def run_steps(
         step_start = time.perf_counter()
         losses = run_micro_batches(engine, task, device, accumulation, step, steps)
         outcome = engine.step()
-        step_loss = float(torch.stack(losses).float().mean())
+        step_loss = mean_over_ranks(engine, torch.stack(losses).float().mean(), ctx.world_size)
         grad_norm = outcome.grad_norm if outcome.grad_norm is not None else float("nan")
         result.skipped_steps += int(outcome.overflow)
         if not outcome.applied and not outcome.overflow:

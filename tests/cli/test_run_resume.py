@@ -33,9 +33,9 @@ def tiny_job(tmp_path: Path, steps: int) -> Path:
     return path
 
 
-def run(tmp_path: Path, job: Path, name: str, checkpoints: Path | None) -> tuple[dict[str, Any], str]:
+def run(tmp_path: Path, job: Path, name: str, checkpoints: Path | None, *extra: str) -> tuple[dict[str, Any], str]:
     summary = tmp_path / f"{name}.json"
-    argv = [sys.executable, "-m", "zerotrain.cli", "run", str(job), "--summary-file", str(summary)]
+    argv = [sys.executable, "-m", "zerotrain.cli", "run", str(job), "--summary-file", str(summary), *extra]
     if checkpoints is not None:
         argv += ["--checkpoint-dir", str(checkpoints)]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=240, cwd=tmp_path)
@@ -80,3 +80,13 @@ def test_resume_skips_a_corrupt_checkpoint_and_matches_an_uninterrupted_run(tmp_
     again, output = run(tmp_path, tiny_job(tmp_path, 8), "again", ckpt)
     assert "step-00000008 at step 8" in output and "no steps left" in output
     assert again["losses"] == [] and again["final_loss"] is None
+
+
+@pytest.mark.slow
+def test_reported_loss_is_the_global_batch_mean_at_any_world_size(tmp_path: Path) -> None:
+    """Rank r trains on its slice of the same global batch; the reported loss averages over ranks, so 1, 2 and
+    4 ranks report the same numbers (up to fp32 summation order)."""
+    job = tiny_job(tmp_path, 3)
+    losses = {n: run(tmp_path, job, f"n{n}", None, "--nproc", str(n))[0]["losses"] for n in (1, 2, 4)}
+    assert losses[2] == pytest.approx(losses[1], rel=1e-5)
+    assert losses[4] == pytest.approx(losses[1], rel=1e-5)
