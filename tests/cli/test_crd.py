@@ -111,3 +111,12 @@ def test_cel_rules_agree_with_pydantic(patch: dict[str, Any]) -> None:
 
 def test_every_cel_rule_is_exercised() -> None:
     assert len(cel_rules()) >= 5
+
+
+@pytest.mark.parametrize("version", ["1.27.0", "latest"])
+def test_crd_is_a_valid_customresourcedefinition(version: str) -> None:
+    """Strict schema validation of the CRD object itself (no API server here to apply it to)."""
+    import kubernetes_validate
+
+    target = kubernetes_validate.latest_version() if version == "latest" else version
+    kubernetes_validate.validate(build_crd(), target, strict=True)
