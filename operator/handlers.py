@@ -16,26 +16,29 @@ from zerotrain.spec import GROUP, PLURAL, VERSION
 log = logging.getLogger(__name__)
 
 
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    """kopf settings for a standalone, namespaced-RBAC operator."""
+    settings.peering.standalone = True
+    # Scanning lists namespaces and CRDs, which needs cluster-wide RBAC the chart does not grant.
+    settings.scanning.disabled = True
+    settings.posting.enabled = True
+    # kopf's default also writes handler progress to status.kopf, which the CRD's structural status schema
+    # prunes (and which would race the operator's own status writes); annotations hold it instead.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage()
+    settings.watching.server_timeout = 300
+    settings.networking.request_timeout = 60
+    # A job deleted while its resync timer runs a (sync) reconcile: kopf waits for the timer before removing
+    # its finalizer, and by default re-checks only every 60 s, which would hold the deletion that long.
+    settings.background.instant_exit_timeout = 0.5
+    settings.background.cancellation_polling = 1.0
+
+
 def make_registry(reconciler: Reconciler) -> kopf.OperatorRegistry:
     """A fresh registry (never kopf's global one), so tests can run several operators in one process."""
     registry = kopf.OperatorRegistry()
     resource = (GROUP, VERSION, PLURAL)
 
-    @kopf.on.startup(registry=registry)
-    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-        settings.peering.standalone = True
-        # Scanning lists namespaces and CRDs, which needs cluster-wide RBAC the chart does not grant.
-        settings.scanning.disabled = True
-        settings.posting.enabled = True
-        # kopf's default also writes handler progress to status.kopf, which the CRD's structural status schema
-        # prunes (and which would race the operator's own status writes); annotations hold it instead.
-        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage()
-        settings.watching.server_timeout = 300
-        settings.networking.request_timeout = 60
-        # A job deleted while its resync timer runs a (sync) reconcile: kopf waits for the timer before removing
-        # its finalizer, and by default re-checks only every 60 s, which would hold the deletion that long.
-        settings.background.instant_exit_timeout = 0.5
-        settings.background.cancellation_polling = 1.0
+    kopf.on.startup(registry=registry)(configure)
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo:
