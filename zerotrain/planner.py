@@ -86,17 +86,25 @@ class MemoryPlan(SpecModel):
     """Why this stage, or what would fit."""
 
 
+# Which of (parameters, gradients, optimizer states) each stage partitions across the N ranks.
+SHARDED: dict[Stage, tuple[bool, bool, bool]] = {
+    Stage.DATA_PARALLEL: (False, False, False),
+    Stage.OPTIMIZER_STATES: (False, False, True),
+    Stage.GRADIENTS: (False, True, True),
+    Stage.PARAMETERS: (True, True, True),
+}
+
+
+def _full_bytes(p: PlanInput) -> tuple[float, float, float]:
+    """(parameter, gradient, optimizer) bytes of the whole, unpartitioned model."""
+    psi = float(p.parameters)
+    return p.bytes_per_weight * psi, p.bytes_per_gradient * psi, p.optimizer_multiplier * psi
+
+
 def stage_bytes(stage: Stage, p: PlanInput) -> tuple[float, float, float]:
     """(parameter, gradient, optimizer) bytes per device for one stage."""
-    psi, n = float(p.parameters), float(p.data_parallel)
-    w, g, k = p.bytes_per_weight * psi, p.bytes_per_gradient * psi, p.optimizer_multiplier * psi
-    shard = {
-        Stage.DATA_PARALLEL: (1, 1, 1),
-        Stage.OPTIMIZER_STATES: (1, 1, n),
-        Stage.GRADIENTS: (1, n, n),
-        Stage.PARAMETERS: (n, n, n),
-    }[stage]
-    return w / shard[0], g / shard[1], k / shard[2]
+    w, g, k = (b / p.data_parallel if sharded else b for b, sharded in zip(_full_bytes(p), SHARDED[stage], strict=True))
+    return w, g, k
 
 
 def comm_elements(stage: Stage, parameters: int, recompute_regathers: bool = False) -> int:
@@ -108,17 +116,12 @@ def comm_elements(stage: Stage, parameters: int, recompute_regathers: bool = Fal
 
 def min_data_parallel(stage: Stage, p: PlanInput, usable: float) -> int | None:
     """Smallest N at which `stage` fits in `usable` bytes, or None if no N does."""
-    psi = float(p.parameters)
-    w, g, k = p.bytes_per_weight * psi, p.bytes_per_gradient * psi, p.optimizer_multiplier * psi
-    fixed, sharded = {
-        Stage.DATA_PARALLEL: (w + g + k, 0.0),
-        Stage.OPTIMIZER_STATES: (w + g, k),
-        Stage.GRADIENTS: (w, g + k),
-        Stage.PARAMETERS: (0.0, w + g + k),
-    }[stage]
-    if fixed > usable or (sharded > 0 and fixed == usable):
+    parts = list(zip(_full_bytes(p), SHARDED[stage], strict=True))
+    fixed = sum(b for b, sharded in parts if not sharded)
+    divisible = sum(b for b, sharded in parts if sharded)
+    if fixed > usable or (divisible > 0 and fixed == usable):
         return None
-    return 1 if sharded == 0 else max(1, math.ceil(sharded / (usable - fixed)))
+    return 1 if divisible == 0 else max(1, math.ceil(divisible / (usable - fixed)))
 
 
 def plan(p: PlanInput) -> MemoryPlan:
