@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import socket
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -24,6 +23,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from rich.console import Console
 from rich.table import Table
+
+from zerotrain.runtime.launch import free_port
 
 CONFIGS = ["ddp", "zero0", "zero1", "zero2", "zero3", "fsdp2"]
 
@@ -37,12 +38,6 @@ class Result:
     model_state_bytes: int
     comm_bytes_per_step: int
     final_loss: float
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -160,7 +155,7 @@ def main() -> None:
     results: dict[str, dict[str, Any]] = {}
     for name in args.configs.split(","):
         queue = ctx.SimpleQueue()
-        mp.spawn(_rank_main, args=(args.world, _free_port(), name, args, queue), nprocs=args.world)
+        mp.spawn(_rank_main, args=(args.world, free_port(), name, args, queue), nprocs=args.world)
         results[name] = queue.get()
     render(results, args)
 

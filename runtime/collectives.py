@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from zerotrain.runtime.errors import CollectiveTimeoutError, PeerLostError
+from zerotrain.runtime.errors import CollectiveError, CollectiveTimeoutError, PeerLostError
 
 # torch 2.13 renamed the flat collectives (the old names warn); older torch has only the old names.
 _all_gather_flat = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
@@ -100,7 +100,7 @@ _PEER_GONE = (
 )
 
 
-def collective_failure(rank: int, unit: str, op: str, error: RuntimeError) -> RuntimeError:
+def collective_failure(rank: int, unit: str, op: str, error: RuntimeError) -> CollectiveError:
     """The error to raise for a failed collective: a lost peer, or (otherwise) a timeout or mismatch."""
     detail = str(error).splitlines()[0] if str(error) else type(error).__name__
     if any(marker in str(error).lower() for marker in _PEER_GONE):

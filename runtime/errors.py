@@ -15,7 +15,15 @@ class ZeroSetupError(UserError, ValueError):
         super().__init__(f"{field}: got {value!r}; {problem}; {fix}")
 
 
-class CollectiveTimeoutError(RuntimeError):
+class CollectiveError(RuntimeError):
+    """A collective for `unit` failed on `rank`; subclasses say why."""
+
+    def __init__(self, rank: int, unit: str, op: str, message: str) -> None:
+        self.rank, self.unit, self.op = rank, unit, op
+        super().__init__(message)
+
+
+class CollectiveTimeoutError(CollectiveError):
     """A collective did not complete within `collectiveTimeoutSeconds` (or its peers disagreed).
 
     Almost always rank-divergent control flow: one rank skipped (or added) a unit's forward, so the
@@ -23,23 +31,27 @@ class CollectiveTimeoutError(RuntimeError):
     """
 
     def __init__(self, rank: int, unit: str, op: str, detail: str) -> None:
-        self.rank, self.unit, self.op = rank, unit, op
         super().__init__(
+            rank,
+            unit,
+            op,
             f"rank {rank}: {op} for unit {unit!r} failed: {detail}. The ranks did not run the same units in the "
             "same order (rank-divergent control flow, e.g. a rank skipped this unit's forward); make every rank "
-            "run every unit, or raise zero.collectiveTimeoutSeconds if a peer is merely slow"
+            "run every unit, or raise zero.collectiveTimeoutSeconds if a peer is merely slow",
         )
 
 
-class PeerLostError(RuntimeError):
+class PeerLostError(CollectiveError):
     """A peer rank's process went away mid-collective (it crashed, was killed, or its pod was evicted)."""
 
     def __init__(self, rank: int, unit: str, op: str, detail: str) -> None:
-        self.rank, self.unit, self.op = rank, unit, op
         super().__init__(
+            rank,
+            unit,
+            op,
             f"rank {rank}: {op} for unit {unit!r} failed because a peer rank is gone ({detail}). This rank is not "
             "the cause: look for the first rank that failed (its own error or exit status); under the operator "
-            "the whole gang restarts from the newest checkpoint"
+            "the whole gang restarts from the newest checkpoint",
         )
 
 

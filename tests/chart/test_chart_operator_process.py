@@ -8,7 +8,6 @@ import asyncio
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,15 +19,10 @@ import kmock
 import pytest
 from chart_util import Obj, one, render
 
+from zerotrain.runtime.launch import free_port
 from zerotrain.spec import GROUP, KIND, PLURAL, VERSION
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _get(url: str) -> tuple[int, str]:
@@ -62,7 +56,7 @@ def _kubeconfig(path: Path, server: str) -> Path:
 
 
 async def test_operator_started_as_the_chart_starts_it(tmp_path: Path) -> None:
-    container, service = _container(_free_port(), _free_port())
+    container, service = _container(free_port(), free_port())
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     command = list(container["command"])
     command[0] = shutil.which(command[0], path=str(Path(sys.executable).parent)) or command[0]

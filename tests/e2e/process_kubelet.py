@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -28,17 +27,12 @@ from typing import Any
 
 from zerotrain.operator import naming
 from zerotrain.operator.kube import Kube, KubeError, path_of
+from zerotrain.runtime.launch import free_port
 
 from .cluster import Cluster
 from .kubelet import set_pod_phase
 
 BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")  # what an image provides; nothing else of the test's env
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _stat(pid: int) -> tuple[str, int, int] | None:

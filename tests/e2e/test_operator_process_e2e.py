@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -15,15 +14,10 @@ import pytest
 import yaml
 
 from zerotrain.operator.kube import Kube, path_of
+from zerotrain.runtime.launch import free_port
 
 from .cluster import Cluster, until, until_async
 from .test_operator_e2e import JOBS, PLURAL, job_manifest, pods
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def fetch(url: str) -> tuple[int, str]:

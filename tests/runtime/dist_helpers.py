@@ -13,7 +13,6 @@ from __future__ import annotations
 import io
 import os
 import queue
-import socket
 import time
 import traceback
 from collections.abc import Callable
@@ -22,15 +21,11 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
+from zerotrain.runtime.launch import free_port
+
 
 class RankFailed(AssertionError):
     """A rank raised, or did not finish in time."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _entry(fn: Callable[..., Any], rank: int, world_size: int, port: int, out: Any, args: tuple[Any, ...]) -> None:
