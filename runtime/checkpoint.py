@@ -149,14 +149,24 @@ def save(engine: ZeroEngine, root: str | os.PathLike[str]) -> Path:
     return target
 
 
-def load(engine: ZeroEngine, path: str | os.PathLike[str]) -> None:
-    """Restore this rank's shard from a committed checkpoint directory; a collective on every rank."""
+def rank_file_bytes(path: str | os.PathLike[str], rank: int) -> int:
+    """Size of `rank`'s file in checkpoint `path` (0 if it has none)."""
+    f = Path(path) / rank_file(rank)
+    return f.stat().st_size if f.exists() else 0
+
+
+def load(engine: ZeroEngine, path: str | os.PathLike[str]) -> int:
+    """Restore this rank's shard from a committed checkpoint directory; a collective on every rank.
+
+    Returns the bytes this rank read: its own file, or every rank's when resharding.
+    """
     path = Path(path)
     if not (path / COMMITTED).exists():
         raise ZeroSetupError("checkpoint", str(path), "not a committed checkpoint", "pass a directory latest() returns")
     mine = path / rank_file(engine.rank)
     state = torch.load(mine, map_location=engine.units[0].master.device) if mine.exists() else None
     if state is not None and state["layout"] == _layout(engine):
+        read = rank_file_bytes(path, engine.rank)
         with torch.no_grad():
             for u, master in zip(engine.units, state["masters"], strict=True):
                 u.master.copy_(master)
@@ -171,8 +181,10 @@ def load(engine: ZeroEngine, path: str | os.PathLike[str]) -> None:
                 "resume with the same model and zero.unitModules",
             )
         state = load_resharded(engine, path)
+        read = sum(f.stat().st_size for f in path.glob("rank-*.pt"))
     engine.scaler.scale = state["scaler"]["scale"]
     engine.scaler.skipped_steps = state["scaler"]["skipped"]
     engine.steps, engine.micro_steps = state["steps"], state["micro_steps"]
     for u in engine.units:
         engine.strategy.after_step(u)
+    return read

@@ -294,11 +294,13 @@ class ZeroEngine:
 
         return str(checkpoint.save(self, directory))
 
-    def load_checkpoint(self, path: str | os.PathLike[str]) -> None:
-        """Resume from a committed checkpoint (e.g. `checkpoint.latest(directory)`); call on every rank."""
+    def load_checkpoint(self, path: str | os.PathLike[str]) -> int:
+        """Resume from a committed checkpoint (e.g. `checkpoint.latest(directory)`); call on every rank.
+
+        Returns the bytes this rank read."""
         from zerotrain.runtime import checkpoint
 
-        checkpoint.load(self, path)
+        return checkpoint.load(self, path)
 
     # ----------------------------------------------------------------- reports
 

@@ -54,15 +54,15 @@ class CheckpointPolicy:
                 log.info("deleted old checkpoint %s (keepLast=%d)", gone, self.keep_last)
         return path
 
-    def resume_newest(self, engine: ZeroEngine) -> Path | None:
-        """Load the newest checkpoint all ranks can verify; None (and a fresh start) if there is none."""
+    def resume_newest(self, engine: ZeroEngine) -> tuple[Path, int] | None:
+        """Load the newest checkpoint all ranks can verify: its path and the bytes this rank read; None (and a
+        fresh start) if there is none."""
         for path in reversed(checkpoint.committed(self.root)):
             problem = checkpoint.check(engine, path)
             refusals = torch.tensor([0.0 if problem is None else 1.0], device=engine.units[0].master.device)
             engine.comm.all_reduce(refusals, "<checkpoint>")
             if refusals.item() == 0:
-                engine.load_checkpoint(path)
-                return path
+                return path, engine.load_checkpoint(path)
             log.warning(
                 "checkpoint %s refused (%s); falling back to the previous one",
                 path,

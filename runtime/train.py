@@ -37,7 +37,9 @@ import torch
 import torch.distributed as dist
 
 from zerotrain.errors import EXIT_BAD_INPUT, UserError
+from zerotrain.runtime.checkpoint import rank_file_bytes
 from zerotrain.runtime.launch import PROGRESS_ENV, SUMMARY_ENV, write_failure_record
+from zerotrain.runtime.metrics import Phase, RankMetrics, StepValues, metrics_endpoint
 from zerotrain.runtime.progress import ProgressLog
 from zerotrain.runtime.resume import CheckpointPolicy
 from zerotrain.runtime.task import ConfigError, TrainingTask, build_task, is_script
@@ -148,11 +150,19 @@ def make_engine(task: TrainingTask, spec: ZeroTrainingJobSpec, device: torch.dev
 
 
 def run_micro_batches(
-    engine: Any, task: TrainingTask, device: torch.device, accumulation: int, step: int, steps: int
+    engine: Any,
+    task: TrainingTask,
+    device: torch.device,
+    accumulation: int,
+    step: int,
+    steps: int,
+    metrics: RankMetrics | None = None,
 ) -> list[torch.Tensor]:
     """Forward and backward of one optimizer step's micro-batches; their detached losses."""
     losses = []
     for _ in range(accumulation):
+        if metrics is not None:
+            metrics.phase(Phase.FORWARD)
         try:
             batch = to_device(next(task.batches), device)
         except StopIteration:
@@ -163,6 +173,8 @@ def run_micro_batches(
         inputs = task.inputs(batch)
         output = engine(*inputs) if isinstance(inputs, tuple) else engine(inputs)
         loss = task.loss(output, batch)
+        if metrics is not None:
+            metrics.phase(Phase.BACKWARD)
         engine.backward(loss)
         losses.append(loss.detach())
     return losses
@@ -188,15 +200,18 @@ def run_steps(
     log: ProgressLog | None,
     policy: CheckpointPolicy | None = None,
     first_step: int = 1,
+    metrics: RankMetrics | None = None,
 ) -> TrainResult:
-    """The loop from `first_step`: accumulate micro-batches, step, checkpoint, log from rank 0."""
+    """The loop from `first_step`: accumulate micro-batches, step, checkpoint, log from rank 0, metrics."""
     accumulation = spec.zero.gradient_accumulation_steps
     steps = spec.training.steps
     result = TrainResult()
     start = time.perf_counter()
     for step in range(first_step, steps + 1):
         step_start = time.perf_counter()
-        losses = run_micro_batches(engine, task, device, accumulation, step, steps)
+        losses = run_micro_batches(engine, task, device, accumulation, step, steps, metrics)
+        if metrics is not None:
+            metrics.phase(Phase.OPTIMIZER)
         outcome = engine.step()
         step_loss = mean_over_ranks(engine, torch.stack(losses).float().mean(), ctx.world_size)
         grad_norm = outcome.grad_norm if outcome.grad_norm is not None else float("nan")
@@ -207,11 +222,26 @@ def run_steps(
                 "boundary disagrees with spec.zero.gradientAccumulationSteps"
             )
         if policy is not None and policy.due(step, steps):
-            saved = policy.save(engine)
+            saved = save_checkpoint(engine, policy, step, metrics)
             if log is not None:
                 log.checkpoint(step, str(saved))
         step_s = time.perf_counter() - step_start
         step_tokens = task.tokens_per_batch * accumulation * ctx.world_size
+        if metrics is not None:
+            metrics.observe_step(
+                engine,
+                StepValues(
+                    step=step,
+                    seconds=step_s,
+                    loss=step_loss,
+                    grad_norm=grad_norm,
+                    learning_rate=float(engine.optimizer.param_groups[0]["lr"]),
+                    loss_scale=float(outcome.loss_scale),
+                    applied=bool(outcome.applied),
+                    skipped=bool(outcome.overflow),
+                    tokens=task.tokens_per_batch * accumulation,
+                ),
+            )
         result.losses.append(step_loss)
         result.grad_norms.append(grad_norm)
         result.tokens += step_tokens
@@ -229,6 +259,17 @@ def run_steps(
             )
     result.elapsed_s = time.perf_counter() - start
     return result
+
+
+def save_checkpoint(engine: Any, policy: CheckpointPolicy, step: int, metrics: RankMetrics | None) -> Path:
+    """Save and commit, timed for the metrics (the bytes are this rank's own file)."""
+    if metrics is not None:
+        metrics.phase(Phase.CHECKPOINTING)
+    t0 = time.perf_counter()
+    saved = policy.save(engine)
+    if metrics is not None:
+        metrics.observe_save(step, time.perf_counter() - t0, rank_file_bytes(saved, engine.rank))
+    return saved
 
 
 def gather_json(record: dict[str, Any], ctx: RankContext, device: torch.device) -> list[Any] | None:
@@ -276,8 +317,13 @@ def summary_record(
     }
 
 
-def train(spec: ZeroTrainingJobSpec, ctx: RankContext, engine_factory: EngineFactory | None = None) -> TrainResult:
-    """Run the job's training on this rank (the process group must be initialised)."""
+def train(
+    spec: ZeroTrainingJobSpec,
+    ctx: RankContext,
+    engine_factory: EngineFactory | None = None,
+    metrics: RankMetrics | None = None,
+) -> TrainResult:
+    """Run the job's training on this rank (the process group must be initialised), feeding `metrics`."""
     if is_script(spec.entrypoint):
         raise ConfigError(f"spec.entrypoint: {spec.entrypoint!r} is a script; the launcher runs scripts directly")
     if engine_factory is None:
@@ -289,13 +335,15 @@ def train(spec: ZeroTrainingJobSpec, ctx: RankContext, engine_factory: EngineFac
     device = device_for(ctx.local_rank)
     engine = make_engine(task, spec, device, engine_factory)
     policy = CheckpointPolicy.from_env(spec.checkpoint)
-    first_step = resume(engine, task, spec, policy) + 1
+    first_step = resume(engine, task, spec, policy, metrics) + 1
     log = ProgressLog(os.environ.get(PROGRESS_ENV)) if ctx.rank == 0 else None
     try:
-        result = run_steps(engine, task, spec, ctx, device, log, policy, first_step)
+        result = run_steps(engine, task, spec, ctx, device, log, policy, first_step, metrics)
     finally:
         if log is not None:
             log.close()
+    if metrics is not None:
+        metrics.phase(Phase.FINISHED)
     ranks = gather_reports(engine, ctx, device)
     if ranks is not None:
         record = json.dumps(summary_record(spec, ctx, result, ranks))
@@ -307,17 +355,47 @@ def train(spec: ZeroTrainingJobSpec, ctx: RankContext, engine_factory: EngineFac
     return result
 
 
-def resume(engine: Any, task: TrainingTask, spec: ZeroTrainingJobSpec, policy: CheckpointPolicy | None) -> int:
+def resume(
+    engine: Any,
+    task: TrainingTask,
+    spec: ZeroTrainingJobSpec,
+    policy: CheckpointPolicy | None,
+    metrics: RankMetrics | None = None,
+) -> int:
     """Load the newest good checkpoint and skip the micro-batches it already consumed; the steps done."""
-    path = policy.resume_newest(engine) if policy is not None else None
-    if path is None:
+    if policy is None:
         return 0
+    if metrics is not None:
+        metrics.phase(Phase.RESTORING)
+    t0 = time.perf_counter()
+    loaded = policy.resume_newest(engine)
+    if loaded is None:
+        return 0
+    path, nbytes = loaded
     done = int(engine.steps)
+    if metrics is not None:
+        metrics.observe_load(done, time.perf_counter() - t0, nbytes)
     # Batches are a deterministic function of the seed and their index, so skipping reproduces the data order.
     for _ in range(done * spec.zero.gradient_accumulation_steps):
         next(task.batches, None)
     logger.warning("resumed from %s at step %d", path, done)
     return done
+
+
+def start_metrics(job: str, spec: ZeroTrainingJobSpec, ctx: RankContext) -> RankMetrics:
+    """The rank's metrics, serving before the first collective (spec.metrics; `zerotrain run` picks the ports)."""
+    metrics = RankMetrics(
+        job,
+        ctx.rank,
+        ctx.local_rank,
+        ctx.world_size,
+        int(spec.zero.stage),
+        spec.training.steps,
+        enabled=spec.metrics.enabled,
+    )
+    if spec.metrics.enabled:
+        metrics.serve(*metrics_endpoint(spec.metrics.port, ctx.local_rank))
+    return metrics
 
 
 def init_process_group(spec: ZeroTrainingJobSpec) -> None:
@@ -338,10 +416,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         from zerotrain.manifest import load_job
 
-        spec = load_job(args.config).spec
+        job = load_job(args.config)
+        spec = job.spec
         ctx = RankContext.from_env()
+        metrics = start_metrics(str(job.metadata.get("name") or "zerotrain"), spec, ctx)
         init_process_group(spec)
-        train(spec, ctx)
+        train(spec, ctx, metrics=metrics)
+        metrics.stop()
     except UserError as e:
         message = f"zerotrain rank {os.environ.get('RANK', '?')}: error: {e}"
         print(message, file=sys.stderr, flush=True)

@@ -1,0 +1,370 @@
+"""Every rank's Prometheus metrics: memory by category (measured and predicted), device memory, communication by
+op, step, checkpoints, heartbeat and phase, served on /metrics from the rank's own registry.
+
+Cost on the hot path: the training loop calls `observe_step` once per optimizer step with values it already
+holds (the engine's memory report and collective counters, the step's loss and norm). Those are copied into an
+immutable snapshot that scrapes read, so a scrape never takes a lock the training thread waits on, never adds a
+device synchronisation and never issues a collective. `phase()` is an attribute write and one clock read.
+
+Every series carries `zerotrain_job`, `rank`, `local_rank` and `stage`. In a cluster Prometheus adds the
+target's `namespace` and `pod`; `job` belongs to Prometheus (its scrape job) and is never set here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from zerotrain.runtime.device_memory import DeviceMemory, DeviceProbe
+from zerotrain.runtime.memory import MemoryReport
+
+# Step times from a fast CPU test model (tens of ms) to a large model's step (minutes).
+STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 150.0, 300.0)
+
+
+METRICS_ADDR_ENV = "ZEROTRAIN_METRICS_ADDR"  # address to listen on; the pod's every interface by default
+METRICS_PORTS_ENV = "ZEROTRAIN_METRICS_PORTS"  # `zerotrain run`: the port of each local rank, comma-separated
+
+
+def metrics_endpoint(base_port: int, local_rank: int, env: Mapping[str, str] | None = None) -> tuple[int, str, str]:
+    """(port, address, the setting that chose the port) for this local rank.
+
+    In a pod: spec.metrics.port + local rank on every interface, the ports the operator declares. `zerotrain run`
+    passes the free ports it found in ZEROTRAIN_METRICS_PORTS and binds 127.0.0.1.
+    """
+    e = os.environ if env is None else env
+    addr = e.get(METRICS_ADDR_ENV) or "0.0.0.0"
+    ports = [p for p in (e.get(METRICS_PORTS_ENV) or "").split(",") if p.strip()]
+    if local_rank < len(ports):
+        return int(ports[local_rank]), addr, METRICS_PORTS_ENV
+    return base_port + local_rank, addr, "spec.metrics.port"
+
+
+class Phase(str, Enum):
+    """What the rank is doing; exported as `zerotrain_phase{phase=...}` (1 for the current one, 0 for the rest)."""
+
+    STARTING = "starting"
+    RESTORING = "restoring"
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    OPTIMIZER = "optimizer"
+    CHECKPOINTING = "checkpointing"
+    FINISHED = "finished"
+
+
+# (category label, measured field, peak field or None, predicted field or None) of `MemoryReport`.
+MEMORY_CATEGORIES: tuple[tuple[str, str, str | None, str | None], ...] = (
+    ("parameters", "parameter_bytes", None, "predicted_parameter_bytes"),
+    ("gradients", "gradient_bytes", None, "predicted_gradient_bytes"),
+    ("optimizer_states", "optimizer_bytes", None, "predicted_optimizer_bytes"),
+    ("gathered_parameters", "gathered_bytes", "gathered_peak_bytes", None),
+    ("communication_buffers", "comm_buffer_bytes", "comm_buffer_peak_bytes", None),
+    ("activations", "activation_bytes", "activation_peak_bytes", None),
+)
+
+
+@dataclass(frozen=True)
+class StepValues:
+    """One optimizer step as the loop saw it."""
+
+    step: int
+    """The loop's step number (1-based; moves on fp16-skipped steps too)."""
+    seconds: float
+    """Wall time of the step: micro-batches, optimizer, checkpoint."""
+    loss: float
+    """Mean loss over the global batch."""
+    grad_norm: float
+    """Global gradient norm (NaN when not computed)."""
+    learning_rate: float
+    """Learning rate of the first parameter group after the step."""
+    loss_scale: float
+    """fp16 loss scale used for the step (1 otherwise)."""
+    applied: bool
+    """The optimizer stepped."""
+    skipped: bool
+    """fp16 overflow: the step was skipped."""
+    tokens: int
+    """Tokens this rank processed in the step."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What a scrape reads: replaced whole, never mutated."""
+
+    memory: MemoryReport | None = None
+    comm: Mapping[str, tuple[int, int, int, float]] = field(default_factory=dict)
+    device: DeviceMemory | None = None
+    step: StepValues | None = None
+    steps_applied: int = 0
+    steps_skipped: int = 0
+    tokens: int = 0
+    saves: int = 0
+    save_seconds: float = 0.0
+    save_bytes: int = 0
+    last_save_seconds: float = 0.0
+    last_committed_step: int | None = None
+    load_seconds: float | None = None
+    load_bytes: int | None = None
+
+
+class _Families:
+    """Builds metric families that all carry the rank's constant labels."""
+
+    def __init__(self, labels: Mapping[str, str]) -> None:
+        self.names, self.values = list(labels), list(labels.values())
+
+    def gauge(self, name: str, doc: str, value: float | None, **extra: str) -> Metric:
+        fam = GaugeMetricFamily(name, doc, labels=[*self.names, *extra])
+        if value is not None:
+            fam.add_metric([*self.values, *extra.values()], value)
+        return fam
+
+    def by(
+        self,
+        kind: type[GaugeMetricFamily] | type[CounterMetricFamily],
+        name: str,
+        doc: str,
+        key: str,
+        values: Mapping[str, float],
+    ) -> Metric:
+        fam = kind(name, doc, labels=[*self.names, key])
+        for k, v in values.items():
+            fam.add_metric([*self.values, k], v)
+        return fam
+
+    def counter(self, name: str, doc: str, value: float) -> Metric:
+        fam = CounterMetricFamily(name, doc, labels=self.names)
+        fam.add_metric(self.values, value)
+        return fam
+
+
+class SnapshotCollector(Collector):
+    """Turns the current `Snapshot` (and phase and heartbeat) into metric families at scrape time."""
+
+    def __init__(self, owner: RankMetrics) -> None:
+        self.owner = owner
+        self.f = _Families(owner.labels)
+
+    def collect(self) -> Iterator[Metric]:
+        o, f = self.owner, self.f
+        s = o.snapshot  # one read: the training thread replaces it whole
+        yield f.gauge("zerotrain_world_size", "Ranks in the job.", o.world_size)
+        yield f.gauge("zerotrain_heartbeat_timestamp_seconds", "Last time the rank made progress (Unix).", o.heartbeat)
+        yield f.by(
+            GaugeMetricFamily,
+            "zerotrain_phase",
+            "The rank's current phase (1) among all phases (0).",
+            "phase",
+            {p.value: float(p is o.current_phase) for p in Phase},
+        )
+        yield from self._memory(s)
+        yield from self._device(s)
+        yield from self._comm(s)
+        yield from self._step(s)
+        yield from self._checkpoint(s)
+
+    def _memory(self, s: Snapshot) -> Iterator[Metric]:
+        m = s.memory
+        if m is None:
+            return
+        yield self.f.by(
+            GaugeMetricFamily,
+            "zerotrain_memory_bytes",
+            "Bytes this rank holds now by category, measured from live tensors.",
+            "category",
+            {c: getattr(m, measured) for c, measured, _, _ in MEMORY_CATEGORIES},
+        )
+        yield self.f.by(
+            GaugeMetricFamily,
+            "zerotrain_memory_peak_bytes",
+            "Most bytes held at once by category since the rank started.",
+            "category",
+            {c: getattr(m, peak) for c, _, peak, _ in MEMORY_CATEGORIES if peak},
+        )
+        yield self.f.by(
+            GaugeMetricFamily,
+            "zerotrain_memory_predicted_bytes",
+            "Bytes by category the ZeRO formula predicts for this rank.",
+            "category",
+            {c: getattr(m, pred) for c, _, _, pred in MEMORY_CATEGORIES if pred},
+        )
+
+    def _device(self, s: Snapshot) -> Iterator[Metric]:
+        d = s.device
+        if d is None:
+            return
+        yield self.f.gauge(
+            "zerotrain_device_memory_used_bytes",
+            "Device memory in use (CUDA: reserved by the allocator; CPU: resident set).",
+            d.used_bytes,
+            device=d.device,
+        )
+        yield self.f.gauge(
+            "zerotrain_device_memory_limit_bytes",
+            "Device memory available (CUDA: total; CPU: container limit, else host memory).",
+            d.limit_bytes,
+            device=d.device,
+        )
+        yield self.f.gauge("zerotrain_process_resident_memory_bytes", "Resident set size of the rank.", d.rss_bytes)
+        if d.cuda:
+            for key in ("allocated", "reserved", "peak_allocated"):
+                yield self.f.gauge(
+                    f"zerotrain_cuda_memory_{key}_bytes",
+                    f"CUDA caching allocator: {key} bytes.",
+                    d.cuda[key],
+                    device=d.device,
+                )
+            fam = CounterMetricFamily(
+                "zerotrain_cuda_alloc_retries",
+                "CUDA allocations retried after freeing the cache (fragmentation or memory pressure).",
+                labels=[*self.f.names, "device"],
+            )
+            fam.add_metric([*self.f.values, d.device], d.cuda["alloc_retries"])
+            yield fam
+
+    def _comm(self, s: Snapshot) -> Iterator[Metric]:
+        for i, (name, doc) in enumerate(
+            (
+                ("zerotrain_comm_calls", "Collective calls by op."),
+                ("zerotrain_comm_bytes", "Bytes sent by op (ring convention: what each rank sends)."),
+                ("zerotrain_comm_payload_bytes", "Tensor bytes handed to collectives by op."),
+                ("zerotrain_comm_seconds", "Seconds the rank spent in (or waiting for) collectives by op."),
+            )
+        ):
+            yield self.f.by(CounterMetricFamily, name, doc, "op", {op: v[i] for op, v in s.comm.items()})
+
+    def _step(self, s: Snapshot) -> Iterator[Metric]:
+        f, st = self.f, s.step
+        yield f.counter("zerotrain_optimizer_steps", "Optimizer steps applied.", s.steps_applied)
+        yield f.counter("zerotrain_skipped_steps", "Steps skipped on fp16 gradient overflow.", s.steps_skipped)
+        yield f.counter("zerotrain_tokens", "Tokens this rank processed.", s.tokens)
+        yield f.gauge("zerotrain_training_steps", "Optimizer steps the job trains for.", self.owner.total_steps)
+        if st is None:
+            return
+        yield f.gauge("zerotrain_step", "The last finished step.", st.step)
+        yield f.gauge(
+            "zerotrain_tokens_per_second",
+            "This rank's tokens per second over the last step.",
+            st.tokens / st.seconds if st.seconds > 0 else 0.0,
+        )
+        yield f.gauge("zerotrain_loss", "Loss of the last step (mean over the global batch).", st.loss)
+        yield f.gauge("zerotrain_grad_norm", "Global gradient norm of the last step.", st.grad_norm)
+        yield f.gauge("zerotrain_learning_rate", "Learning rate after the last step.", st.learning_rate)
+        yield f.gauge("zerotrain_loss_scale", "fp16 loss scale of the last step (1 otherwise).", st.loss_scale)
+
+    def _checkpoint(self, s: Snapshot) -> Iterator[Metric]:
+        f = self.f
+        yield f.counter("zerotrain_checkpoint_saves", "Checkpoints this rank saved and committed.", s.saves)
+        yield f.counter("zerotrain_checkpoint_save_seconds", "Seconds spent saving checkpoints.", s.save_seconds)
+        yield f.counter("zerotrain_checkpoint_save_bytes", "Bytes this rank wrote to checkpoints.", s.save_bytes)
+        yield f.gauge(
+            "zerotrain_checkpoint_last_save_duration_seconds",
+            "Duration of the last save.",
+            s.last_save_seconds if s.saves else None,
+        )
+        yield f.gauge(
+            "zerotrain_checkpoint_last_committed_step",
+            "Step of the newest committed checkpoint.",
+            s.last_committed_step,
+        )
+        yield f.gauge(
+            "zerotrain_checkpoint_load_duration_seconds", "Duration of the load this run resumed from.", s.load_seconds
+        )
+        yield f.gauge("zerotrain_checkpoint_load_bytes", "Bytes this rank read to resume.", s.load_bytes)
+
+
+class RankMetrics:
+    """One rank's metrics: its registry, its /metrics server and the values the training loop hands it."""
+
+    def __init__(
+        self, job: str, rank: int, local_rank: int, world_size: int, stage: int, total_steps: int, enabled: bool = True
+    ) -> None:
+        self.enabled = enabled
+        self.labels = {"zerotrain_job": job, "rank": str(rank), "local_rank": str(local_rank), "stage": str(stage)}
+        self.world_size, self.total_steps = world_size, total_steps
+        self.snapshot = Snapshot()
+        self.current_phase = Phase.STARTING
+        self.heartbeat = time.time()
+        self.registry = CollectorRegistry()
+        self.registry.register(SnapshotCollector(self))
+        self.step_seconds = Histogram(
+            "zerotrain_step_duration_seconds",
+            "Wall time of one optimizer step (all micro-batches, the update, any checkpoint).",
+            list(self.labels),
+            registry=self.registry,
+            buckets=STEP_BUCKETS,
+        ).labels(**self.labels)
+        self.probe: DeviceProbe | None = None
+        self._server: Any = None
+        self.address: tuple[str, int] | None = None
+
+    def serve(self, port: int, addr: str, field_name: str = "spec.metrics.port") -> None:
+        """Serve /metrics on addr:port from a daemon thread; a taken port is a configuration error."""
+        from zerotrain.runtime.task import ConfigError
+
+        try:
+            self._server, _ = start_http_server(port, addr=addr, registry=self.registry)
+        except OSError as e:
+            local = self.labels["local_rank"]
+            raise ConfigError(
+                f"{field_name}: port {port} (local rank {local}) cannot be served on {addr}: {e.strerror or e}; "
+                f"another process in the pod or on the host uses it: set {field_name} to a free range of ports "
+                "(local rank r serves on port + r) or spec.metrics.enabled: false"
+            ) from None
+        self.address = (addr, port)
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def phase(self, phase: Phase) -> None:
+        """Enter `phase`; also a heartbeat."""
+        self.current_phase = phase
+        self.heartbeat = time.time()
+
+    def observe_step(self, engine: Any, values: StepValues) -> None:
+        """Once per optimizer step, from what the engine and the loop already hold: no sync, no collective."""
+        if not self.enabled:
+            return
+        if self.probe is None:
+            self.probe = DeviceProbe(engine.units[0].master.device)
+        s = self.snapshot
+        comm = {op: (o.calls, o.bytes, o.payload_bytes, o.seconds) for op, o in engine.comm.stats.ops.items()}
+        self.snapshot = dataclasses.replace(
+            s,
+            memory=engine.memory_report(),
+            comm=comm,
+            device=self.probe.read(),
+            step=values,
+            steps_applied=s.steps_applied + int(values.applied),
+            steps_skipped=s.steps_skipped + int(values.skipped),
+            tokens=s.tokens + values.tokens,
+        )
+        self.step_seconds.observe(values.seconds)
+        self.heartbeat = time.time()
+
+    def observe_save(self, step: int, seconds: float, nbytes: int) -> None:
+        s = self.snapshot
+        self.snapshot = dataclasses.replace(
+            s,
+            saves=s.saves + 1,
+            save_seconds=s.save_seconds + seconds,
+            save_bytes=s.save_bytes + nbytes,
+            last_save_seconds=seconds,
+            last_committed_step=step,
+        )
+
+    def observe_load(self, step: int, seconds: float, nbytes: int) -> None:
+        s = self.snapshot
+        self.snapshot = dataclasses.replace(s, load_seconds=seconds, load_bytes=nbytes, last_committed_step=step)
