@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 import tempfile
 import threading
 from pathlib import Path
 from typing import Any
 
+import yaml
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -37,7 +39,80 @@ def register(sub: argparse._SubParsersAction) -> None:
         "one on the next run (default: no checkpoints)",
     )
     p.add_argument("--summary-file", default=None, help="also write rank 0's JSON summary (losses, reports) here")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="first port to try for the ranks' /metrics on 127.0.0.1 (default spec.metrics.port); a taken port is "
+        "skipped and the next free one used",
+    )
+    p.add_argument("--no-metrics", action="store_true", help="serve no /metrics (as spec.metrics.enabled: false)")
+    p.add_argument(
+        "--prometheus-config",
+        default=None,
+        metavar="FILE",
+        help="write a Prometheus configuration that scrapes this run's ranks to FILE (`prometheus --config.file`)",
+    )
     p.set_defaults(func=run)
+
+
+def free_ports(first: int, count: int, host: str = "127.0.0.1", last: int = 65535) -> list[int]:
+    """`count` ports from `first` up that nobody listens on right now (a taken one is skipped)."""
+    found: list[int] = []
+    port = first
+    while len(found) < count and port <= last:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+                found.append(port)
+            except OSError:
+                pass
+        port += 1
+    if len(found) < count:
+        raise UserError(
+            f"--metrics-port: got {first}; found only {len(found)} free port(s) of {count} from there up to {last}; "
+            "pick a lower port or pass --no-metrics"
+        )
+    return found
+
+
+def scrape_config(job: str, targets: list[str], interval_s: float = 5.0) -> dict[str, Any]:
+    """A Prometheus configuration scraping `targets`, labelled as the chart's PodMonitor labels pods.
+
+    honor_labels keeps the ranks' own `zerotrain_job` (the same value) instead of renaming it `exported_...`.
+    """
+    return {
+        "global": {"scrape_interval": f"{interval_s:g}s", "evaluation_interval": f"{interval_s:g}s"},
+        "scrape_configs": [
+            {
+                "job_name": "zerotrain",
+                "honor_labels": True,
+                "static_configs": [{"targets": targets, "labels": {"zerotrain_job": job}}],
+            }
+        ],
+    }
+
+
+def metrics_ports(job: ZeroTrainingJob, nproc: int, args: argparse.Namespace, console: Console) -> list[int]:
+    """Free ports for the ranks' /metrics (none when disabled), said on the console; FILE written if asked."""
+    if args.no_metrics or not job.spec.metrics.enabled:
+        return []
+    first = args.metrics_port if args.metrics_port is not None else job.spec.metrics.port
+    ports = free_ports(first, nproc)
+    if ports[-1] != first + nproc - 1:
+        taken = sorted(set(range(first, ports[-1] + 1)) - set(ports))
+        console.print(f"metrics: port(s) {', '.join(map(str, taken))} taken, skipped", highlight=False)
+    targets = [f"127.0.0.1:{p}" for p in ports]
+    console.print(
+        "metrics: " + ", ".join(f"rank {r} http://{t}/metrics" for r, t in enumerate(targets)),
+        soft_wrap=True,
+        highlight=False,
+    )
+    if args.prometheus_config:
+        name = str(job.metadata.get("name") or "zerotrain")
+        Path(args.prometheus_config).write_text(yaml.safe_dump(scrape_config(name, targets), sort_keys=False))
+        console.print(f"metrics: Prometheus configuration written to {args.prometheus_config}", highlight=False)
+    return ports
 
 
 def effective_job(path: str, nproc: int | None, steps: int | None) -> tuple[ZeroTrainingJob, int]:
@@ -100,6 +175,7 @@ def run(args: argparse.Namespace) -> int:
     job, nproc = effective_job(args.manifest, args.nproc, args.steps)
     # Imported here so `zerotrain --help` and the other subcommands don't pay for torch.
     from zerotrain.runtime.launch import PROGRESS_ENV, SUMMARY_ENV, preflight, scoped_environ
+    from zerotrain.runtime.metrics import METRICS_ADDR_ENV, METRICS_PORTS_ENV
     from zerotrain.runtime.resume import CHECKPOINT_DIR_ENV
 
     preflight(job.spec)
@@ -119,6 +195,8 @@ def run(args: argparse.Namespace) -> int:
         local_env |= {PROGRESS_ENV: str(progress_file), SUMMARY_ENV: str(summary_file), "CUDA_VISIBLE_DEVICES": ""}
         if args.checkpoint_dir:
             local_env[CHECKPOINT_DIR_ENV] = str(Path(args.checkpoint_dir).resolve())
+        if ports := metrics_ports(job, nproc, args, console):
+            local_env |= {METRICS_PORTS_ENV: ",".join(map(str, ports)), METRICS_ADDR_ENV: "127.0.0.1"}
         with scoped_environ(local_env):
             outcome = _train_with_progress(job, config, nproc, progress_file, console)
         summary = json.loads(summary_file.read_text()) if summary_file.exists() else None
