@@ -78,6 +78,6 @@ def make_registry(reconciler: Reconciler) -> kopf.OperatorRegistry:
 
     @kopf.on.delete(*resource, optional=True, registry=registry)
     def on_delete(namespace: str | None, name: str, **_: Any) -> None:
-        reconciler.metrics.set_phase((namespace or "", name), None)
+        reconciler.metrics.forget((namespace or "", name))
 
     return registry

@@ -3,15 +3,65 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from zerotrain.job_status import Phase
 
+JobKey = tuple[str, str]  # (namespace, name)
+
+
+@dataclass(frozen=True)
+class JobView:
+    """What the per-job series show of one job: its status as last written."""
+
+    phase: Phase
+    """status.phase."""
+    restarts_by_cause: dict[str, int] = field(default_factory=dict)
+    """status.restarts.byCause (persisted in the job, so it survives an operator restart)."""
+    restarts_total: int = 0
+    """status.restarts.total."""
+
+
+class JobCollector(Collector):
+    """Per-job series, built at scrape time from the jobs the operator holds: a deleted job's series vanish with it.
+
+    Labels `namespace` and `zerotrain_job` name the job (the chart's ServiceMonitor honours them, as
+    kube-state-metrics' does, so they are not renamed to the operator pod's namespace).
+    """
+
+    def __init__(self, jobs: dict[JobKey, JobView], lock: threading.Lock) -> None:
+        self._jobs, self._lock = jobs, lock
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            jobs = dict(self._jobs)
+        phase = GaugeMetricFamily(
+            "zerotrain_operator_job_phase",
+            "1 for the job's current phase, 0 for the others.",
+            labels=["namespace", "zerotrain_job", "phase"],
+        )
+        restarts = CounterMetricFamily(
+            "zerotrain_operator_job_restarts",
+            "Gang restarts of the job by cause, from its status.",
+            labels=["namespace", "zerotrain_job", "cause"],
+        )
+        for (ns, name), view in sorted(jobs.items()):
+            for p in Phase:
+                phase.add_metric([ns, name, p.value], float(p is view.phase))
+            for cause, count in sorted(view.restarts_by_cause.items()):
+                restarts.add_metric([ns, name, cause], count)
+        yield phase
+        yield restarts
+
 
 class OperatorMetrics:
-    """Reconcile count and duration by result, jobs by phase, gang restarts by reason."""
+    """Reconcile count and duration by result, jobs by phase, gang restarts by reason; per job: phase, restarts."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -29,8 +79,9 @@ class OperatorMetrics:
         self.restarts = Counter(
             "zerotrain_operator_gang_restarts", "Gang restarts by reason.", ["reason"], registry=self.registry
         )
-        self._phases: dict[tuple[str, str], Phase] = {}
+        self._jobs: dict[JobKey, JobView] = {}
         self._lock = threading.Lock()
+        self.registry.register(JobCollector(self._jobs, self._lock))
         self._server: Any = None
         for phase in Phase:
             self.jobs.labels(phase=phase.value).set(0)
@@ -39,15 +90,19 @@ class OperatorMetrics:
         self.reconciles.labels(result=result).inc()
         self.duration.labels(result=result).observe(seconds)
 
-    def set_phase(self, key: tuple[str, str], phase: Phase | None) -> None:
-        """Record a job's phase (None: the job is gone) and refresh the per-phase gauge."""
+    def set_job(self, key: JobKey, view: JobView | None) -> None:
+        """Record a job's phase and restarts (None: the job is gone, its series go) and refresh the phase counts."""
         with self._lock:
-            if phase is None:
-                self._phases.pop(key, None)
+            if view is None:
+                self._jobs.pop(key, None)
             else:
-                self._phases[key] = phase
+                self._jobs[key] = view
             for p in Phase:
-                self.jobs.labels(phase=p.value).set(sum(1 for v in self._phases.values() if v == p))
+                self.jobs.labels(phase=p.value).set(sum(1 for v in self._jobs.values() if v.phase == p))
+
+    def forget(self, key: JobKey) -> None:
+        """The job is gone: drop its series."""
+        self.set_job(key, None)
 
     def gang_restarted(self, reason: str) -> None:
         self.restarts.labels(reason=reason).inc()

@@ -21,7 +21,7 @@ from zerotrain.job_status import Phase, ZeroTrainingJobStatus
 from zerotrain.operator import builders, naming
 from zerotrain.operator.admission import admit
 from zerotrain.operator.kube import Kube
-from zerotrain.operator.metrics import OperatorMetrics
+from zerotrain.operator.metrics import JobView, OperatorMetrics
 from zerotrain.operator.observe import observe_pods
 from zerotrain.operator.settings import OperatorSettings
 from zerotrain.operator.status import TERMINAL, Backoff, Decision, compute_status, invalid, transitions
@@ -163,7 +163,7 @@ class Reconciler:
     def _once(self, namespace: str, name: str) -> Outcome:
         body = self.kube.get_job(namespace, name)
         if body is None or body.get("metadata", {}).get("deletionTimestamp"):
-            self.metrics.set_phase((namespace, name), None)
+            self.metrics.forget((namespace, name))
             return Outcome(Result.GONE)  # children go with the job through their owner references
         previous = read_status(body)
         now = self.clock()
@@ -184,7 +184,7 @@ class Reconciler:
         self._act(job, verdict.spec, decision, apply_supporting=decision.create_gang or spec_changed)
         if decision.delete_job:
             # A status write now would race kopf's finalizer removal (its JSON patch tests the resourceVersion).
-            self.metrics.set_phase((namespace, name), None)
+            self.metrics.forget((namespace, name))
             return Outcome(Result.GONE)
         self._write(body, previous, decision.status)
         if decision.restart_cause:
@@ -210,7 +210,9 @@ class Reconciler:
 
     def _write(self, body: dict[str, Any], previous: ZeroTrainingJobStatus | None, new: ZeroTrainingJobStatus) -> None:
         md = body["metadata"]
-        self.metrics.set_phase((md["namespace"], md["name"]), new.phase)
+        self.metrics.set_job(
+            (md["namespace"], md["name"]), JobView(new.phase, dict(new.restarts.by_cause), new.restarts.total)
+        )
         patch = status_patch(previous, new)
         if patch is None:
             return
