@@ -18,7 +18,11 @@ NAMESPACE = "zerotrain-system"
 Obj = dict[str, Any]
 
 # CRs of CRDs the cluster may not have (Prometheus Operator): no Kubernetes schema to validate them against.
-OPTIONAL_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("monitoring.coreos.com/v1", "PodMonitor")}
+OPTIONAL_KINDS = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PodMonitor"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),  # its rules are checked by promtool instead
+}
 
 
 def load_values(path: Path) -> Obj:

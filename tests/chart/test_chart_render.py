@@ -70,8 +70,10 @@ def test_one_resource_kind_per_template() -> None:
         [
             "ClusterRole",
             "ClusterRoleBinding",
+            "ConfigMap",
             "Deployment",
             "PodMonitor",
+            "PrometheusRule",
             "Role",
             "RoleBinding",
             "Service",
@@ -83,7 +85,8 @@ def test_one_resource_kind_per_template() -> None:
 
 def test_default_render_objects() -> None:
     kinds = sorted(o["kind"] for o in render())
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ServiceAccount"]
+    # The dashboard ConfigMap is on by default: it costs nothing without Grafana's sidecar.
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "Service", "ServiceAccount"]
 
 
 def test_deployment_is_single_recreate_non_root_read_only() -> None:

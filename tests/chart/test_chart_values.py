@@ -99,7 +99,10 @@ BAD_VALUES = [
     pytest.param({"replicaCount": 2}, ["replicaCount is 2", "Set replicaCount to 1"], id="two-replicas"),
     pytest.param({"replicas": 1}, ["additional properties 'replicas' not allowed"], id="unknown-top-level-key"),
     pytest.param({"image": {"tga": "x"}}, ["/image", "'tga' not allowed"], id="unknown-nested-key"),
-    pytest.param({"grafanaDashboard": {"enabled": True}}, ["'grafanaDashboard' not allowed"], id="not-yet-dashboard"),
+    pytest.param(
+        {"grafanaDashboard": {"enabeld": True}}, ["/grafanaDashboard", "'enabeld' not allowed"], id="dashboard-typo"
+    ),
+    pytest.param({"prometheusRule": {"enabled": "yes"}}, ["/prometheusRule/enabled"], id="rule-not-boolean"),
     pytest.param({"operator": {"scope": "everywhere"}}, ["/operator/scope", "cluster", "namespaced"], id="bad-scope"),
     pytest.param(
         {"operator": {"scope": "namespaced"}},

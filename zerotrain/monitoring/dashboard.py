@@ -1,0 +1,307 @@
+"""The Grafana dashboard of training jobs, built with grafana-foundation-sdk (`make monitoring` writes it).
+
+Rows follow what a user asks in order: does every rank fit (memory by category against the ZeRO formula,
+headroom to the device limit, what the device itself reports), is communication healthy, is training moving
+(step time per rank with stragglers, throughput, loss), are checkpoints landing, and what the operator did.
+Template variables: datasource, namespace, job, rank; every query is in `queries`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from grafana_foundation_sdk.builders import common as cb
+from grafana_foundation_sdk.builders import dashboard as db
+from grafana_foundation_sdk.builders import prometheus as pb
+from grafana_foundation_sdk.builders import statetimeline, timeseries
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common as cm
+from grafana_foundation_sdk.models import dashboard as dm
+
+from zerotrain.monitoring import queries as q
+
+UID = "zerotrain-training"
+DATASOURCE = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
+
+
+def _targets(panel: Any, *queries: q.Query) -> Any:
+    for i, query in enumerate(queries):
+        panel = panel.with_target(
+            pb.Dataquery().expr(query.expr).legend_format(query.legend).ref_id(chr(ord("A") + i)).datasource(DATASOURCE)
+        )
+    return panel
+
+
+def series(title: str, description: str, unit: str, *queries: q.Query, width: int = 12) -> timeseries.Panel:
+    """A time-series panel of `queries`."""
+    panel = (
+        timeseries.Panel()
+        .title(title)
+        .description(description)
+        .unit(unit)
+        .datasource(DATASOURCE)
+        .span(width)
+        .height(8)
+        .line_width(1)
+        .fill_opacity(10)
+        .legend(
+            cb.VizLegendOptions()
+            .show_legend(True)
+            .display_mode(cm.LegendDisplayMode.LIST)
+            .placement(cm.LegendPlacement.BOTTOM)
+        )
+    )
+    return _targets(panel, *queries)
+
+
+def memory_by_rank() -> timeseries.Panel:
+    """One panel per rank: measured categories stacked, the formula's model states as a dashed line."""
+    return (
+        series(
+            "Memory of rank $rank by category",
+            "Bytes this rank holds by category, measured from live tensors and stacked; the dashed line is what "
+            "the ZeRO formula predicts for parameters + gradients + optimizer states at this stage and world size.",
+            "bytes",
+            q.MEMORY_MEASURED,
+            q.MEMORY_PREDICTED,
+        )
+        .repeat("rank")
+        .repeat_direction("h")
+        .span(24)  # Grafana sizes horizontal repeats itself: 24 / ranks, at most 4 a line
+        .stacking(cb.StackingConfig().mode(cm.StackingMode.NORMAL))
+        .fill_opacity(40)
+        .override_by_name(
+            "predicted model states",
+            [
+                dm.DynamicConfigValue("custom.stacking", {"mode": "none"}),
+                dm.DynamicConfigValue("custom.fillOpacity", 0),
+                dm.DynamicConfigValue("custom.lineStyle", {"fill": "dash", "dash": [10, 10]}),
+                dm.DynamicConfigValue("custom.lineWidth", 2),
+            ],
+        )
+    )
+
+
+def phase_timeline(title: str, description: str, query: q.Query) -> statetimeline.Panel:
+    panel = statetimeline.Panel().title(title).description(description).datasource(DATASOURCE).span(12).height(8)
+    return _targets(panel, query)
+
+
+def variable(name: str, label: str, query: str) -> db.QueryVariable:
+    return (
+        db.QueryVariable(name)
+        .label(label)
+        .query(query)
+        .datasource(DATASOURCE)
+        .multi(True)
+        .include_all(True)
+        .all_value(".*")
+        .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .sort(dm.VariableSort.ALPHABETICAL_ASC)
+    )
+
+
+def memory_rows(d: db.Dashboard) -> db.Dashboard:
+    return (
+        d.with_row(db.Row("Memory"))
+        .with_panel(memory_by_rank())
+        .with_panel(
+            series(
+                "Device memory headroom",
+                "Device memory left per rank: CUDA total minus what the caching allocator reserved, or on CPU the "
+                "container limit minus the resident set.",
+                "bytes",
+                q.DEVICE_HEADROOM,
+            )
+        )
+        .with_panel(
+            series(
+                "Device memory used",
+                "Fraction of the device limit in use per rank; the memory alert fires above 92%.",
+                "percentunit",
+                q.DEVICE_USED_FRACTION,
+            )
+        )
+        .with_panel(
+            series(
+                "Model states: measured / predicted",
+                "Parameters + gradients + optimizer states this rank holds over what the ZeRO formula predicts. "
+                "1 means the stage shards exactly as the paper counts; padding to a multiple of N shows as a "
+                "little above 1.",
+                "none",
+                q.MODEL_STATES_RATIO,
+            )
+        )
+        .with_panel(
+            series(
+                "Peaks: gathered parameters, communication buffers, activations",
+                "Most bytes held at once since the rank started, per category that comes and goes within a step.",
+                "bytes",
+                q.MEMORY_PEAKS,
+            )
+        )
+        .with_panel(
+            series(
+                "CUDA caching allocator",
+                "Allocated, reserved and peak-allocated bytes per rank (CUDA ranks only). Reserved far above "
+                "allocated means fragmentation.",
+                "bytes",
+                *q.CUDA_ALLOCATOR,
+            )
+        )
+        .with_panel(
+            series(
+                "CUDA allocation retries",
+                "Allocations the CUDA allocator retried after emptying its cache: a sign of memory pressure.",
+                "short",
+                q.CUDA_RETRIES,
+            )
+        )
+        .with_panel(
+            series(
+                "Device framebuffer (DCGM) next to ZeRO's accounting",
+                "Where NVIDIA's DCGM exporter runs: framebuffer in use per GPU as the device reports it, next to "
+                "the bytes ZeRO accounts for in the same pod. The gap is the CUDA context, allocator cache and "
+                "anything outside the engine.",
+                "bytes",
+                q.DCGM_FRAMEBUFFER,
+                q.DCGM_ACCOUNTED,
+                width=24,
+            )
+        )
+    )
+
+
+def communication_rows(d: db.Dashboard) -> db.Dashboard:
+    return (
+        d.with_row(db.Row("Communication"))
+        .with_panel(
+            series(
+                "Bandwidth by op",
+                "Bytes each rank sends per second by collective (ring convention: n·(N-1)/N per all-gather or "
+                "reduce-scatter of n bytes).",
+                "Bps",
+                q.COMM_BANDWIDTH,
+                width=8,
+            )
+        )
+        .with_panel(
+            series(
+                "Time in collectives by op",
+                "Seconds per second each rank spends launching or waiting for collectives (1 = all of its time).",
+                "percentunit",
+                q.COMM_TIME,
+                width=8,
+            )
+        )
+        .with_panel(series("Collective calls by op", "Calls per second.", "ops", q.COMM_CALLS, width=8))
+    )
+
+
+def training_rows(d: db.Dashboard) -> db.Dashboard:
+    return (
+        d.with_row(db.Row("Training"))
+        .with_panel(
+            series(
+                "Step time per rank",
+                "Mean and p90 wall time of an optimizer step per rank. All ranks of a job step together, so one "
+                "rank far from the others is the one holding them back.",
+                "s",
+                q.STEP_TIME,
+                q.STEP_P90,
+            )
+        )
+        .with_panel(
+            series(
+                "Straggler: step time over the job's median",
+                "1 for every rank of a healthy gang; the straggler alert fires above 1.5.",
+                "none",
+                q.STRAGGLER,
+            )
+        )
+        .with_panel(
+            series("Tokens per second", "Tokens all ranks process per second.", "short", q.TOKENS_PER_S, width=8)
+        )
+        .with_panel(series("Loss", "Loss of the last step, mean over the global batch.", "none", q.LOSS, width=8))
+        .with_panel(series("Progress", "Steps done over spec.training.steps.", "percentunit", q.PROGRESS, width=8))
+        .with_panel(series("Gradient norm", "Global gradient norm before clipping.", "none", q.GRAD_NORM, width=8))
+        .with_panel(series("Learning rate", "After the last step.", "none", q.LEARNING_RATE, width=8))
+        .with_panel(
+            series(
+                "Loss scale and skipped steps",
+                "fp16 only: the dynamic loss scale and the steps skipped on gradient overflow.",
+                "none",
+                q.LOSS_SCALE,
+                q.SKIPPED,
+                width=8,
+            )
+        )
+    )
+
+
+def health_rows(d: db.Dashboard) -> db.Dashboard:
+    return (
+        d.with_row(db.Row("Checkpoints and health"))
+        .with_panel(
+            series(
+                "Checkpoint save and load",
+                "Duration of the last checkpoint save per rank, and of the load a resumed run started from.",
+                "s",
+                q.CHECKPOINT_SAVE,
+                q.CHECKPOINT_LOAD,
+                width=8,
+            )
+        )
+        .with_panel(series("Checkpoint writes", "Bytes per second written.", "Bps", q.CHECKPOINT_WRITE, width=8))
+        .with_panel(series("Last committed checkpoint", "Its step.", "none", q.CHECKPOINT_STEP, width=8))
+        .with_panel(
+            series(
+                "Heartbeat age",
+                "Seconds since each rank last made progress; a hung collective shows as a line that keeps rising.",
+                "s",
+                q.HEARTBEAT_AGE,
+            )
+        )
+        .with_panel(phase_timeline("Rank phase", "What each rank is doing.", q.PHASE))
+        .with_panel(series("Metrics targets up", "1 while a rank's /metrics answers.", "none", q.TARGETS_UP, width=8))
+        .with_panel(phase_timeline("Job phase (operator)", "The job's status.phase.", q.JOB_PHASE).span(8))
+        .with_panel(
+            series("Gang restarts by cause (operator)", "From the job's status.", "short", q.JOB_RESTARTS, width=8)
+        )
+    )
+
+
+def build() -> dm.Dashboard:
+    d = (
+        db.Dashboard("ZeRO training")
+        .uid(UID)
+        .description("Every rank of every ZeroTrainingJob: memory by ZeRO category, communication, steps, checkpoints.")
+        .tags(["zerotrain", "training"])
+        .time("now-1h", "now")
+        .refresh("30s")
+        .tooltip(dm.DashboardCursorSync.CROSSHAIR)
+        .with_variable(db.DatasourceVariable("datasource").label("Data source").type("prometheus"))
+        .with_variable(variable("namespace", "Namespace", "label_values(zerotrain_world_size, namespace)"))
+        .with_variable(
+            variable("job", "Job", 'label_values(zerotrain_world_size{namespace=~"$namespace"}, zerotrain_job)')
+        )
+        .with_variable(variable("rank", "Rank", f"label_values(zerotrain_world_size{{{q.JOB_SEL}}}, rank)"))
+    )
+    for rows in (memory_rows, communication_rows, training_rows, health_rows):
+        d = rows(d)
+    return d.build()
+
+
+def dashboard_json() -> str:
+    """The dashboard as Grafana imports it (stable key order, so the committed file diffs cleanly)."""
+    return json.dumps(json.loads(JSONEncoder(sort_keys=True).encode(build())), indent=2, sort_keys=True) + "\n"
+
+
+def panel_queries(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
+    """(panel title, expr) of every query of a dashboard JSON, rows included."""
+    out = []
+    for panel in dashboard.get("panels", []):
+        for inner in [panel, *panel.get("panels", [])]:
+            out += [(inner.get("title", ""), t["expr"]) for t in inner.get("targets", []) if "expr" in t]
+    return out

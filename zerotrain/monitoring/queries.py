@@ -1,0 +1,162 @@
+"""The PromQL the dashboard and the alerts run, each with the scope of what it must return.
+
+Selectors use the dashboard's template variables `$namespace`, `$job` (the ZeroTrainingJob, label
+`zerotrain_job`) and `$rank`. Their "All" value is `.*`, which also matches a series without the label: a local
+`zerotrain run` has no `namespace`. `vars_all()` substitutes that, for evaluating a query outside Grafana.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+RANK_SEL = 'namespace=~"$namespace", zerotrain_job=~"$job", rank=~"$rank"'
+JOB_SEL = 'namespace=~"$namespace", zerotrain_job=~"$job"'
+JOB_KEY = "namespace, zerotrain_job"
+RATE = "$__rate_interval"
+
+
+class Scope(str, Enum):
+    """What a query answers with, so a test knows what to expect from a live Prometheus."""
+
+    RANK = "rank"
+    """A series for every rank (label `rank`)."""
+    JOB = "job"
+    """At least one series for the job (label `zerotrain_job`), from the ranks' metrics."""
+    OPERATOR = "operator"
+    """A series for the job from the operator's metrics (labels `namespace`, `zerotrain_job`)."""
+    CUDA = "cuda"
+    """Per rank, but only where ranks run on CUDA (allocator statistics)."""
+    DCGM = "dcgm"
+    """Only where NVIDIA's DCGM exporter runs and Prometheus scrapes it with pod labels."""
+
+
+@dataclass(frozen=True)
+class Query:
+    """One PromQL expression of a panel or an alert."""
+
+    expr: str
+    """PromQL, with the dashboard's variables."""
+    legend: str
+    """Grafana legend format."""
+    scope: Scope
+    """What it returns."""
+
+
+def vars_all(expr: str, rate_window: str = "30s") -> str:
+    """`expr` as Grafana runs it with every variable on "All" and `$__rate_interval` = `rate_window`."""
+    for var in ("$namespace", "$job", "$rank"):
+        expr = expr.replace(var, ".*")
+    return expr.replace(RATE, rate_window)
+
+
+def step_seconds(sel: str = RANK_SEL) -> str:
+    """Mean step time per rank over the rate window."""
+    return (
+        f"rate(zerotrain_step_duration_seconds_sum{{{sel}}}[{RATE}])"
+        f" / rate(zerotrain_step_duration_seconds_count{{{sel}}}[{RATE}])"
+    )
+
+
+def straggler_ratio(sel: str = RANK_SEL) -> str:
+    """Each rank's step time over its job's median: 1 for everyone in a healthy gang, >1 for a straggler."""
+    per_rank = step_seconds(sel)
+    return f"({per_rank}) / on({JOB_KEY}) group_left() quantile by ({JOB_KEY}) (0.5, {per_rank})"
+
+
+MEMORY_MEASURED = Query(f"sum by (rank, category) (zerotrain_memory_bytes{{{RANK_SEL}}})", "{{category}}", Scope.RANK)
+MEMORY_PREDICTED = Query(
+    f"sum by (rank) (zerotrain_memory_predicted_bytes{{{RANK_SEL}}})", "predicted model states", Scope.RANK
+)
+MEMORY_PEAKS = Query(
+    f"sum by (rank, category) (zerotrain_memory_peak_bytes{{{RANK_SEL}}})", "rank {{rank}} {{category}}", Scope.RANK
+)
+MODEL_STATES_RATIO = Query(
+    f'sum by (rank) (zerotrain_memory_bytes{{{RANK_SEL}, category=~"parameters|gradients|optimizer_states"}})'
+    f" / sum by (rank) (zerotrain_memory_predicted_bytes{{{RANK_SEL}}})",
+    "rank {{rank}}",
+    Scope.RANK,
+)
+DEVICE_USED_FRACTION = Query(
+    f"zerotrain_device_memory_used_bytes{{{RANK_SEL}}} / zerotrain_device_memory_limit_bytes{{{RANK_SEL}}}",
+    "rank {{rank}} ({{device}})",
+    Scope.RANK,
+)
+DEVICE_HEADROOM = Query(
+    f"zerotrain_device_memory_limit_bytes{{{RANK_SEL}}} - zerotrain_device_memory_used_bytes{{{RANK_SEL}}}",
+    "rank {{rank}} ({{device}})",
+    Scope.RANK,
+)
+CUDA_ALLOCATOR = (
+    Query(f"zerotrain_cuda_memory_allocated_bytes{{{RANK_SEL}}}", "rank {{rank}} allocated", Scope.CUDA),
+    Query(f"zerotrain_cuda_memory_reserved_bytes{{{RANK_SEL}}}", "rank {{rank}} reserved", Scope.CUDA),
+    Query(f"zerotrain_cuda_memory_peak_allocated_bytes{{{RANK_SEL}}}", "rank {{rank}} peak allocated", Scope.CUDA),
+)
+CUDA_RETRIES = Query(f"increase(zerotrain_cuda_alloc_retries_total{{{RANK_SEL}}}[{RATE}])", "rank {{rank}}", Scope.CUDA)
+# DCGM reports framebuffer MiB per GPU with the pod it serves; ranks carry the pod label from their target.
+DCGM_FRAMEBUFFER = Query(
+    'DCGM_FI_DEV_FB_USED{namespace=~"$namespace"} * 1048576'
+    f" * on(namespace, pod) group_left(zerotrain_job) max by (namespace, pod, zerotrain_job)"
+    f" (zerotrain_world_size{{{JOB_SEL}}} * 0 + 1)",
+    "{{pod}} GPU {{gpu}} (DCGM)",
+    Scope.DCGM,
+)
+DCGM_ACCOUNTED = Query(
+    f"sum by (namespace, pod) (zerotrain_memory_bytes{{{JOB_SEL}}})"
+    ' and on(namespace, pod) DCGM_FI_DEV_FB_USED{namespace=~"$namespace"}',
+    "{{pod}} ZeRO categories",
+    Scope.DCGM,
+)
+COMM_BANDWIDTH = Query(
+    f"sum by (rank, op) (rate(zerotrain_comm_bytes_total{{{RANK_SEL}}}[{RATE}]))", "rank {{rank}} {{op}}", Scope.RANK
+)
+COMM_TIME = Query(
+    f"sum by (rank, op) (rate(zerotrain_comm_seconds_total{{{RANK_SEL}}}[{RATE}]))", "rank {{rank}} {{op}}", Scope.RANK
+)
+COMM_CALLS = Query(
+    f"sum by (rank, op) (rate(zerotrain_comm_calls_total{{{RANK_SEL}}}[{RATE}]))", "rank {{rank}} {{op}}", Scope.RANK
+)
+STEP_TIME = Query(step_seconds(), "rank {{rank}}", Scope.RANK)
+STEP_P90 = Query(
+    f"histogram_quantile(0.9, sum by (rank, le) (rate(zerotrain_step_duration_seconds_bucket{{{RANK_SEL}}}[{RATE}])))",
+    "rank {{rank}} p90",
+    Scope.RANK,
+)
+STRAGGLER = Query(straggler_ratio(), "rank {{rank}}", Scope.RANK)
+TOKENS_PER_S = Query(
+    f"sum by ({JOB_KEY}) (rate(zerotrain_tokens_total{{{RANK_SEL}}}[{RATE}]))", "{{zerotrain_job}}", Scope.JOB
+)
+LOSS = Query(f"avg by ({JOB_KEY}) (zerotrain_loss{{{JOB_SEL}}})", "{{zerotrain_job}}", Scope.JOB)
+GRAD_NORM = Query(f"avg by ({JOB_KEY}) (zerotrain_grad_norm{{{JOB_SEL}}})", "{{zerotrain_job}}", Scope.JOB)
+LEARNING_RATE = Query(f"avg by ({JOB_KEY}) (zerotrain_learning_rate{{{JOB_SEL}}})", "{{zerotrain_job}}", Scope.JOB)
+LOSS_SCALE = Query(f"avg by ({JOB_KEY}) (zerotrain_loss_scale{{{JOB_SEL}}})", "loss scale", Scope.JOB)
+SKIPPED = Query(f"max by ({JOB_KEY}) (zerotrain_skipped_steps_total{{{JOB_SEL}}})", "skipped steps", Scope.JOB)
+PROGRESS = Query(
+    f"max by ({JOB_KEY}) (zerotrain_step{{{JOB_SEL}}}) / max by ({JOB_KEY}) (zerotrain_training_steps{{{JOB_SEL}}})",
+    "{{zerotrain_job}}",
+    Scope.JOB,
+)
+HEARTBEAT_AGE = Query(f"time() - zerotrain_heartbeat_timestamp_seconds{{{RANK_SEL}}}", "rank {{rank}}", Scope.RANK)
+PHASE = Query(f"zerotrain_phase{{{RANK_SEL}}} == 1", "{{phase}}", Scope.RANK)
+CHECKPOINT_SAVE = Query(
+    f"zerotrain_checkpoint_last_save_duration_seconds{{{RANK_SEL}}}", "rank {{rank}} save", Scope.RANK
+)
+CHECKPOINT_WRITE = Query(
+    f"rate(zerotrain_checkpoint_save_bytes_total{{{RANK_SEL}}}[{RATE}])", "rank {{rank}} write", Scope.RANK
+)
+CHECKPOINT_LOAD = Query(
+    f"zerotrain_checkpoint_load_duration_seconds{{{RANK_SEL}}}", "rank {{rank}} load (resume)", Scope.RANK
+)
+CHECKPOINT_STEP = Query(
+    f"max by ({JOB_KEY}) (zerotrain_checkpoint_last_committed_step{{{JOB_SEL}}})", "last committed step", Scope.JOB
+)
+TARGETS_UP = Query('up{zerotrain_job=~"$job"}', "{{instance}}", Scope.JOB)
+JOB_PHASE = Query(f"zerotrain_operator_job_phase{{{JOB_SEL}}} == 1", "{{phase}}", Scope.OPERATOR)
+JOB_RESTARTS = Query(
+    f"sum by ({JOB_KEY}, cause) (zerotrain_operator_job_restarts_total{{{JOB_SEL}}})", "{{cause}}", Scope.OPERATOR
+)
+
+
+def all_queries() -> list[Query]:
+    """Every query defined here (what the dashboard may use)."""
+    return [v for v in globals().values() if isinstance(v, Query)] + [*CUDA_ALLOCATOR]
