@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.zerotrain-installed
 
-.PHONY: demo test lint typecheck crd clean
+.PHONY: demo test lint typecheck crd monitoring system-deps clean
 
 # The repository root has a folder named `operator`; keep the working directory off sys.path so
 # `python -m ...` run from here still finds the standard library's operator module (Python >= 3.11).
@@ -20,8 +20,18 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(BIN)/zerotrain run examples/quickstart.yaml
 
-test: lint $(STAMP)
+test: lint $(STAMP) system-deps
 	$(BIN)/pytest
+
+# The monitoring tests run a real Prometheus and promtool (Debian package `prometheus`); install it when missing.
+system-deps:
+	@if command -v prometheus >/dev/null && command -v promtool >/dev/null; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing prometheus and promtool (Debian package prometheus)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; \
+	else \
+		echo "make test needs prometheus and promtool: sudo apt-get install prometheus" >&2; exit 1; \
+	fi
 
 lint: $(STAMP) typecheck
 	$(BIN)/ruff check .
@@ -40,6 +50,10 @@ typecheck: $(STAMP)
 crd: $(STAMP)
 	$(BIN)/zerotrain crd
 	cp crds/zerotrainingjobs.zerotrain.dev.yaml charts/zerotrain-operator/crds/
+
+# The Grafana dashboard and the alert rules are generated from zerotrain/monitoring (a test fails on drift).
+monitoring: $(STAMP)
+	$(BIN)/python -m zerotrain.monitoring charts/zerotrain-operator
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache
