@@ -1,11 +1,12 @@
 """What the per-rank metrics cost: the real training loop (`zerotrain.runtime.train.run_steps`) with metrics on
-(served, scraped by a thread in the rank every --scrape-interval seconds: 1 by default, 15x the chart's PodMonitor) against metrics off, in
-the same process tree, alternating on and off so drift on a shared machine hits both alike.
+against metrics off, in the same process tree, alternating on and off so drift on a shared machine hits both alike.
+With metrics on, a thread in each rank scrapes it every --scrape-interval seconds (1 by default: 15 times as often
+as the chart's PodMonitor).
 
 Printed: median step time with metrics on over off, and the time `observe_step` itself takes per step (the whole
 hot-path cost: a memory report, a copy of the collective counters, an RSS read), as a share of the step.
 
-    python bench/bench_metrics.py --world 2 --steps 60 --repeats 3
+    python bench/bench_metrics.py --world 2 --steps 60 --repeats 5
 """
 
 from __future__ import annotations
