@@ -67,6 +67,23 @@ def test_bad_overrides_exit_2(flag: str, value: str, capsys: pytest.CaptureFixtu
     assert f"{flag}: got {value}; must be at least 1" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("port", ["80", "70000"])
+def test_metrics_port_out_of_range_exits_2(port: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", str(QUICKSTART), "--metrics-port", port]) == 2
+    assert f"--metrics-port: got {port}; must be between 1024 and 65535" in capsys.readouterr().err
+
+
+def test_scrape_config_labels_targets_like_the_pod_monitor() -> None:
+    from zerotrain.commands.run import scrape_config
+
+    config = scrape_config("quickstart", ["127.0.0.1:9400", "127.0.0.1:9401"])
+    (job,) = config["scrape_configs"]
+    assert job["honor_labels"] is True
+    assert job["static_configs"] == [
+        {"targets": ["127.0.0.1:9400", "127.0.0.1:9401"], "labels": {"zerotrain_job": "quickstart"}}
+    ]
+
+
 @pytest.mark.slow
 def test_script_entry_point_runs_as_every_rank_with_spec_env(tmp_path: Path) -> None:
     script = tmp_path / "train.py"

@@ -150,3 +150,17 @@ def test_built_objects_validate_against_the_kubernetes_schema(gang: str) -> None
     version = kubernetes_validate.latest_version()
     for obj in objs:
         kubernetes_validate.validate(obj, version, strict=True)
+
+
+@pytest.mark.parametrize(
+    ("metrics", "expected"),
+    [
+        ({}, {"metrics-0": 9400, "metrics-1": 9401, "metrics-2": 9402}),
+        ({"port": 9500}, {"metrics-0": 9500, "metrics-1": 9501, "metrics-2": 9502}),
+        ({"enabled": False}, {}),
+    ],
+)
+def test_metrics_ports_follow_spec_metrics(metrics: dict[str, Any], expected: dict[str, int]) -> None:
+    pod = builders.build_pod(JOB, spec(nprocPerNode=3, metrics=metrics), replica=0, gang=0)
+    ports = {p["name"]: p["containerPort"] for p in pod["spec"]["containers"][0]["ports"]}
+    assert {k: v for k, v in ports.items() if k.startswith("metrics")} == expected

@@ -98,6 +98,8 @@ def metrics_ports(job: ZeroTrainingJob, nproc: int, args: argparse.Namespace, co
     if args.no_metrics or not job.spec.metrics.enabled:
         return []
     first = args.metrics_port if args.metrics_port is not None else job.spec.metrics.port
+    if not 1024 <= first <= 65535:
+        raise UserError(f"--metrics-port: got {first}; must be between 1024 and 65535; pass a free unprivileged port")
     ports = free_ports(first, nproc)
     if ports[-1] != first + nproc - 1:
         taken = sorted(set(range(first, ports[-1] + 1)) - set(ports))
