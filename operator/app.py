@@ -12,6 +12,7 @@ from zerotrain.operator.handlers import make_registry
 from zerotrain.operator.kube import Kube
 from zerotrain.operator.metrics import OperatorMetrics
 from zerotrain.operator.reconcile import Reconciler
+from zerotrain.operator.resync import Resync
 from zerotrain.operator.settings import OperatorSettings
 
 log = logging.getLogger(__name__)
@@ -26,10 +27,12 @@ async def operate(
 ) -> None:
     """Run the operator until `stop_flag` is set (or forever); the caller owns and closes `kube`."""
     reconciler = Reconciler(kube=kube, settings=settings, metrics=metrics or OperatorMetrics())
+    resync = Resync(settings.resync_seconds, reconciler.reconcile)
     endpoint = f"http://{settings.bind_address}:{settings.health_port}/healthz" if liveness else None
+    resync.start()
     try:
         await kopf.operator(
-            registry=make_registry(reconciler),
+            registry=make_registry(reconciler, resync),
             standalone=True,
             namespaces=list(settings.namespaces),
             clusterwide=not settings.namespaces,
@@ -37,6 +40,7 @@ async def operate(
             stop_flag=stop_flag,
         )
     finally:
+        resync.stop()
         reconciler.close()
 
 

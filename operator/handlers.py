@@ -11,6 +11,7 @@ import kopf
 from zerotrain.operator import naming
 from zerotrain.operator.kube import KubeError
 from zerotrain.operator.reconcile import Reconciler, Result
+from zerotrain.operator.resync import Resync
 from zerotrain.spec import GROUP, PLURAL, VERSION
 
 log = logging.getLogger(__name__)
@@ -27,14 +28,14 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage()
     settings.watching.server_timeout = 300
     settings.networking.request_timeout = 60
-    # A job deleted while its resync timer runs a (sync) reconcile: kopf waits for the timer before removing
-    # its finalizer, and by default re-checks only every 60 s, which would hold the deletion that long.
-    settings.background.instant_exit_timeout = 0.5
-    settings.background.cancellation_polling = 1.0
 
 
-def make_registry(reconciler: Reconciler) -> kopf.OperatorRegistry:
-    """A fresh registry (never kopf's global one), so tests can run several operators in one process."""
+def make_registry(reconciler: Reconciler, resync: Resync | None = None) -> kopf.OperatorRegistry:
+    """A fresh registry (never kopf's global one), so tests can run several operators in one process.
+
+    No handler here needs a finalizer (no timers, no daemons, the delete handler is optional), so kopf puts
+    none on the jobs, and removes the one an older release left.
+    """
     registry = kopf.OperatorRegistry()
     resource = (GROUP, VERSION, PLURAL)
 
@@ -63,9 +64,11 @@ def make_registry(reconciler: Reconciler) -> kopf.OperatorRegistry:
     def on_job(namespace: str | None, name: str, **_: Any) -> None:
         run(namespace, name, permanent=True)
 
-    @kopf.timer(*resource, interval=reconciler.settings.resync_seconds, registry=registry)
-    def resync(namespace: str | None, name: str, **_: Any) -> None:
-        run(namespace, name, permanent=False)
+    @kopf.on.event(*resource, registry=registry)
+    def on_job_event(type: str | None, namespace: str | None, name: str, **_: Any) -> None:
+        # The periodic resync covers exactly the jobs the watch has shown (type None: the initial listing).
+        if resync is not None and namespace is not None:
+            resync.seen((namespace, name), present=type != "DELETED")
 
     @kopf.on.event("", "v1", "pods", labels={naming.LABEL_JOB: kopf.PRESENT}, registry=registry)
     def on_pod(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
@@ -73,7 +76,7 @@ def make_registry(reconciler: Reconciler) -> kopf.OperatorRegistry:
             return
         try:
             reconciler.reconcile(namespace, labels[naming.LABEL_JOB])
-        except KubeError as e:  # event handlers are not retried; the resync timer catches up
+        except KubeError as e:  # event handlers are not retried; the resync catches up
             log.warning("reconcile after a pod event failed: %s", e)
 
     @kopf.on.delete(*resource, optional=True, registry=registry)

@@ -183,7 +183,7 @@ class Reconciler:
         spec_changed = previous is None or previous.observed_generation != generation
         self._act(job, verdict.spec, decision, apply_supporting=decision.create_gang or spec_changed)
         if decision.delete_job:
-            # A status write now would race kopf's finalizer removal (its JSON patch tests the resourceVersion).
+            # The job is being deleted (no finalizer holds it): a status write now would only meet a 404.
             self.metrics.forget((namespace, name))
             return Outcome(Result.GONE)
         self._write(body, previous, decision.status)

@@ -1,0 +1,62 @@
+"""The periodic pass over every known job, outside kopf.
+
+kopf's timers need a finalizer on every job (so it can stop them on deletion), and a finalizer makes a job
+undeletable while the operator is down: `kubectl delete ztj`, `kubectl delete ns` and a CRD removal would hang.
+So the operator keeps its own set of the jobs the watch has shown it, and one thread reconciles each of them
+every `resync_seconds`. Jobs need no finalizer: their children go with them through owner references.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+Key = tuple[str, str]  # (namespace, name)
+
+
+class Resync:
+    """The jobs the watch has shown, reconciled every `interval` seconds from one daemon thread."""
+
+    def __init__(self, interval: float, reconcile: Callable[[str, str], object]) -> None:
+        self.interval = interval
+        self._reconcile = reconcile
+        self._jobs: set[Key] = set()
+        self._mu = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def seen(self, key: Key, present: bool) -> None:
+        """A watch event: the job exists (ADDED, MODIFIED) or is gone (DELETED)."""
+        with self._mu:
+            if present:
+                self._jobs.add(key)
+            else:
+                self._jobs.discard(key)
+
+    def jobs(self) -> list[Key]:
+        with self._mu:
+            return sorted(self._jobs)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="zerotrain-resync", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def run_once(self) -> None:
+        for namespace, name in self.jobs():
+            if self._stop.is_set():
+                return
+            try:
+                self._reconcile(namespace, name)
+            except Exception as e:  # one job's trouble must not stop the others' resync
+                log.warning("resync of %s/%s failed: %s", namespace, name, e)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.run_once()
