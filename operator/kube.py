@@ -54,6 +54,9 @@ API_CALLS: frozenset[ApiCall] = frozenset(
     # The operator: fetches a job fresh before reconciling (get), writes status, deletes after the TTL.
     _calls(GROUP, PLURAL, "get", "list", "watch", "patch", "delete")
     | _calls(GROUP, f"{PLURAL}/status", "patch")
+    # Never requested, but checked: OwnerReferencesPermissionEnforcement (OpenShift, hardened clusters) refuses a
+    # child whose ownerReference sets blockOwnerDeletion unless its creator may update the owner's finalizers.
+    | _calls(GROUP, f"{PLURAL}/finalizers", "update")
     # kopf watches the job's pods to reconcile on every pod change; the operator creates and deletes them.
     | _calls("", "pods", "list", "watch", "create", "delete")
     | _calls("", "services", "get", "create", "patch")

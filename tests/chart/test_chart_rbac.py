@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import Any
 
 import pytest
 from chart_util import NAMESPACE, Obj, by_kind, one, render
 
-from zerotrain.operator.kube import API_CALLS, ApiCall
+from zerotrain.operator import builders
+from zerotrain.operator.kube import API_CALLS, PLURALS, ApiCall
+from zerotrain.spec import KIND, PLURAL, ZeroTrainingJobSpec
 
 PODGROUP_GROUPS = {"coscheduling": "scheduling.x-k8s.io", "volcano": "scheduling.volcano.sh"}
 # Resources a namespaced Role cannot grant; namespaced mode would need a ClusterRole for any of them.
@@ -76,3 +79,49 @@ def test_gang_scheduling_grants_can_be_dropped(disabled: str) -> None:
 def test_rbac_create_false_renders_no_rbac() -> None:
     kinds = {o["kind"] for o in render({"rbac": {"create": False}})}
     assert not kinds & {"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+
+
+def _every_child() -> list[Obj]:
+    """What the builders make for jobs of every gang mode, with and without a checkpoint claim, and an Event."""
+    job = builders.JobRef("llm", "team-a", "uid-1")
+    out: list[Obj] = []
+    for gang in ("none", "coscheduling", "volcano"):
+        for claim in (None, "ckpt"):
+            spec = ZeroTrainingJobSpec.model_validate(
+                {
+                    "image": "img:1",
+                    "entrypoint": "pkg.mod:fn",
+                    "replicas": 2,
+                    "scheduling": {"gang": gang},
+                    "checkpoint": {"claimName": claim} if claim else {},
+                }
+            )
+            out += builders.build_supporting(job, spec) + builders.build_pods(job, spec, gang=0)
+    out.append(builders.build_event(job, "Normal", "Test", "m", datetime.now(timezone.utc)))
+    return out
+
+
+def _group(api_version: str) -> str:
+    return api_version.rsplit("/", 1)[0] if "/" in api_version else ""
+
+
+@pytest.mark.parametrize(
+    "values",
+    [{}, {"operator": {"scope": "namespaced", "watchNamespaces": ["team-a"]}}],
+    ids=["cluster", "namespaced"],
+)
+def test_every_child_the_builders_make_is_allowed_by_the_rendered_chart(values: Obj) -> None:
+    objects = render(values)
+    roles = by_kind(objects, "ClusterRole") or by_kind(objects, "Role")
+    grants = set().union(*(granted(r) for r in roles))
+    owners = {KIND: PLURAL}
+    for obj in _every_child():
+        plural = PLURALS[(obj["apiVersion"], obj["kind"])]
+        assert ApiCall(_group(obj["apiVersion"]), plural, "create") in grants, f"no create on {plural}"
+        for ref in obj["metadata"].get("ownerReferences", []):
+            if ref.get("blockOwnerDeletion"):
+                need = ApiCall(_group(ref["apiVersion"]), f"{owners[ref['kind']]}/finalizers", "update")
+                assert need in grants, (
+                    f"{obj['kind']} {obj['metadata']['name']} sets blockOwnerDeletion: with "
+                    f"OwnerReferencesPermissionEnforcement its create needs {need}"
+                )

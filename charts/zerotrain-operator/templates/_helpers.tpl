@@ -90,6 +90,11 @@ when the two differ): no wildcards, no verb or resource it does not use.
 - apiGroups: ["zerotrain.dev"]
   resources: ["zerotrainingjobs/status"]
   verbs: ["patch"]
+# Children's owner references set blockOwnerDeletion; with the OwnerReferencesPermissionEnforcement admission plugin
+# (OpenShift, many hardened clusters) creating them needs update on the job's finalizers, though none is ever set.
+- apiGroups: ["zerotrain.dev"]
+  resources: ["zerotrainingjobs/finalizers"]
+  verbs: ["update"]
 # The ranks: kopf watches the jobs' pods; the operator creates a gang and deletes it to restart or suspend.
 - apiGroups: [""]
   resources: ["pods"]
