@@ -6,10 +6,11 @@ of the same job are coalesced (never concurrent), so a burst of pod events costs
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from enum import Enum
@@ -18,9 +19,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from zerotrain.job_status import Phase, ZeroTrainingJobStatus
-from zerotrain.operator import builders, naming
+from zerotrain.operator import api_failure, builders, naming
 from zerotrain.operator.admission import admit
-from zerotrain.operator.kube import Kube
+from zerotrain.operator.api_failure import ChildWriteError
+from zerotrain.operator.kube import Kube, KubeError
 from zerotrain.operator.metrics import JobView, OperatorMetrics
 from zerotrain.operator.observe import observe_pods
 from zerotrain.operator.settings import OperatorSettings
@@ -89,6 +91,8 @@ class Reconciler:
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
     clock: Callable[[], datetime] = utcnow
     _states: dict[Key, _KeyState] = field(default_factory=dict)
+    _failures: dict[Key, int] = field(default_factory=dict)
+    """Consecutive passes whose child writes were refused, per job: the back-off of the retries."""
     _mu: threading.Lock = field(default_factory=threading.Lock)
     _closed: bool = False
 
@@ -181,7 +185,12 @@ class Reconciler:
         generation = body["metadata"].get("generation")
         decision.status.observed_generation = generation
         spec_changed = previous is None or previous.observed_generation != generation
-        self._act(job, verdict.spec, decision, apply_supporting=decision.create_gang or spec_changed)
+        try:
+            self._act(job, verdict.spec, decision, apply_supporting=decision.create_gang or spec_changed)
+        except ChildWriteError as e:
+            return self._write_failed(body, previous, e, now)
+        self._failures.pop((namespace, name), None)
+        api_failure.clear(decision.status, now)
         if decision.delete_job:
             # The job is being deleted (no finalizer holds it): a status write now would only meet a 404.
             self.metrics.forget((namespace, name))
@@ -191,19 +200,34 @@ class Reconciler:
             self.metrics.gang_restarted(decision.restart_cause)
         return Outcome(Result.OK, requeue_after=decision.requeue_after)
 
+    def _write_failed(
+        self, body: dict[str, Any], previous: ZeroTrainingJobStatus | None, err: ChildWriteError, now: datetime
+    ) -> Outcome:
+        """A child write was refused: say so in status (one Event per new reason) and retry with back-off."""
+        key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        failures = self._failures[key] = self._failures.get(key, 0) + 1
+        log.warning("%s/%s: %s (attempt %d)", *key, err, failures)
+        new = api_failure.failed_status(previous, err, now)
+        self._write(body, previous, new)
+        return Outcome(Result.ERROR, str(err), requeue_after=self.backoff.delay(failures))
+
     def _act(self, job: builders.JobRef, spec: ZeroTrainingJobSpec, d: Decision, apply_supporting: bool) -> None:
+        """Make the cluster match the decision; a refused child write raises ChildWriteError naming the child."""
         # Service, ConfigMap and RBAC follow the spec: applied when it changes and before every gang starts,
         # not on each of the many pod events in between.
         if apply_supporting and d.status.phase not in TERMINAL and d.status.phase != Phase.SUSPENDED:
             for obj in builders.build_supporting(job, spec):
-                self.kube.apply(obj)
+                with child_write("apply", obj):
+                    self.kube.apply(obj)
         for pod_name in d.delete_pods:
-            self.kube.delete_pod(job.namespace, pod_name)
+            with child_write("delete", {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod_name}}):
+                self.kube.delete_pod(job.namespace, pod_name)
         if d.create_gang:
             existing = {p["metadata"]["name"] for p in self.kube.list_pods(job.namespace, job.name)}
             for pod in builders.build_pods(job, spec, gang=d.status.restarts.total):
                 if pod["metadata"]["name"] not in existing:
-                    self.kube.create(pod)
+                    with child_write("create", pod):
+                        self.kube.create(pod)
         if d.delete_job:
             log.info("deleting %s/%s: ttlSecondsAfterFinished passed", job.namespace, job.name)
             self.kube.delete_job(job.namespace, job.name)
@@ -220,6 +244,16 @@ class Reconciler:
         job, now = builders.JobRef.from_body(body), self.clock()
         for ev in transitions(previous, new):
             self.kube.create_event(builders.build_event(job, ev.type, ev.reason, ev.message, now))
+
+
+@contextlib.contextmanager
+def child_write(verb: str, obj: dict[str, Any]) -> Iterator[None]:
+    """Turn the server's refusal of a write to `obj` into a ChildWriteError that names the child."""
+    try:
+        yield
+    except KubeError as e:
+        md = obj.get("metadata", {})
+        raise ChildWriteError(verb, obj.get("kind", "?"), obj.get("apiVersion", "?"), md.get("name", "?"), e) from e
 
 
 def job_of_pod(labels: dict[str, str] | None) -> str | None:

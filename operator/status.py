@@ -24,6 +24,7 @@ class ConditionType(str, Enum):
     SUSPENDED = "Suspended"
     INVALID_SPEC = "InvalidSpec"
     UNSCHEDULABLE = "Unschedulable"
+    CHILD_WRITE_FAILED = "ChildWriteFailed"
 
 
 class Reason:
@@ -56,6 +57,7 @@ _WARNING_WHEN_TRUE = {
     ConditionType.RESTARTING,
     ConditionType.INVALID_SPEC,
     ConditionType.UNSCHEDULABLE,
+    ConditionType.CHILD_WRITE_FAILED,
 }
 TERMINAL = (Phase.SUCCEEDED, Phase.FAILED)
 

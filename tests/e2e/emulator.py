@@ -31,6 +31,19 @@ _VERBS = {
 }
 
 
+@dataclass
+class Fault:
+    """An answer the emulator gives instead of serving a matching request, as a real server's admission,
+    RBAC or quota would: e.g. Fault("create", "pods", 403, "Forbidden", "pods is forbidden: ...")."""
+
+    verb: str
+    plural: str
+    status: int
+    reason: str
+    message: str
+    hits: int = 0
+
+
 @dataclass(frozen=True)
 class Served:
     """One API request the emulator answered."""
@@ -72,6 +85,7 @@ class ZeroEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
         self.served: list[Served] = []
+        self.faults: list[Fault] = []
         self._rv = itertools.count(1)
         self.resources.load_bundled()
         self.resources[CR] = kmock.ResourceInfo(
@@ -84,19 +98,29 @@ class ZeroEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
     def _next_rv(self) -> str:
         return str(next(self._rv))
 
-    def _record(self, request: kmock.Request) -> None:
+    def _call(self, request: kmock.Request) -> ApiCall | None:
         res = request.resource
         if res is None or request.action is None or not res.plural:
-            return  # discovery (/api/v1, /apis/GROUP/VERSION) is not a resource call
+            return None  # discovery (/api/v1, /apis/GROUP/VERSION) is not a resource call
         if request.action == kmock.action.UPDATE:
             verb = "update" if request.method == kmock.method.PUT else "patch"
         else:
             verb = _VERBS.get(request.action, str(request.action.value))
         plural = res.plural + (f"/{request.subresource}" if request.subresource else "")
-        ua = request.headers.get("User-Agent", "")
-        self.served.append(
-            Served(ApiCall(res.group or "", plural, verb), ua, str(request.method.value), str(request.url.path))
-        )
+        return ApiCall(res.group or "", plural, verb)
+
+    def _record(self, request: kmock.Request) -> ApiCall | None:
+        call = self._call(request)
+        if call is not None:
+            ua = request.headers.get("User-Agent", "")
+            self.served.append(Served(call, ua, str(request.method.value), str(request.url.path)))
+        return call
+
+    def _fault(self, call: ApiCall | None) -> None:
+        for f in self.faults:
+            if call is not None and (call.verb, call.resource) == (f.verb, f.plural):
+                f.hits += 1
+                raise kmock.KubernetesError(status=f.status, reason=f.reason, message=f.message)
 
     def _stamp(self, request: kmock.Request) -> None:
         data = request.data
@@ -128,7 +152,7 @@ class ZeroEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         return None
 
     async def _handle(self, request: kmock.Request) -> Any:
-        self._record(request)
+        self._fault(self._record(request))
         owner_uid = None
         if request.resource is not None:
             self._stamp(request)
