@@ -24,7 +24,18 @@ CONFIG_VOLUME = "zerotrain-config"
 CHECKPOINT_VOLUME = "zerotrain-checkpoints"
 SHM_VOLUME = "zerotrain-shm"
 # The runtime image's user and group; fsGroup makes a checkpoint PVC writable for it where the driver supports it.
-RUNTIME_GID = 65532
+RUNTIME_UID = RUNTIME_GID = 65532
+# Pod Security Standard "restricted": training needs no privilege (GPUs come through the device plugin), so pods
+# pass a namespace that enforces it. See docs/operator.md for what some GPU networking setups need instead.
+POD_SECURITY: Obj = {
+    "runAsNonRoot": True,
+    "runAsUser": RUNTIME_UID,
+    "runAsGroup": RUNTIME_GID,
+    "fsGroup": RUNTIME_GID,
+    "fsGroupChangePolicy": "OnRootMismatch",
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+CONTAINER_SECURITY: Obj = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 
 
 @dataclass(frozen=True)
@@ -193,6 +204,7 @@ def _container(job: JobRef, spec: ZeroTrainingJobSpec, replica: int) -> Obj:
         ]
     if resources := _resources(spec):
         container["resources"] = resources
+    container["securityContext"] = dict(CONTAINER_SECURITY)
     return container
 
 
@@ -221,7 +233,7 @@ def build_pod(job: JobRef, spec: ZeroTrainingJobSpec, replica: int, gang: int) -
             {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}},
             *spec.volumes,
         ],
-        "securityContext": {"fsGroup": RUNTIME_GID, "fsGroupChangePolicy": "OnRootMismatch"},
+        "securityContext": dict(POD_SECURITY),
     }
     if name := scheduler_name(spec):
         pod_spec["schedulerName"] = name
