@@ -15,6 +15,7 @@ from zerotrain.operator.resync import Resync
 from zerotrain.spec import GROUP, PLURAL, VERSION
 
 log = logging.getLogger(__name__)
+POD_SELECTOR = f"{naming.LABEL_MANAGED_BY}={naming.MANAGER},{naming.LABEL_JOB}"
 
 
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -27,6 +28,9 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # prunes (and which would race the operator's own status writes); annotations hold it instead.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage()
     settings.watching.server_timeout = 300
+    # Watch only our pods, filtered by the API server: in a busy namespace (or cluster-wide) the operator would
+    # otherwise receive and drop every other pod's events.
+    settings.watching.label_selectors["", "v1", "pods"] = POD_SELECTOR
     settings.networking.request_timeout = 60
 
 

@@ -52,6 +52,7 @@ class Served:
     user_agent: str
     method: str
     path: str
+    query: str = ""
 
 
 def labels_match(obj: dict[str, Any], selector: str | None) -> bool:
@@ -113,7 +114,8 @@ class ZeroEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         call = self._call(request)
         if call is not None:
             ua = request.headers.get("User-Agent", "")
-            self.served.append(Served(call, ua, str(request.method.value), str(request.url.path)))
+            query = str(request.url.query_string)
+            self.served.append(Served(call, ua, str(request.method.value), str(request.url.path), query))
         return call
 
     def _fault(self, call: ApiCall | None) -> None:
