@@ -87,13 +87,18 @@ def build_service(job: JobRef) -> Obj:
     }
 
 
-def build_config_map(job: JobRef, spec: ZeroTrainingJobSpec) -> Obj:
-    """The full, defaulted manifest the runtime reads from /etc/zerotrain/job.yaml."""
+def build_config_map(job: JobRef, spec: ZeroTrainingJobSpec, gang: int) -> Obj:
+    """The full, defaulted manifest gang `gang` reads from /etc/zerotrain/job.yaml.
+
+    One immutable ConfigMap per gang: a spec edit never changes what a running gang's pods (or one of its pods
+    started late) read; it applies from the next gang on.
+    """
     manifest = ZeroTrainingJob(metadata={"name": job.name, "namespace": job.namespace}, spec=spec).to_wire()
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _metadata(job, naming.config_map_name(job.name)),
+        "metadata": _metadata(job, naming.config_map_name(job.name, gang), {naming.LABEL_GANG: str(gang)}),
+        "immutable": True,
         "data": {naming.CONFIG_KEY: yaml.safe_dump(manifest, sort_keys=False)},
     }
 
@@ -228,7 +233,7 @@ def build_pod(job: JobRef, spec: ZeroTrainingJobSpec, replica: int, gang: int) -
         "serviceAccountName": naming.service_account_name(job.name),
         "containers": [_container(job, spec, replica)],
         "volumes": [
-            {"name": CONFIG_VOLUME, "configMap": {"name": naming.config_map_name(job.name)}},
+            {"name": CONFIG_VOLUME, "configMap": {"name": naming.config_map_name(job.name, gang)}},
             checkpoint,
             {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}},
             *spec.volumes,
@@ -250,9 +255,14 @@ def build_pods(job: JobRef, spec: ZeroTrainingJobSpec, gang: int) -> list[Obj]:
     return [build_pod(job, spec, r, gang) for r in range(spec.replicas)]
 
 
+def build_gang(job: JobRef, spec: ZeroTrainingJobSpec, gang: int) -> list[Obj]:
+    """Gang `gang`: its config first, then its pods."""
+    return [build_config_map(job, spec, gang), *build_pods(job, spec, gang)]
+
+
 def build_supporting(job: JobRef, spec: ZeroTrainingJobSpec) -> list[Obj]:
     """Everything but the pods, in the order they must exist before the pods start."""
-    objs = [*build_rbac(job), build_service(job), build_config_map(job, spec)]
+    objs = [*build_rbac(job), build_service(job)]
     if (group := build_pod_group(job, spec)) is not None:
         objs.append(group)
     return objs

@@ -60,7 +60,8 @@ API_CALLS: frozenset[ApiCall] = frozenset(
     # kopf watches the job's pods to reconcile on every pod change; the operator creates and deletes them.
     | _calls("", "pods", "list", "watch", "create", "delete")
     | _calls("", "services", "get", "create", "patch")
-    | _calls("", "configmaps", "get", "create", "patch")
+    # One immutable ConfigMap per gang: created with the gang, the previous gang's deleted.
+    | _calls("", "configmaps", "get", "create", "patch", "delete")
     | _calls("", "serviceaccounts", "get", "create", "patch")
     | _calls(_RBAC, "roles", "get", "create", "patch")
     | _calls(_RBAC, "rolebindings", "get", "create", "patch")
@@ -260,6 +261,19 @@ class Kube:
 
     def delete_pod(self, namespace: str, name: str) -> None:
         self._delete(path_of("v1", "pods", namespace, name))
+
+    def delete_config_map(self, namespace: str, name: str) -> None:
+        self._delete(path_of("v1", "configmaps", namespace, name))
+
+    def ensure(self, obj: Obj) -> bool:
+        """Create `obj` unless it exists (never patched: for immutable objects); True if created."""
+        try:
+            self.create(obj)
+            return True
+        except KubeError as e:
+            if e.status == 409:
+                return False
+            raise
 
     def apply(self, obj: Obj) -> bool:
         """Make `obj` exist as built; True if anything was written."""

@@ -29,8 +29,9 @@ def service_name(job: str) -> str:
     return job
 
 
-def config_map_name(job: str) -> str:
-    return f"{job}-config"
+def config_map_name(job: str, gang: int) -> str:
+    """The config of gang incarnation `gang`: immutable, so every pod of a gang reads the same spec."""
+    return f"{job}-config-{gang}"
 
 
 def pod_name(job: str, replica: int) -> str:

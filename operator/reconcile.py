@@ -223,11 +223,19 @@ class Reconciler:
             with child_write("delete", {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod_name}}):
                 self.kube.delete_pod(job.namespace, pod_name)
         if d.create_gang:
+            gang = d.status.restarts.total
             existing = {p["metadata"]["name"] for p in self.kube.list_pods(job.namespace, job.name)}
-            for pod in builders.build_pods(job, spec, gang=d.status.restarts.total):
+            config, *gang_pods = builders.build_gang(job, spec, gang)
+            with child_write("create", config):
+                self.kube.ensure(config)  # created once per gang; a retry keeps the first one (immutable)
+            for pod in gang_pods:
                 if pod["metadata"]["name"] not in existing:
                     with child_write("create", pod):
                         self.kube.create(pod)
+            if gang > 0:  # the previous gang's pods are gone (a gang is created only then): so is its config
+                old = naming.config_map_name(job.name, gang - 1)
+                with child_write("delete", {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": old}}):
+                    self.kube.delete_config_map(job.namespace, old)
         if d.delete_job:
             log.info("deleting %s/%s: ttlSecondsAfterFinished passed", job.namespace, job.name)
             self.kube.delete_job(job.namespace, job.name)

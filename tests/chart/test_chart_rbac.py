@@ -96,7 +96,7 @@ def _every_child() -> list[Obj]:
                     "checkpoint": {"claimName": claim} if claim else {},
                 }
             )
-            out += builders.build_supporting(job, spec) + builders.build_pods(job, spec, gang=0)
+            out += builders.build_supporting(job, spec) + builders.build_gang(job, spec, gang=0)
     out.append(builders.build_event(job, "Normal", "Test", "m", datetime.now(timezone.utc)))
     return out
 

@@ -105,7 +105,7 @@ async def test_create_makes_children_with_env_and_owner(cluster: Cluster, operat
         assert p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
     children = [
         path_of("v1", "services", ns, "alpha"),
-        path_of("v1", "configmaps", ns, "alpha-config"),
+        path_of("v1", "configmaps", ns, "alpha-config-0"),
         path_of("v1", "serviceaccounts", ns, "alpha-runtime"),
         path_of("rbac.authorization.k8s.io/v1", "roles", ns, "alpha-status-reporter"),
         path_of("rbac.authorization.k8s.io/v1", "rolebindings", ns, "alpha-status-reporter"),
@@ -127,7 +127,7 @@ def versions(kube: Kube, ns: str, job: str) -> dict[str, str]:
     paths = [
         path_of(JOBS, PLURAL, ns, job),
         path_of("v1", "services", ns, job),
-        path_of("v1", "configmaps", ns, f"{job}-config"),
+        path_of("v1", "configmaps", ns, f"{job}-config-0"),
         path_of("v1", "serviceaccounts", ns, f"{job}-runtime"),
         path_of("rbac.authorization.k8s.io/v1", "roles", ns, f"{job}-status-reporter"),
         path_of("rbac.authorization.k8s.io/v1", "rolebindings", ns, f"{job}-status-reporter"),
@@ -260,7 +260,7 @@ async def test_deletion_leaves_no_orphans(cluster: Cluster, operator: Operator, 
     await start_job(kube, ns, "kappa")
     await call(kube.delete_job, ns, "kappa")
     await until_async(lambda: get_job(kube, ns, "kappa") is None and not pods(kube, ns, "kappa"), timeout=30)
-    for path in (path_of("v1", "services", ns, "kappa"), path_of("v1", "configmaps", ns, "kappa-config")):
+    for path in (path_of("v1", "services", ns, "kappa"), path_of("v1", "configmaps", ns, "kappa-config-0")):
         try:
             await until_async(lambda p=path: kube.request("GET", p) is None, timeout=30)  # type: ignore[misc]
         except KubeError as e:

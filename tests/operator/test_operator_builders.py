@@ -100,7 +100,7 @@ def test_gang_scheduling(gang: str, api: str | None, scheduler: str | None) -> N
 
 def test_supporting_objects_are_owned_and_rbac_is_narrow() -> None:
     objs = builders.build_supporting(JOB, spec())
-    assert [o["kind"] for o in objs] == ["ServiceAccount", "Role", "RoleBinding", "Service", "ConfigMap"]
+    assert [o["kind"] for o in objs] == ["ServiceAccount", "Role", "RoleBinding", "Service"]
     assert all(o["metadata"]["ownerReferences"][0]["uid"] == "uid-1" for o in objs)
     role = objs[1]
     assert role["rules"] == [
@@ -113,6 +113,16 @@ def test_supporting_objects_are_owned_and_rbac_is_narrow() -> None:
     ]
     svc = objs[3]
     assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
+
+
+def test_each_gang_reads_its_own_immutable_config() -> None:
+    config, *pods = builders.build_gang(JOB, spec(replicas=2, env=[{"name": "A", "value": "1"}]), gang=3)
+    assert config["kind"] == "ConfigMap" and config["metadata"]["name"] == "llm-config-3"
+    assert config["immutable"] is True and config["metadata"]["labels"][naming.LABEL_GANG] == "3"
+    assert "value: '1'" in config["data"]["job.yaml"] or 'value: "1"' in config["data"]["job.yaml"]
+    for pod in pods:
+        (volume,) = [v for v in pod["spec"]["volumes"] if "configMap" in v]
+        assert volume["configMap"]["name"] == "llm-config-3"
 
 
 def test_builders_are_deterministic() -> None:

@@ -99,11 +99,15 @@ when the two differ): no wildcards, no verb or resource it does not use.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list", "watch", "create", "delete"]
-# Per-job children applied before the pods: the headless Service (rendezvous DNS), the ConfigMap (the runtime's
-# config) and the ranks' ServiceAccount. Owner references delete them with the job, so no delete verb.
+# Per-job children applied before the pods: the headless Service (rendezvous DNS) and the ranks' ServiceAccount.
+# Owner references delete them with the job, so no delete verb.
 - apiGroups: [""]
-  resources: ["services", "configmaps", "serviceaccounts"]
+  resources: ["services", "serviceaccounts"]
   verbs: ["get", "create", "patch"]
+# One immutable ConfigMap per gang (the runtime's config): created with the gang, the previous gang's deleted.
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "create", "patch", "delete"]
 # A Role and RoleBinding per job that let its ranks patch only that job's status. The operator holds every
 # permission it grants there, so it needs neither `escalate` nor `bind`.
 - apiGroups: ["rbac.authorization.k8s.io"]
