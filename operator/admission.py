@@ -10,7 +10,7 @@ from typing import Any
 from zerotrain.errors import UserError
 from zerotrain.manifest import parse_spec
 from zerotrain.operator import naming
-from zerotrain.operator.status import Reason
+from zerotrain.operator.conditions import Reason
 from zerotrain.planner import MemoryPlan, PlanInput, format_bytes, min_data_parallel, plan
 from zerotrain.runtime.config import Precision, Stage
 from zerotrain.spec import ZeroTrainingJobSpec

@@ -69,6 +69,15 @@ class ObservedPod:
     disruption: Disruption | None = None
     created: datetime | None = None
     message: str = ""
+    finished: datetime | None = None
+    """When the training container terminated (its finishedAt): the first failure by this time is the cause."""
+    peer_lost: bool = False
+    """Its ranks failed because a peer was gone (the runtime says so in the termination message): a consequence,
+    never the cause, of a gang's failure."""
+    waiting: str = ""
+    """Why a container cannot start (ImagePullBackOff, CreateContainerConfigError...), as the kubelet says."""
+    waiting_message: str = ""
+    """The kubelet's message for `waiting`."""
 
 
 def _time(value: Any) -> datetime | None:
@@ -109,6 +118,30 @@ def _disruption(pod: dict[str, Any], phase: PodPhase, term: dict[str, Any]) -> D
     return None
 
 
+# Container waiting reasons that mean the pod cannot start until someone acts (not a slow image pull).
+STUCK_WAITING = (
+    "ImagePullBackOff",
+    "ErrImagePull",
+    "InvalidImageName",
+    "ErrImageNeverPull",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+    "CrashLoopBackOff",
+)
+# What the runtime's launcher writes in the termination message when a rank failed only because a peer died
+# (zerotrain.runtime.errors.PeerLostError).
+PEER_LOST_MARKERS = ("PeerLostError", "a peer rank is gone")
+
+
+def _waiting(status: dict[str, Any]) -> tuple[str, str]:
+    for c in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+        waiting = (c.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in STUCK_WAITING:
+            return str(waiting["reason"]), f"container {c.get('name')}: {waiting.get('message') or waiting['reason']}"
+    return "", ""
+
+
 def observe_pod(pod: dict[str, Any]) -> ObservedPod:
     md = pod.get("metadata") or {}
     status = pod.get("status") or {}
@@ -119,6 +152,8 @@ def observe_pod(pod: dict[str, Any]) -> ObservedPod:
         phase = PodPhase.UNKNOWN
     term = _terminated(status)
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+    waiting, waiting_message = _waiting(status)
+    said = str(term.get("message") or "")
     return ObservedPod(
         name=md.get("name", ""),
         replica=_int(labels.get(naming.LABEL_REPLICA)),
@@ -130,6 +165,10 @@ def observe_pod(pod: dict[str, Any]) -> ObservedPod:
         disruption=_disruption(pod, phase, term),
         created=_time(md.get("creationTimestamp")),
         message=str(status.get("message") or term.get("reason") or ""),
+        finished=_time(term.get("finishedAt")),
+        peer_lost=any(m in said for m in PEER_LOST_MARKERS),
+        waiting=waiting,
+        waiting_message=waiting_message,
     )
 
 

@@ -6,51 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from enum import Enum
 
-from zerotrain.job_status import Condition, Phase, RankCounts, ZeroTrainingJobStatus
+from zerotrain.job_status import Phase, RankCounts, ZeroTrainingJobStatus
+from zerotrain.operator import startup
+from zerotrain.operator.conditions import ConditionType, Reason, get_condition, is_true, set_condition
 from zerotrain.operator.observe import Disruption, ObservedPod, PodPhase
 from zerotrain.spec import ZeroTrainingJobSpec
-
-
-class ConditionType(str, Enum):
-    """Condition types a job reports."""
-
-    CREATED = "Created"
-    RUNNING = "Running"
-    RESTARTING = "Restarting"
-    SUCCEEDED = "Succeeded"
-    FAILED = "Failed"
-    SUSPENDED = "Suspended"
-    INVALID_SPEC = "InvalidSpec"
-    UNSCHEDULABLE = "Unschedulable"
-    CHILD_WRITE_FAILED = "ChildWriteFailed"
-
-
-class Reason:
-    """Condition and Event reasons (CamelCase, machine-readable)."""
-
-    GANG_CREATED = "GangCreated"
-    GANG_RESTARTING = "GangRestarting"
-    ALL_RANKS_RUNNING = "AllRanksRunning"
-    RANKS_STARTING = "RanksStarting"
-    RANK_FAILED = "RankFailed"
-    GANG_RECOVERED = "GangRecovered"
-    COMPLETED = "Completed"
-    ALL_RANKS_SUCCEEDED = "AllRanksSucceeded"
-    PERMANENT_EXIT_CODE = "PermanentExitCode"
-    NON_RETRYABLE_EXIT_CODE = "NonRetryableExitCode"
-    BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
-    DEADLINE_EXCEEDED = "DeadlineExceeded"
-    JOB_SUSPENDED = "JobSuspended"
-    JOB_RESUMED = "JobResumed"
-    STARTUP_TIMEOUT = "StartupTimeout"
-    PODS_SCHEDULED = "PodsScheduled"
-    INVALID_SPEC = "InvalidSpec"
-    INVALID_NAME = "InvalidName"
-    MEMORY_PLAN_DOES_NOT_FIT = "MemoryPlanDoesNotFit"
-    SPEC_VALID = "SpecValid"
-
 
 _WARNING_WHEN_TRUE = {
     ConditionType.FAILED,
@@ -58,6 +19,7 @@ _WARNING_WHEN_TRUE = {
     ConditionType.INVALID_SPEC,
     ConditionType.UNSCHEDULABLE,
     ConditionType.CHILD_WRITE_FAILED,
+    ConditionType.CONTAINERS_WAITING,
 }
 TERMINAL = (Phase.SUCCEEDED, Phase.FAILED)
 
@@ -94,31 +56,6 @@ class JobEvent:
     type: str  # Normal | Warning
     reason: str
     message: str
-
-
-def get_condition(status: ZeroTrainingJobStatus, kind: ConditionType) -> Condition | None:
-    return next((c for c in status.conditions if c.type == kind.value), None)
-
-
-def is_true(status: ZeroTrainingJobStatus, kind: ConditionType, reason: str | None = None) -> bool:
-    c = get_condition(status, kind)
-    return c is not None and c.status == "True" and (reason is None or c.reason == reason)
-
-
-def set_condition(
-    status: ZeroTrainingJobStatus, kind: ConditionType, true: bool, reason: str, message: str, now: datetime
-) -> None:
-    """Upsert; lastTransitionTime moves only when the status flips, so repeated passes change nothing."""
-    value = "True" if true else "False"
-    old = get_condition(status, kind)
-    if old is None:
-        status.conditions.append(
-            Condition(type=kind.value, status=value, reason=reason, message=message, last_transition_time=now)
-        )
-        return
-    if old.status != value:
-        old.last_transition_time = now
-    old.status, old.reason, old.message = value, reason, message
 
 
 def transitions(previous: ZeroTrainingJobStatus | None, new: ZeroTrainingJobStatus) -> list[JobEvent]:
@@ -219,7 +156,11 @@ def _judge(
 ) -> Decision:
     st = d.status
     by_replica = {p.replica: p for p in current}
-    failed = [p for p in current if p.phase == PodPhase.FAILED and p.disruption is None]
+    # The cause first: a rank that failed on its own before one that only lost its peer, then the earliest to end.
+    failed = sorted(
+        (p for p in current if p.phase == PodPhase.FAILED and p.disruption is None),
+        key=lambda p: (p.peer_lost, p.finished is None, p.finished or now, p.replica or 0),
+    )
     disrupted = [p for p in current if p.disruption is not None]
     missing = [r for r in range(spec.replicas) if r not in by_replica]
     if failed:
@@ -236,7 +177,8 @@ def _judge(
         if is_true(st, ConditionType.RESTARTING):
             set_condition(st, ConditionType.RESTARTING, False, Reason.COMPLETED, "job finished", now)
         return _ttl(spec, d, now)
-    _startup(spec, d, current, now)
+    if (delay := startup.report(spec, st, current, now)) is not None:
+        d.requeue_after = delay
     if all(p.phase in (PodPhase.RUNNING, PodPhase.SUCCEEDED) for p in current):
         st.phase = Phase.RUNNING
         msg = f"{st.ranks.running} of {st.ranks.total} ranks running"
@@ -258,9 +200,13 @@ def _on_failure(
 ) -> Decision:
     policy, code = spec.failure_policy, pod.exit_code
     where = f"pod {pod.name} (node rank {pod.replica}) exited with code {code}"
-    if code is not None and code in policy.permanent_exit_codes:
+    if pod.peer_lost:
+        # Every failed rank only lost its peer (whose own end was not a failure we saw, e.g. its node went):
+        # its exit code says nothing about the program, so the exit-code rules do not apply.
+        where += " after losing a peer rank"
+    elif code is not None and code in policy.permanent_exit_codes:
         return _fail(d, current, Reason.PERMANENT_EXIT_CODE, f"{where}, listed in permanentExitCodes", now)
-    if policy.retryable_exit_codes and code not in policy.retryable_exit_codes:
+    elif policy.retryable_exit_codes and code not in policy.retryable_exit_codes:
         return _fail(d, current, Reason.NON_RETRYABLE_EXIT_CODE, f"{where}, not in retryableExitCodes", now)
     if d.status.restarts.failures >= policy.backoff_limit:
         msg = f"{where}; backoffLimit {policy.backoff_limit} spent"
@@ -333,25 +279,6 @@ def _suspend(d: Decision, alive: list[str], now: datetime) -> Decision:
         set_condition(st, ConditionType.CREATED, False, Reason.JOB_SUSPENDED, "job suspended", now)
     d.delete_pods = sorted(alive)
     return d
-
-
-def _startup(spec: ZeroTrainingJobSpec, d: Decision, current: list[ObservedPod], now: datetime) -> None:
-    """Report pods Pending longer than scheduling.startupTimeoutSeconds in the Unschedulable condition."""
-    limit = timedelta(seconds=spec.scheduling.startup_timeout_seconds)
-    late = [p for p in current if p.phase == PodPhase.PENDING and p.created and now - p.created > limit]
-    st = d.status
-    if late:
-        msg = (
-            f"{len(late)} pod(s) Pending longer than startupTimeoutSeconds="
-            f"{spec.scheduling.startup_timeout_seconds}, e.g. {late[0].name}: {late[0].message or 'not scheduled'}"
-        )
-        set_condition(st, ConditionType.UNSCHEDULABLE, True, Reason.STARTUP_TIMEOUT, msg, now)
-    elif get_condition(st, ConditionType.UNSCHEDULABLE) is not None:
-        set_condition(st, ConditionType.UNSCHEDULABLE, False, Reason.PODS_SCHEDULED, "no pod is stuck Pending", now)
-    pending = [p for p in current if p.phase == PodPhase.PENDING and p.created]
-    if pending and not late:
-        oldest = min(p.created for p in pending if p.created)
-        d.requeue_after = max(0.5, (oldest + limit - now).total_seconds())
 
 
 def invalid(previous: ZeroTrainingJobStatus | None, reason: str, message: str, now: datetime) -> ZeroTrainingJobStatus:

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from zerotrain.operator.admission import admit, parse_quantity
-from zerotrain.operator.status import Reason
+from zerotrain.operator.conditions import Reason
 
 BASE: dict[str, Any] = {"image": "i", "entrypoint": "m:f", "replicas": 2, "nprocPerNode": 8}
 BIG = {"model": {"parameters": 7_500_000_000}, "resources": {"gpu": 8}}

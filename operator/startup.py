@@ -1,0 +1,50 @@
+"""Pods that do not start: a container the kubelet cannot start (bad image, missing Secret...) is reported at once
+as `ContainersWaiting` with the kubelet's own reason; a pod still Pending after scheduling.startupTimeoutSeconds as
+`Unschedulable`, naming what it waits for. Pure, like `status`."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from zerotrain.job_status import ZeroTrainingJobStatus
+from zerotrain.operator.conditions import ConditionType, Reason, get_condition, set_condition
+from zerotrain.operator.observe import ObservedPod, PodPhase
+from zerotrain.spec import ZeroTrainingJobSpec
+
+
+def _why(pod: ObservedPod) -> str:
+    if pod.waiting:
+        return f"{pod.waiting}: {pod.waiting_message}"
+    return pod.message or "not scheduled"
+
+
+def _waiting(st: ZeroTrainingJobStatus, current: list[ObservedPod], now: datetime) -> None:
+    stuck = [p for p in current if p.waiting]
+    if stuck:
+        first = stuck[0]
+        msg = f"{len(stuck)} pod(s) cannot start, e.g. {first.name}: {first.waiting_message}"
+        set_condition(st, ConditionType.CONTAINERS_WAITING, True, first.waiting, msg, now)
+    elif get_condition(st, ConditionType.CONTAINERS_WAITING) is not None:
+        msg = "every container started or is starting"
+        set_condition(st, ConditionType.CONTAINERS_WAITING, False, Reason.CONTAINERS_STARTED, msg, now)
+
+
+def report(
+    spec: ZeroTrainingJobSpec, st: ZeroTrainingJobStatus, current: list[ObservedPod], now: datetime
+) -> float | None:
+    """Set ContainersWaiting and Unschedulable on `st`; the seconds until a Pending pod's startup timeout is due."""
+    _waiting(st, current, now)
+    limit = timedelta(seconds=spec.scheduling.startup_timeout_seconds)
+    late = [p for p in current if p.phase == PodPhase.PENDING and p.created and now - p.created > limit]
+    if late:
+        msg = (
+            f"{len(late)} pod(s) Pending longer than startupTimeoutSeconds="
+            f"{spec.scheduling.startup_timeout_seconds}, e.g. {late[0].name}: {_why(late[0])}"
+        )
+        set_condition(st, ConditionType.UNSCHEDULABLE, True, Reason.STARTUP_TIMEOUT, msg, now)
+    elif get_condition(st, ConditionType.UNSCHEDULABLE) is not None:
+        set_condition(st, ConditionType.UNSCHEDULABLE, False, Reason.PODS_SCHEDULED, "no pod is stuck Pending", now)
+    pending = [p.created for p in current if p.phase == PodPhase.PENDING and p.created]
+    if pending and not late:
+        return max(0.5, (min(pending) + limit - now).total_seconds())
+    return None
