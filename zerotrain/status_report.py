@@ -21,6 +21,8 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+SA_DIR_ENV = "ZEROTRAIN_SERVICE_ACCOUNT_DIR"
+"""Overrides where the projected service-account token and CA are read (a kubelet stand-in in tests)."""
 API_URL_ENV = "ZEROTRAIN_STATUS_API"
 """Overrides the API server URL (tests, or a proxy); by default the in-cluster service address is used."""
 TIMEOUT_SECONDS = 5.0
@@ -64,12 +66,13 @@ def _patch(name: str, namespace: str, body: dict[str, object]) -> None:
         raise RuntimeError(f"no API server address: set KUBERNETES_SERVICE_HOST or {API_URL_ENV}")
     url = f"{base}/apis/zerotrain.dev/v1alpha1/namespaces/{namespace}/zerotrainingjobs/{name}/status"
     headers = {"Content-Type": "application/merge-patch+json", "Accept": "application/json"}
-    token_file = SA_DIR / "token"
+    sa_dir = Path(os.environ.get(SA_DIR_ENV) or SA_DIR)
+    token_file = sa_dir / "token"
     if token_file.exists():  # re-read each time: bound service-account tokens rotate
         headers["Authorization"] = f"Bearer {token_file.read_text().strip()}"
     context = None
     if url.startswith("https://"):
-        ca = SA_DIR / "ca.crt"
+        ca = sa_dir / "ca.crt"
         context = ssl.create_default_context(cafile=str(ca) if ca.exists() else None)
     request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="PATCH")
     with urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS, context=context) as response:

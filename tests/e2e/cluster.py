@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import kubernetes
@@ -104,3 +105,21 @@ def real_cluster_teardown(cluster: Cluster) -> None:
 
 def manifest_yaml(body: dict[str, Any]) -> str:
     return yaml.safe_dump(body, sort_keys=False)
+
+
+def project_token(cluster: Cluster, kube: Kube, service_account: str, pod: dict[str, Any] | None, where: Path) -> None:
+    """What a kubelet does for a pod: mint its service account's token with the TokenRequest API (bound to the pod)
+    and project it, with the CA, into `where`. The emulator checks no token: it gets none."""
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "namespace").write_text(cluster.namespace)
+    if cluster.emulator is not None:
+        return
+    spec: dict[str, Any] = {"expirationSeconds": 3600}
+    if pod is not None:
+        md = pod["metadata"]
+        spec["boundObjectRef"] = {"apiVersion": "v1", "kind": "Pod", "name": md["name"], "uid": md["uid"]}
+    body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
+    path = f"/api/v1/namespaces/{cluster.namespace}/serviceaccounts/{service_account}/token"
+    (where / "token").write_text(kube.request("POST", path, body)["status"]["token"])
+    if cluster.configuration.ssl_ca_cert:
+        (where / "ca.crt").write_bytes(Path(cluster.configuration.ssl_ca_cert).read_bytes())

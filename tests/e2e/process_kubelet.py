@@ -2,7 +2,8 @@
 
 It polls the job's Pods through the test's Kube client and, for every new pod, runs the container's command
 (`python` replaced by this interpreter; ConfigMap volumes written to files, PVC volumes mapped to one directory
-per claim shared by all pods, paths under their mountPaths rewritten), then writes the pod's status with
+per claim shared by all pods, paths under their mountPaths rewritten; the pod's service-account token minted with
+the TokenRequest API and projected into a directory the runtime is pointed at), then writes the pod's status with
 `kubelet.set_pod_phase`: Running when started, Succeeded or Failed with the exit code when the process ends.
 A deleted pod's processes are killed with SIGKILL, the whole tree: torch's launcher starts each rank in a
 session of its own, and a real kubelet stops the container's whole cgroup. Only processes it started (and
@@ -29,7 +30,7 @@ from zerotrain.operator import naming
 from zerotrain.operator.kube import Kube, KubeError, path_of
 from zerotrain.runtime.launch import free_port
 
-from .cluster import Cluster
+from .cluster import Cluster, project_token
 from .kubelet import set_pod_phase
 
 BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")  # what an image provides; nothing else of the test's env
@@ -91,6 +92,7 @@ class ProcessKubelet:
     """Runs the pods of job `job` in the cluster's namespace; `async with` it in a test."""
 
     def __init__(self, cluster: Cluster, job: str, workdir: Path, poll_s: float = 0.2) -> None:
+        self.cluster = cluster
         self.namespace, self.job, self.workdir, self.poll_s = cluster.namespace, job, workdir, poll_s
         self.api_url = str(cluster.configuration.host)
         self.kube: Kube = cluster.client("zerotrain-e2e-kubelet")
@@ -184,7 +186,10 @@ class ProcessKubelet:
         master = naming.master_addr(self.job, self.namespace)
         assert env.get("MASTER_ADDR") == master, f"pod env MASTER_ADDR={env.get('MASTER_ADDR')!r}, expected {master!r}"
         gang = md["labels"][naming.LABEL_GANG]
+        token_dir = root / "serviceaccount"
+        project_token(self.cluster, self.kube, spec.get("serviceAccountName", "default"), pod, token_dir)
         env.update(
+            ZEROTRAIN_SERVICE_ACCOUNT_DIR=str(token_dir),
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=str(self._ports.setdefault(gang, free_port())),
             ZEROTRAIN_STATUS_API=self.api_url,

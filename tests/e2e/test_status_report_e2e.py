@@ -3,24 +3,27 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
 from zerotrain import status_report
-from zerotrain.operator.kube import Kube
+from zerotrain.operator.kube import Kube, path_of
 
-from .cluster import Cluster, until_async
+from .cluster import Cluster, project_token, until_async
 from .conftest import Operator
 from .test_operator_e2e import start_job
 
 
 async def test_report_progress_patches_step_and_checkpoint(
-    cluster: Cluster, operator: Operator, kube: Kube, monkeypatch: pytest.MonkeyPatch
+    cluster: Cluster, operator: Operator, kube: Kube, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    if cluster.emulator is None:
-        pytest.skip("reports authenticate with the pod's service-account token, which only exists inside a pod")
     ns = cluster.namespace
     await start_job(kube, ns, "lambda", replicas=1)
+    # As rank 0 in pod lambda-worker-0 would: with the job's runtime ServiceAccount, whose Role allows only this.
+    pod = await asyncio.to_thread(kube.request, "GET", path_of("v1", "pods", ns, "lambda-worker-0"))
+    await asyncio.to_thread(project_token, cluster, kube, "lambda-runtime", pod, tmp_path / "sa")
+    monkeypatch.setenv(status_report.SA_DIR_ENV, str(tmp_path / "sa"))
     monkeypatch.setenv("ZEROTRAIN_JOB_NAME", "lambda")
     monkeypatch.setenv("ZEROTRAIN_NAMESPACE", ns)
     monkeypatch.setenv(status_report.API_URL_ENV, cluster.configuration.host)

@@ -52,8 +52,6 @@ def resumed_step(output: str) -> int:
 async def test_killed_rank_restarts_gang_which_resumes_and_finishes(
     cluster: Cluster, operator: Operator, kube: Kube, tmp_path: Path
 ) -> None:
-    if cluster.emulator is None:
-        pytest.skip("rank 0's status reports authenticate with a pod service-account token, which only a pod has")
     ns, name = cluster.namespace, "train"
     async with ProcessKubelet(cluster, name, tmp_path) as kubelet:
         await asyncio.to_thread(kube.request, "POST", path_of(JOBS, PLURAL, ns), job_manifest(name, ns, **TINY))
