@@ -71,6 +71,9 @@ API_CALLS: frozenset[ApiCall] = frozenset(
     | _calls("", "events", "create")
 )
 
+# Leader election, in the operator's own namespace only (a Role there, never cluster-wide): operator.leader.
+LEADER_CALLS: frozenset[ApiCall] = frozenset(_calls("coordination.k8s.io", "leases", "get", "create", "patch"))
+
 # (apiVersion, kind) -> plural of every kind the operator writes.
 PLURALS = {
     ("v1", "Pod"): "pods",
@@ -193,11 +196,14 @@ class Kube:
         body: Any = None,
         content_type: str = "application/json",
         query: dict[str, str] | None = None,
+        retry: bool = True,
     ) -> Obj:
-        """One call with retries; returns the decoded JSON body or raises KubeError."""
+        """One call with retries (none with `retry=False`, e.g. a write guarded by a resourceVersion, which a retry
+        would only repeat into the same conflict); returns the decoded JSON body or raises KubeError."""
         url_path = path + (f"?{urlencode(query)}" if query else "")
         delay = self.retry_base_seconds
-        for attempt in range(self.retries + 1):
+        retries = self.retries if retry else 0
+        for attempt in range(retries + 1):
             try:
                 status, reason, data, retry_after = self._once(method, url_path, body, content_type)
             except urllib3.exceptions.HTTPError as e:
@@ -206,7 +212,7 @@ class Kube:
                 return data
             # A create that meets an existing object is an answer, not a transient conflict.
             retryable = status in _RETRYABLE and not (method == "POST" and status == 409)
-            if not retryable or attempt == self.retries:
+            if not retryable or attempt == retries:
                 raise KubeError(status, reason, str(data.get("message", data)), method)
             wait = retry_after if retry_after is not None else delay
             log.warning("%s %s: %s %s; retry %d in %.2fs", method, path, status, reason, attempt + 1, wait)

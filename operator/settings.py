@@ -38,6 +38,20 @@ class OperatorSettings(BaseModel):
     """Retries of an API call answered with a conflict, throttling or a server error."""
     api_retry_base_seconds: float = Field(default=0.2, ge=0)
     """First retry delay of an API call; doubles with each retry (or follows Retry-After)."""
+    leader_election: bool = False
+    """Reconcile only while holding a Lease, so several replicas can run (the Helm chart turns it on)."""
+    lease_namespace: str = "default"
+    """Namespace of the Lease (the chart sets the operator's own)."""
+    lease_name: str = "zerotrain-operator"
+    """Name of the Lease; operators sharing it elect one leader."""
+    lease_seconds: float = Field(default=15.0, gt=0)
+    """A leader that has not renewed for this long is replaced (and stops itself)."""
+    lease_renew_seconds: float = Field(default=5.0, gt=0)
+    """How often the leader renews the Lease."""
+    lease_retry_seconds: float = Field(default=2.0, gt=0)
+    """How often a standby tries to take the Lease."""
+    identity: str = ""
+    """This replica's name in the Lease (the chart sets the pod name; default host name and process id)."""
 
     @field_validator("namespaces", mode="before")
     @classmethod

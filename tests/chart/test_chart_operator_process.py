@@ -18,9 +18,9 @@ from pathlib import Path
 import kmock
 import pytest
 from chart_util import Obj, one, render
+from e2e.emulator import ZeroEmulator
 
 from zerotrain.runtime.launch import free_port
-from zerotrain.spec import GROUP, KIND, PLURAL, VERSION
 
 pytestmark = pytest.mark.slow
 
@@ -60,14 +60,15 @@ async def test_operator_started_as_the_chart_starts_it(tmp_path: Path) -> None:
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     command = list(container["command"])
     command[0] = shutil.which(command[0], path=str(Path(sys.executable).parent)) or command[0]
-    emulator = kmock.KubernetesEmulator()
-    emulator.resources.load_bundled()
-    emulator.resources[f"{GROUP}/{VERSION}/{PLURAL}"] = kmock.ResourceInfo(
-        kind=KIND, namespaced=True, verbs={"list", "watch", "get", "patch", "create", "delete"}, subresources={"status"}
-    )
-    async with kmock.Server(emulator):
+    # The e2e tests' emulator: it keeps resourceVersions, which the Lease's writes are guarded by.
+    async with ZeroEmulator() as emulator, kmock.Server(emulator):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("ZEROTRAIN_", "KUBERNETES_"))}
-        env |= {e["name"]: e["value"] for e in container["env"]}
+        # The downward API, as the kubelet fills it in for pod zt-op-0 in namespace default.
+        fields = {"metadata.name": "zt-op-0", "metadata.namespace": "default"}
+        env |= {
+            e["name"]: e["value"] if "value" in e else fields[e["valueFrom"]["fieldRef"]["fieldPath"]]
+            for e in container["env"]
+        }
         env["KUBECONFIG"] = str(_kubeconfig(tmp_path / "kubeconfig", str(emulator.url).rstrip("/")))
         proc = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         probes = [container["livenessProbe"]["httpGet"], container["readinessProbe"]["httpGet"]]

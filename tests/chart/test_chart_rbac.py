@@ -9,7 +9,7 @@ import pytest
 from chart_util import NAMESPACE, Obj, by_kind, one, render
 
 from zerotrain.operator import builders
-from zerotrain.operator.kube import API_CALLS, PLURALS, ApiCall
+from zerotrain.operator.kube import API_CALLS, LEADER_CALLS, PLURALS, ApiCall
 from zerotrain.spec import KIND, PLURAL, ZeroTrainingJobSpec
 
 PODGROUP_GROUPS = {"coscheduling": "scheduling.x-k8s.io", "volcano": "scheduling.volcano.sh"}
@@ -62,7 +62,7 @@ def test_cluster_role_grants_exactly_the_api_calls() -> None:
 def test_namespaced_roles_grant_exactly_the_api_calls() -> None:
     assert not {c.resource for c in API_CALLS} & CLUSTER_SCOPED, "namespaced mode needs a ClusterRole for these"
     objects = render({"operator": {"scope": "namespaced", "watchNamespaces": ["team-a", "team-b"]}})
-    roles = by_kind(objects, "Role")
+    roles = [r for r in by_kind(objects, "Role") if not r["metadata"]["name"].endswith("-leader-election")]
     assert len(roles) == 2
     for role in roles:
         _assert_exact(role, set(API_CALLS))
@@ -125,3 +125,16 @@ def test_every_child_the_builders_make_is_allowed_by_the_rendered_chart(values: 
                     f"{obj['kind']} {obj['metadata']['name']} sets blockOwnerDeletion: with "
                     f"OwnerReferencesPermissionEnforcement its create needs {need}"
                 )
+
+
+@pytest.mark.parametrize("scope", [{}, {"operator": {"scope": "namespaced", "watchNamespaces": ["team-a"]}}])
+def test_leader_election_is_granted_only_its_lease_in_the_release_namespace(scope: Obj) -> None:
+    objects = render(scope)
+    (role,) = [r for r in by_kind(objects, "Role") if r["metadata"]["name"].endswith("-leader-election")]
+    assert role["metadata"]["namespace"] == NAMESPACE
+    _assert_exact(role, set(LEADER_CALLS))
+    (binding,) = [b for b in by_kind(objects, "RoleBinding") if b["metadata"]["name"].endswith("-leader-election")]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"] and binding["metadata"]["namespace"] == NAMESPACE
+    assert not any(c.resource == "leases" for c in API_CALLS), "leases must not be granted cluster-wide"
+    off = render({**scope, "leaderElection": {"enabled": False}})
+    assert not [r for r in by_kind(off, "Role") if r["metadata"]["name"].endswith("-leader-election")]

@@ -75,6 +75,8 @@ def test_one_resource_kind_per_template() -> None:
             "PodMonitor",
             "PrometheusRule",
             "Role",
+            "Role",
+            "RoleBinding",
             "RoleBinding",
             "Service",
             "ServiceAccount",
@@ -86,7 +88,16 @@ def test_one_resource_kind_per_template() -> None:
 def test_default_render_objects() -> None:
     kinds = sorted(o["kind"] for o in render())
     # The dashboard ConfigMap is on by default: it costs nothing without Grafana's sidecar.
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "Service", "ServiceAccount"]
+    assert kinds == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ConfigMap",
+        "Deployment",
+        "Role",  # leader election, in the release namespace
+        "RoleBinding",
+        "Service",
+        "ServiceAccount",
+    ]
 
 
 def test_deployment_is_single_recreate_non_root_read_only() -> None:
@@ -127,7 +138,9 @@ def test_the_selector_picks_the_operator_pod_and_the_service_targets_it() -> Non
 def test_namespaced_scope_grants_nothing_cluster_wide() -> None:
     objects = render({"operator": {"scope": "namespaced", "watchNamespaces": ["team-a", "team-b"]}})
     assert not by_kind(objects, "ClusterRole") and not by_kind(objects, "ClusterRoleBinding")
-    roles, bindings = by_kind(objects, "Role"), by_kind(objects, "RoleBinding")
+    elected = "-leader-election"
+    roles = [r for r in by_kind(objects, "Role") if not r["metadata"]["name"].endswith(elected)]
+    bindings = [b for b in by_kind(objects, "RoleBinding") if not b["metadata"]["name"].endswith(elected)]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     for b in bindings:

@@ -96,7 +96,16 @@ def test_chart_crd_is_a_byte_identical_copy_of_crds() -> None:
 # (values, words the error must contain: the offending key and the fix)
 BAD_VALUES = [
     pytest.param({"replicaCount": -1}, ["replicaCount", "minimum"], id="negative-replicas"),
-    pytest.param({"replicaCount": 2}, ["replicaCount is 2", "Set replicaCount to 1"], id="two-replicas"),
+    pytest.param(
+        {"replicaCount": 2, "leaderElection": {"enabled": False}},
+        ["replicaCount is 2 but leaderElection.enabled is false", "Set leaderElection.enabled=true"],
+        id="two-replicas-without-election",
+    ),
+    pytest.param(
+        {"leaderElection": {"enabled": True, "leaseSeconds": 5, "renewSeconds": 5}},
+        ["leaderElection.leaseSeconds (5) must exceed leaderElection.renewSeconds (5)"],
+        id="lease-shorter-than-renewal",
+    ),
     pytest.param({"replicas": 1}, ["additional properties 'replicas' not allowed"], id="unknown-top-level-key"),
     pytest.param({"image": {"tga": "x"}}, ["/image", "'tga' not allowed"], id="unknown-nested-key"),
     pytest.param(

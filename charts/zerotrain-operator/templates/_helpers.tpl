@@ -137,8 +137,11 @@ Fail early, with the key, the value and the fix, on values that contradict each 
 */}}
 {{- define "zerotrain-operator.validate" -}}
 {{- $v := .Values }}
-{{- if gt (int $v.replicaCount) 1 }}
-{{- fail (printf "replicaCount is %v, but the operator runs kopf in standalone mode (no peering, no leader election): two replicas would both reconcile every job. Set replicaCount to 1 (or 0 to stop the operator)." $v.replicaCount) }}
+{{- if and (gt (int $v.replicaCount) 1) (not $v.leaderElection.enabled) }}
+{{- fail (printf "replicaCount is %v but leaderElection.enabled is false: two replicas would both reconcile every job. Set leaderElection.enabled=true, or replicaCount to 1 (or 0 to stop the operator)." $v.replicaCount) }}
+{{- end }}
+{{- if and $v.leaderElection.enabled (le (float64 $v.leaderElection.leaseSeconds) (float64 $v.leaderElection.renewSeconds)) }}
+{{- fail (printf "leaderElection.leaseSeconds (%v) must exceed leaderElection.renewSeconds (%v): a leader would lose its lease between renewals." $v.leaderElection.leaseSeconds $v.leaderElection.renewSeconds) }}
 {{- end }}
 {{- if and (eq $v.operator.scope "namespaced") (empty $v.operator.watchNamespaces) }}
 {{- fail "operator.scope is namespaced but operator.watchNamespaces is empty: list the namespaces to watch (e.g. --set operator.watchNamespaces={team-a}), or set operator.scope=cluster." }}
