@@ -9,7 +9,7 @@ from typing import Any
 
 from zerotrain.errors import UserError
 from zerotrain.manifest import parse_spec
-from zerotrain.operator import naming
+from zerotrain.operator import builders, naming, pod_template
 from zerotrain.operator.conditions import Reason
 from zerotrain.planner import MemoryPlan, PlanInput, format_bytes, min_data_parallel, plan
 from zerotrain.runtime.config import Precision, Stage
@@ -88,7 +88,22 @@ def _does_not_fit(spec: ZeroTrainingJobSpec, result: MemoryPlan, p: PlanInput) -
     )
 
 
-def admit(raw_spec: Any, job_name: str, default_gpu_memory: str | None = None) -> Admission:
+def pod_problems(spec: ZeroTrainingJobSpec, job_name: str, allow_host_path: bool) -> list[str]:
+    """What in the spec's pod template and volumes the operator refuses to build pods from."""
+    out = [
+        pod_template.host_path_problem(f"spec.volumes[{v.get('name')}]")
+        for v in spec.volumes
+        if "hostPath" in v and not allow_host_path
+    ]
+    if spec.pod_template:
+        built = builders.operator_pod(builders.JobRef(job_name, "", ""), spec, replica=0, gang=0)
+        out += pod_template.problems(spec.pod_template, built, set(builders.FIXED_ENV), allow_host_path)
+    return out
+
+
+def admit(
+    raw_spec: Any, job_name: str, default_gpu_memory: str | None = None, allow_host_path: bool = False
+) -> Admission:
     """Validate `raw_spec` as the operator receives it; never raises for bad input."""
     try:
         spec = parse_spec(raw_spec)
@@ -96,6 +111,8 @@ def admit(raw_spec: Any, job_name: str, default_gpu_memory: str | None = None) -
         return Admission(spec=None, reason=Reason.INVALID_SPEC, message=str(e))
     if problem := naming.name_problem(job_name, spec.replicas):
         return Admission(spec=spec, reason=Reason.INVALID_NAME, message=problem)
+    if problems := pod_problems(spec, job_name, allow_host_path):
+        return Admission(spec=spec, reason=Reason.INVALID_POD_TEMPLATE, message="; ".join(problems))
     try:
         planned = plan_for(spec, default_gpu_memory)
     except ValueError as e:

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from zerotrain.operator import naming
+from zerotrain.operator import naming, pod_template
 from zerotrain.spec import API_VERSION, GROUP, KIND, PLURAL, GangMode, ZeroTrainingJob, ZeroTrainingJobSpec
 
 Obj = dict[str, Any]
@@ -103,9 +103,11 @@ def build_config_map(job: JobRef, spec: ZeroTrainingJobSpec, gang: int) -> Obj:
     }
 
 
-def build_rbac(job: JobRef) -> list[Obj]:
-    """ServiceAccount + Role + RoleBinding letting the job's pods patch only this job's status."""
+def build_rbac(job: JobRef, spec: ZeroTrainingJobSpec) -> list[Obj]:
+    """ServiceAccount + Role + RoleBinding letting the job's pods (as the template's ServiceAccount, else the job's
+    own) patch only this job's status."""
     sa = naming.service_account_name(job.name)
+    runs_as = pod_template.service_account(spec.pod_template, sa)
     role = naming.role_name(job.name)
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _metadata(job, sa)},
@@ -127,7 +129,7 @@ def build_rbac(job: JobRef) -> list[Obj]:
             "kind": "RoleBinding",
             "metadata": _metadata(job, role),
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
-            "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": job.namespace}],
+            "subjects": [{"kind": "ServiceAccount", "name": runs_as, "namespace": job.namespace}],
         },
     ]
 
@@ -155,6 +157,23 @@ def scheduler_name(spec: ZeroTrainingJobSpec) -> str | None:
     return {GangMode.COSCHEDULING: COSCHEDULING_SCHEDULER, GangMode.VOLCANO: VOLCANO_SCHEDULER}.get(
         spec.scheduling.gang
     )
+
+
+# Env the operator sets in every pod: rendezvous and identity; neither spec.env nor a pod template may set them.
+FIXED_ENV = frozenset(
+    {
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "NNODES",
+        "NODE_RANK",
+        "NPROC_PER_NODE",
+        "WORLD_SIZE",
+        "ZEROTRAIN_JOB_NAME",
+        "ZEROTRAIN_NAMESPACE",
+        "ZEROTRAIN_CHECKPOINT_DIR",
+        "POD_NAME",
+    }
+)
 
 
 def pod_env(job: JobRef, spec: ZeroTrainingJobSpec, replica: int) -> list[Obj]:
@@ -214,7 +233,12 @@ def _container(job: JobRef, spec: ZeroTrainingJobSpec, replica: int) -> Obj:
 
 
 def build_pod(job: JobRef, spec: ZeroTrainingJobSpec, replica: int, gang: int) -> Obj:
-    """Pod `replica` (NODE_RANK) of gang incarnation `gang`; it runs nprocPerNode local ranks."""
+    """Pod `replica` (NODE_RANK) of gang incarnation `gang`, on the job's pod template."""
+    return pod_template.merge(operator_pod(job, spec, replica, gang), spec.pod_template)
+
+
+def operator_pod(job: JobRef, spec: ZeroTrainingJobSpec, replica: int, gang: int) -> Obj:
+    """What the operator itself puts in pod `replica` of gang `gang`: it runs nprocPerNode local ranks."""
     labels = {naming.LABEL_REPLICA: str(replica), naming.LABEL_GANG: str(gang)}
     if spec.scheduling.gang == GangMode.COSCHEDULING:
         labels[COSCHEDULING_LABEL] = naming.pod_group_name(job.name)
@@ -262,7 +286,7 @@ def build_gang(job: JobRef, spec: ZeroTrainingJobSpec, gang: int) -> list[Obj]:
 
 def build_supporting(job: JobRef, spec: ZeroTrainingJobSpec) -> list[Obj]:
     """Everything but the pods, in the order they must exist before the pods start."""
-    objs = [*build_rbac(job), build_service(job)]
+    objs = [*build_rbac(job, spec), build_service(job)]
     if (group := build_pod_group(job, spec)) is not None:
         objs.append(group)
     return objs

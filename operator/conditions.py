@@ -45,6 +45,7 @@ class Reason:
     CONTAINERS_STARTED = "ContainersStarted"
     INVALID_SPEC = "InvalidSpec"
     INVALID_NAME = "InvalidName"
+    INVALID_POD_TEMPLATE = "InvalidPodTemplate"
     MEMORY_PLAN_DOES_NOT_FIT = "MemoryPlanDoesNotFit"
     SPEC_VALID = "SpecValid"
 

@@ -171,7 +171,7 @@ class Reconciler:
             return Outcome(Result.GONE)  # children go with the job through their owner references
         previous = read_status(body)
         now = self.clock()
-        verdict = admit(body.get("spec"), name, self.settings.gpu_memory)
+        verdict = admit(body.get("spec"), name, self.settings.gpu_memory, self.settings.allow_host_path)
         if not verdict.admitted or verdict.spec is None:
             new = invalid(previous, verdict.reason or "", verdict.message, now)
             new.memory_plan = verdict.plan

@@ -38,6 +38,8 @@ class OperatorSettings(BaseModel):
     """Retries of an API call answered with a conflict, throttling or a server error."""
     api_retry_base_seconds: float = Field(default=0.2, ge=0)
     """First retry delay of an API call; doubles with each retry (or follows Retry-After)."""
+    allow_host_path: bool = False
+    """Admit jobs whose volumes or pod template use hostPath volumes (they give pods the node's files)."""
     leader_election: bool = False
     """Reconcile only while holding a Lease, so several replicas can run (the Helm chart turns it on)."""
     lease_namespace: str = "default"

@@ -293,6 +293,14 @@ class ZeroTrainingJobSpec(SpecModel):
     """Extra pod volumes (Kubernetes Volume objects)."""
     volume_mounts: list[VolumeMount] = Field(default_factory=list)
     """Mounts of `volumes` into the training container."""
+    pod_template: dict[str, Any] = Field(
+        default_factory=dict, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True}
+    )
+    """A Kubernetes PodTemplateSpec (`metadata.labels`/`annotations`, `spec`) the operator builds every pod on:
+    affinity, topologySpreadConstraints, tolerations, imagePullSecrets, serviceAccountName, securityContext, init
+    and sidecar containers, extra volumes, and a container named `trainer` whose env (e.g. from Secrets),
+    envFrom and volumeMounts are added to the training container. Fields the operator owns (the trainer's image,
+    command, args, ports, resources and rendezvous env; restartPolicy, hostname, subdomain) are refused."""
 
     @field_validator("entrypoint")
     @classmethod
