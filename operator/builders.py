@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from zerotrain.operator import naming, pod_template
+from zerotrain.operator import kueue, naming, pod_template
 from zerotrain.spec import API_VERSION, GROUP, KIND, PLURAL, GangMode, ZeroTrainingJob, ZeroTrainingJobSpec
 
 Obj = dict[str, Any]
@@ -45,11 +45,14 @@ class JobRef:
     name: str
     namespace: str
     uid: str
+    queue: str | None = None
+    """The Kueue LocalQueue the job's label names (`kueue.x-k8s.io/queue-name`), if any."""
 
     @classmethod
     def from_body(cls, body: Obj) -> JobRef:
         md = body.get("metadata", {})
-        return cls(name=md["name"], namespace=md["namespace"], uid=md.get("uid", ""))
+        queue = (md.get("labels") or {}).get(kueue.QUEUE_LABEL) or None
+        return cls(name=md["name"], namespace=md["namespace"], uid=md.get("uid", ""), queue=queue)
 
 
 def owner_reference(job: JobRef) -> Obj:
@@ -242,9 +245,13 @@ def operator_pod(job: JobRef, spec: ZeroTrainingJobSpec, replica: int, gang: int
     labels = {naming.LABEL_REPLICA: str(replica), naming.LABEL_GANG: str(gang)}
     if spec.scheduling.gang == GangMode.COSCHEDULING:
         labels[COSCHEDULING_LABEL] = naming.pod_group_name(job.name)
+    if job.queue:
+        labels |= kueue.pod_labels(job.queue, job.name, gang)
     metadata = _metadata(job, naming.pod_name(job.name, replica), labels)
     if spec.scheduling.gang == GangMode.VOLCANO:
         metadata["annotations"] = {VOLCANO_ANNOTATION: naming.pod_group_name(job.name)}
+    if job.queue:
+        metadata["annotations"] = {**metadata.get("annotations", {}), **kueue.pod_annotations(spec.replicas)}
     checkpoint: Obj = (
         {"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": spec.checkpoint.claim_name}}
         if spec.checkpoint.claim_name

@@ -21,6 +21,8 @@ class ConditionType(str, Enum):
     UNSCHEDULABLE = "Unschedulable"
     CHILD_WRITE_FAILED = "ChildWriteFailed"
     CONTAINERS_WAITING = "ContainersWaiting"
+    QUEUED = "Queued"
+    QUEUE_UNAVAILABLE = "QueueUnavailable"
 
 
 class Reason:
@@ -43,6 +45,11 @@ class Reason:
     STARTUP_TIMEOUT = "StartupTimeout"
     PODS_SCHEDULED = "PodsScheduled"
     CONTAINERS_STARTED = "ContainersStarted"
+    WAITING_FOR_ADMISSION = "WaitingForAdmission"
+    ADMITTED = "Admitted"
+    KUEUE_NOT_INSTALLED = "KueueNotInstalled"
+    LOCAL_QUEUE_NOT_FOUND = "LocalQueueNotFound"
+    QUEUE_FOUND = "QueueFound"
     INVALID_SPEC = "InvalidSpec"
     INVALID_NAME = "InvalidName"
     INVALID_POD_TEMPLATE = "InvalidPodTemplate"

@@ -67,6 +67,8 @@ API_CALLS: frozenset[ApiCall] = frozenset(
     | _calls(_RBAC, "rolebindings", "get", "create", "patch")
     | _calls(COSCHEDULING_GROUP, "podgroups", "get", "create", "patch")
     | _calls(VOLCANO_GROUP, "podgroups", "get", "create", "patch")
+    # A job labelled kueue.x-k8s.io/queue-name: its LocalQueue must exist before a gang is created (operator.kueue).
+    | _calls("kueue.x-k8s.io", "localqueues", "get")
     # The operator's Events and kopf's (kopf.event / failed-handler posts).
     | _calls("", "events", "create")
 )

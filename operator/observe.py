@@ -7,7 +7,7 @@ from datetime import datetime
 from enum import Enum
 from typing import Any
 
-from zerotrain.operator import naming
+from zerotrain.operator import kueue, naming
 
 
 class PodPhase(str, Enum):
@@ -78,6 +78,8 @@ class ObservedPod:
     """Why a container cannot start (ImagePullBackOff, CreateContainerConfigError...), as the kubelet says."""
     waiting_message: str = ""
     """The kubelet's message for `waiting`."""
+    gated: bool = False
+    """Kueue holds it (its admission scheduling gate): the gang waits for quota, it is not stuck."""
 
 
 def _time(value: Any) -> datetime | None:
@@ -169,6 +171,7 @@ def observe_pod(pod: dict[str, Any]) -> ObservedPod:
         peer_lost=any(m in said for m in PEER_LOST_MARKERS),
         waiting=waiting,
         waiting_message=waiting_message,
+        gated=kueue.is_gated(pod),
     )
 
 

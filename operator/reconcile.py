@@ -19,10 +19,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from zerotrain.job_status import Phase, ZeroTrainingJobStatus
-from zerotrain.operator import api_failure, builders, naming
+from zerotrain.operator import api_failure, builders, kueue, naming
 from zerotrain.operator.admission import admit
 from zerotrain.operator.api_failure import ChildWriteError
-from zerotrain.operator.kube import Kube, KubeError
+from zerotrain.operator.conditions import ConditionType, Reason, is_true, set_condition
+from zerotrain.operator.kube import Kube, KubeError, path_of
 from zerotrain.operator.metrics import JobView, OperatorMetrics
 from zerotrain.operator.observe import observe_pods
 from zerotrain.operator.settings import OperatorSettings
@@ -185,6 +186,11 @@ class Reconciler:
         generation = body["metadata"].get("generation")
         decision.status.observed_generation = generation
         spec_changed = previous is None or previous.observed_generation != generation
+        if decision.create_gang and job.queue and (missing := self._queue_missing(job)):
+            return self._queue_unavailable(body, previous, missing, now)
+        if is_true(decision.status, ConditionType.QUEUE_UNAVAILABLE):
+            msg = f"LocalQueue {job.queue!r} found" if job.queue else "the job names no Kueue queue any more"
+            set_condition(decision.status, ConditionType.QUEUE_UNAVAILABLE, False, Reason.QUEUE_FOUND, msg, now)
         try:
             self._act(job, verdict.spec, decision, apply_supporting=decision.create_gang or spec_changed)
         except ChildWriteError as e:
@@ -199,6 +205,35 @@ class Reconciler:
         if decision.restart_cause:
             self.metrics.gang_restarted(decision.restart_cause)
         return Outcome(Result.OK, requeue_after=decision.requeue_after)
+
+    def _queue_missing(self, job: builders.JobRef) -> tuple[str, str] | None:
+        """(reason, message) when the job's Kueue LocalQueue (or Kueue itself) is missing, else None."""
+        assert job.queue is not None
+        path = path_of(kueue.API, "localqueues", job.namespace, job.queue)
+        try:
+            self.kube.request("GET", path)
+            return None
+        except KubeError as e:
+            if e.status != 404:
+                raise
+        try:
+            self.kube.request("GET", f"/apis/{kueue.API}")
+            installed = True
+        except KubeError:
+            installed = False
+        reason = Reason.LOCAL_QUEUE_NOT_FOUND if installed else Reason.KUEUE_NOT_INSTALLED
+        return reason, kueue.missing_message(job.queue, job.namespace, installed)
+
+    def _queue_unavailable(
+        self, body: dict[str, Any], previous: ZeroTrainingJobStatus | None, missing: tuple[str, str], now: datetime
+    ) -> Outcome:
+        """No gang without its queue: say why, create nothing, look again with back-off."""
+        key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        failures = self._failures[key] = self._failures.get(key, 0) + 1
+        new = (previous or ZeroTrainingJobStatus()).model_copy(deep=True)
+        set_condition(new, ConditionType.QUEUE_UNAVAILABLE, True, missing[0], missing[1], now)
+        self._write(body, previous, new)
+        return Outcome(Result.OK, missing[1], requeue_after=max(self.backoff.delay(failures), 1.0))
 
     def _write_failed(
         self, body: dict[str, Any], previous: ZeroTrainingJobStatus | None, err: ChildWriteError, now: datetime

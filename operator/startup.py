@@ -29,13 +29,24 @@ def _waiting(st: ZeroTrainingJobStatus, current: list[ObservedPod], now: datetim
         set_condition(st, ConditionType.CONTAINERS_WAITING, False, Reason.CONTAINERS_STARTED, msg, now)
 
 
+def _queued(st: ZeroTrainingJobStatus, current: list[ObservedPod], now: datetime) -> None:
+    held = [p for p in current if p.gated]
+    if held:
+        msg = f"{len(held)} pod(s) held by Kueue until the gang is admitted against its queue's quota"
+        set_condition(st, ConditionType.QUEUED, True, Reason.WAITING_FOR_ADMISSION, msg, now)
+    elif get_condition(st, ConditionType.QUEUED) is not None and current:
+        set_condition(st, ConditionType.QUEUED, False, Reason.ADMITTED, "Kueue admitted the gang", now)
+
+
 def report(
     spec: ZeroTrainingJobSpec, st: ZeroTrainingJobStatus, current: list[ObservedPod], now: datetime
 ) -> float | None:
     """Set ContainersWaiting and Unschedulable on `st`; the seconds until a Pending pod's startup timeout is due."""
     _waiting(st, current, now)
+    _queued(st, current, now)
     limit = timedelta(seconds=spec.scheduling.startup_timeout_seconds)
-    late = [p for p in current if p.phase == PodPhase.PENDING and p.created and now - p.created > limit]
+    # A pod Kueue holds waits for quota, which is what a queue is for: not a startup problem.
+    late = [p for p in current if p.phase == PodPhase.PENDING and not p.gated and p.created and now - p.created > limit]
     if late:
         msg = (
             f"{len(late)} pod(s) Pending longer than startupTimeoutSeconds="
@@ -44,7 +55,7 @@ def report(
         set_condition(st, ConditionType.UNSCHEDULABLE, True, Reason.STARTUP_TIMEOUT, msg, now)
     elif get_condition(st, ConditionType.UNSCHEDULABLE) is not None:
         set_condition(st, ConditionType.UNSCHEDULABLE, False, Reason.PODS_SCHEDULED, "no pod is stuck Pending", now)
-    pending = [p.created for p in current if p.phase == PodPhase.PENDING and p.created]
+    pending = [p.created for p in current if p.phase == PodPhase.PENDING and not p.gated and p.created]
     if pending and not late:
         return max(0.5, (min(pending) + limit - now).total_seconds())
     return None

@@ -20,6 +20,7 @@ _WARNING_WHEN_TRUE = {
     ConditionType.UNSCHEDULABLE,
     ConditionType.CHILD_WRITE_FAILED,
     ConditionType.CONTAINERS_WAITING,
+    ConditionType.QUEUE_UNAVAILABLE,
 }
 TERMINAL = (Phase.SUCCEEDED, Phase.FAILED)
 

@@ -113,6 +113,10 @@ when the two differ): no wildcards, no verb or resource it does not use.
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
   verbs: ["get", "create", "patch"]
+# Jobs admitted through Kueue (label kueue.x-k8s.io/queue-name): the operator checks their LocalQueue exists.
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["localqueues"]
+  verbs: ["get"]
 # Events of kopf and the operator on the jobs.
 - apiGroups: [""]
   resources: ["events"]

@@ -1,0 +1,50 @@
+"""Admission through Kueue: a job labelled `kueue.x-k8s.io/queue-name` runs its gang as a Kueue plain pod group.
+
+Every pod of a gang carries the queue label, the group name (one group, so one Kueue Workload, per gang) and the
+group's size; Kueue's pod webhook holds the pods with its `kueue.x-k8s.io/admission` scheduling gate until the
+whole group is admitted against the queue's quota, so the gang starts together or not at all. Before creating a
+gang the operator checks the LocalQueue exists: without Kueue (or the queue) the pods would never be admitted,
+so it creates none and says why in the job's `Queued` condition.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
+COUNT_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
+ADMISSION_GATE = "kueue.x-k8s.io/admission"
+API = "kueue.x-k8s.io/v1beta1"
+
+Obj = dict[str, Any]
+
+
+def group_name(job: str, gang: int) -> str:
+    return f"{job}-gang-{gang}"
+
+
+def pod_labels(queue: str, job: str, gang: int) -> dict[str, str]:
+    return {QUEUE_LABEL: queue, GROUP_LABEL: group_name(job, gang)}
+
+
+def pod_annotations(replicas: int) -> dict[str, str]:
+    return {COUNT_ANNOTATION: str(replicas)}
+
+
+def is_gated(pod: Obj) -> bool:
+    """Kueue still holds the pod (its admission gate is on it)."""
+    gates = (pod.get("spec") or {}).get("schedulingGates") or []
+    return any(g.get("name") == ADMISSION_GATE for g in gates)
+
+
+def missing_message(queue: str, namespace: str, installed: bool) -> str:
+    if not installed:
+        return (
+            f"metadata.labels[{QUEUE_LABEL}]: got {queue!r}, but Kueue is not installed (the API server does not "
+            f"serve {API}); install Kueue with its pod integration, or remove the label"
+        )
+    return (
+        f"metadata.labels[{QUEUE_LABEL}]: LocalQueue {queue!r} does not exist in namespace {namespace!r}; create it "
+        "(kubectl get localqueues), or name an existing one"
+    )
