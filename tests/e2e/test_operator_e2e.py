@@ -160,6 +160,11 @@ async def test_second_pass_writes_nothing(cluster: Cluster, operator: Operator, 
     if cluster.emulator is not None:  # no managedFields there: its request record shows no write was attempted
         recent = [s for s in cluster.emulator.served[served:] if s.user_agent.startswith(OPERATOR_AGENTS)]
         assert [s for s in recent if s.call.verb not in ("get", "list", "watch")] == []
+        # And what a steady job costs per pass: read the job, list its pods. Nothing else.
+        done = operator.metrics.reconciles.labels(result="ok")._value.get() - passes
+        ours = [s for s in recent if s.user_agent.startswith("zerotrain-operator") and s.call.verb != "watch"]
+        assert sorted({(s.call.resource, s.call.verb) for s in ours}) == [("pods", "list"), ("zerotrainingjobs", "get")]
+        assert len(ours) <= 2 * done + 2, f"{len(ours)} requests in {done} passes"
 
 
 async def test_failed_rank_restarts_whole_gang(cluster: Cluster, operator: Operator, kube: Kube) -> None:

@@ -1,0 +1,184 @@
+"""The operator at scale: 100 concurrent jobs (2 pods each), then one 1,024-rank job (128 pods × 8 ranks), against
+the KMock emulator run in its own process (in-process, the emulator and not the operator is the bottleneck; see
+shared/notes/real-apiserver.md), with a thread playing kubelet (every new pod Running).
+
+Printed: reconcile pass latency p50/p99, the API requests the operator sends per job per resync pass once every job
+is steady (and how many of them are writes: the goal is none), and how long until every pod exists and runs.
+
+    python bench/bench_operator_scale.py --jobs 100 --wide-replicas 128 --resync 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import json
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from e2e.kubelet import set_pod_phase  # noqa: E402
+from e2e.test_operator_e2e import JOBS, job_manifest  # noqa: E402
+
+from zerotrain.operator.app import operate  # noqa: E402
+from zerotrain.operator.kube import Kube, KubeError, path_of  # noqa: E402
+from zerotrain.operator.metrics import OperatorMetrics  # noqa: E402
+from zerotrain.operator.settings import OperatorSettings  # noqa: E402
+from zerotrain.spec import PLURAL  # noqa: E402
+
+NS = "default"
+
+
+def serve_emulator() -> None:
+    """Child process: the e2e tests' emulator on a free 127.0.0.1 port, printed as its URL, until stdin closes."""
+    import kmock
+    from e2e.emulator import ZeroEmulator
+
+    async def run() -> None:
+        async with ZeroEmulator() as emu, kmock.Server(emu):
+            print(str(emu.url).rstrip("/"), flush=True)
+            await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+
+    asyncio.run(run())
+
+
+class TimedMetrics(OperatorMetrics):
+    """Operator metrics that also keep every reconcile pass's duration."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.passes: list[float] = []
+
+    def observe_reconcile(self, result: str, seconds: float) -> None:
+        super().observe_reconcile(result, seconds)
+        self.passes.append(seconds)
+
+
+class CountingKube(Kube):
+    """The operator's client, counting requests by method."""
+
+    counts: collections.Counter[str]
+
+    def request(self, method: str, path: str, *args: Any, **kwargs: Any) -> Any:
+        self.counts[method] += 1
+        return super().request(method, path, *args, **kwargs)
+
+
+def kubelet(client: Kube, stop: threading.Event) -> None:
+    """Every Pending pod of any job becomes Running."""
+    while not stop.wait(0.3):
+        items = client.request("GET", path_of("v1", "pods", NS)).get("items") or []
+        for pod in items:
+            if (pod.get("status") or {}).get("phase", "Pending") == "Pending":
+                with contextlib.suppress(KubeError):  # deleted meanwhile
+                    set_pod_phase(client, NS, pod["metadata"]["name"], "Running")
+
+
+def wait_running(client: Kube, names: list[str], timeout: float) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        items = client.request("GET", path_of(JOBS, PLURAL, NS)).get("items") or []
+        phases = {j["metadata"]["name"]: (j.get("status") or {}).get("phase") for j in items}
+        if all(phases.get(n) == "Running" for n in names):
+            return time.monotonic() - start
+        time.sleep(0.5)
+    raise TimeoutError(f"jobs not Running after {timeout}s")
+
+
+def pct(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100)[q - 1] if len(values) >= 2 else (values[0] if values else 0.0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=100)
+    parser.add_argument("--wide-replicas", type=int, default=128)
+    parser.add_argument("--resync", type=float, default=5.0)
+    parser.add_argument("--steady-passes", type=int, default=3)
+    parser.add_argument("--serve-emulator", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_emulator:
+        serve_emulator()
+        return
+    emu = subprocess.Popen(
+        [sys.executable, __file__, "--serve-emulator"], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        assert emu.stdout is not None
+        url = emu.stdout.readline().decode().strip()
+        report = run(url, args)
+    finally:
+        if emu.stdin:
+            emu.stdin.close()
+        emu.wait(timeout=30)
+    print(json.dumps(report, indent=2))
+
+
+def run(url: str, args: argparse.Namespace) -> dict[str, Any]:
+    import kubernetes
+
+    cfg = kubernetes.client.Configuration()
+    cfg.host = url
+    settings = OperatorSettings(namespaces=[NS], resync_seconds=args.resync, restart_backoff_seconds=1)
+    op_kube = CountingKube(cfg, retries=5, retry_base_seconds=0.05)
+    op_kube.counts = collections.Counter()
+    client = Kube(cfg, retries=5, retry_base_seconds=0.05)
+    client.set_user_agent("bench")
+    metrics, stop = TimedMetrics(), threading.Event()
+    operator = threading.Thread(
+        target=asyncio.run, args=(operate(op_kube, settings, stop_flag=stop, metrics=metrics, liveness=False),)
+    )
+    operator.start()
+    time.sleep(2)
+    kube_thread = threading.Thread(target=kubelet, args=(client, stop), daemon=True)
+    kube_thread.start()
+    report: dict[str, Any] = {}
+    try:
+        names = [f"job-{i:03d}" for i in range(args.jobs)]
+        t0 = time.monotonic()
+        for n in names:
+            client.request("POST", path_of(JOBS, PLURAL, NS), job_manifest(n, NS, replicas=2, nprocPerNode=1))
+        report["create_requests_s"] = round(time.monotonic() - t0, 2)
+        report["all_running_s"] = round(report["create_requests_s"] + wait_running(client, names, 900), 2)
+        busy = list(metrics.passes)
+        report["busy_passes"] = len(busy)
+        report["busy_p50_s"], report["busy_p99_s"] = round(pct(busy, 50), 4), round(pct(busy, 99), 4)
+        # Steady state: every job Running; count what the periodic passes send.
+        time.sleep(args.resync)
+        before, passes_before = collections.Counter(op_kube.counts), len(metrics.passes)
+        time.sleep(args.resync * args.steady_passes)
+        sent = op_kube.counts - before
+        steady = metrics.passes[passes_before:]
+        report["steady_passes"] = len(steady)
+        report["steady_p50_s"], report["steady_p99_s"] = round(pct(steady, 50), 4), round(pct(steady, 99), 4)
+        per = max(1, len(steady))
+        report["requests_per_job_pass"] = round(sum(sent.values()) / per, 2)
+        report["writes_per_job_pass"] = round(sum(v for m, v in sent.items() if m != "GET") / per, 3)
+        # One wide job: 128 pods × 8 ranks = 1,024 ranks.
+        t0 = time.monotonic()
+        start_passes = len(metrics.passes)
+        wide = job_manifest("wide", NS, replicas=args.wide_replicas, nprocPerNode=8)
+        client.request("POST", path_of(JOBS, PLURAL, NS), wide)
+        report["wide_ranks"] = args.wide_replicas * 8
+        report["wide_running_s"] = round(wait_running(client, ["wide"], 900), 2)
+        wide_passes = metrics.passes[start_passes:]
+        report["wide_p50_s"], report["wide_p99_s"] = round(pct(wide_passes, 50), 4), round(pct(wide_passes, 99), 4)
+    finally:
+        stop.set()
+        operator.join(30)
+        op_kube.close()
+        client.close()
+    return report
+
+
+if __name__ == "__main__":
+    main()
