@@ -6,6 +6,7 @@ of the same job are coalesced (never concurrent), so a burst of pod events costs
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 import threading
@@ -34,6 +35,8 @@ log = logging.getLogger(__name__)
 Key = tuple[str, str]  # (namespace, name)
 # Status fields written by the runtime's rank 0 (zerotrain.status_report), never by the operator.
 RUNTIME_OWNED = ("step", "lastCheckpoint")
+# Pod creates in flight at once when a gang starts (the Kubernetes Job controller creates in batches too).
+POD_CREATE_PARALLELISM = 16
 
 
 class Result(str, Enum):
@@ -263,10 +266,7 @@ class Reconciler:
             config, *gang_pods = builders.build_gang(job, spec, gang)
             with child_write("create", config):
                 self.kube.ensure(config)  # created once per gang; a retry keeps the first one (immutable)
-            for pod in gang_pods:
-                if pod["metadata"]["name"] not in existing:
-                    with child_write("create", pod):
-                        self.kube.create(pod)
+            self._create_pods([p for p in gang_pods if p["metadata"]["name"] not in existing])
             if gang > 0:  # the previous gang's pods are gone (a gang is created only then): so is its config
                 old = naming.config_map_name(job.name, gang - 1)
                 with child_write("delete", {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": old}}):
@@ -274,6 +274,21 @@ class Reconciler:
         if d.delete_job:
             log.info("deleting %s/%s: ttlSecondsAfterFinished passed", job.namespace, job.name)
             self.kube.delete_job(job.namespace, job.name)
+
+    def _create_pods(self, pods: list[dict[str, Any]]) -> None:
+        """Create a gang's pods a few at a time: one after another, a 128-pod gang took seconds in one pass."""
+
+        def create(pod: dict[str, Any]) -> None:
+            with child_write("create", pod):
+                self.kube.create(pod)
+
+        if len(pods) <= 1:
+            for pod in pods:
+                create(pod)
+            return
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(POD_CREATE_PARALLELISM, len(pods))) as pool:
+            for future in [pool.submit(create, pod) for pod in pods]:
+                future.result()  # the first refusal, in pod order, is the one the status reports
 
     def _write(self, body: dict[str, Any], previous: ZeroTrainingJobStatus | None, new: ZeroTrainingJobStatus) -> None:
         md = body["metadata"]
