@@ -34,7 +34,9 @@ async def operate(
 ) -> None:
     """Run the operator until `stop_flag` is set (or forever); the caller owns and closes `kube`."""
     reconciler = Reconciler(kube=kube, settings=settings, metrics=metrics or OperatorMetrics())
-    resync = Resync(settings.resync_seconds, reconciler.reconcile)
+    resync = Resync(
+        settings.resync_seconds, reconciler.reconcile, lister=lambda: kube.list_job_keys(list(settings.namespaces))
+    )
     endpoint = f"http://{settings.bind_address}:{settings.health_port}/healthz" if liveness else None
     resync.start()
     try:

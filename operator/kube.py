@@ -239,6 +239,17 @@ class Kube:
 
     # -- jobs ------------------------------------------------------------------------------------------------
 
+    def list_job_keys(self, namespaces: list[str]) -> list[tuple[str, str]]:
+        """(namespace, name) of every job in `namespaces` (all namespaces when empty)."""
+        api = f"{GROUP}/{VERSION}"
+        paths = [path_of(api, PLURAL, ns) for ns in namespaces] or [path_of(api, PLURAL, None)]
+        keys = []
+        for path in paths:
+            for job in self.request("GET", path).get("items") or []:
+                md = job.get("metadata") or {}
+                keys.append((md.get("namespace", ""), md.get("name", "")))
+        return keys
+
     def get_job(self, namespace: str, name: str) -> Obj | None:
         try:
             return self.request("GET", path_of(f"{GROUP}/{VERSION}", PLURAL, namespace, name))

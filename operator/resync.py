@@ -21,9 +21,15 @@ RESYNC_PARALLELISM = 4  # passes of different jobs at once (passes of one job ne
 class Resync:
     """The jobs the watch has shown, reconciled every `interval` seconds from one daemon thread."""
 
-    def __init__(self, interval: float, reconcile: Callable[[str, str], object]) -> None:
+    def __init__(
+        self,
+        interval: float,
+        reconcile: Callable[[str, str], object],
+        lister: Callable[[], list[Key]] | None = None,
+    ) -> None:
         self.interval = interval
         self._reconcile = reconcile
+        self._lister = lister
         self._jobs: set[Key] = set()
         self._mu = threading.Lock()
         self._stop = threading.Event()
@@ -53,9 +59,22 @@ class Resync:
     def run_once(self) -> None:
         """One pass over every job, a few at a time: with hundreds of jobs, one after another, a slow API server
         would stretch a round past the interval."""
+        self._backstop()
         with concurrent.futures.ThreadPoolExecutor(max_workers=RESYNC_PARALLELISM) as pool:
             for key in self.jobs():
                 pool.submit(self._one, key)
+
+    def _backstop(self) -> None:
+        """Add jobs the watch has not shown (a stalled or restarting watch): one LIST per round per namespace."""
+        if self._lister is None:
+            return
+        try:
+            listed = self._lister()
+        except Exception as e:
+            log.warning("resync: listing jobs failed: %s", e)
+            return
+        with self._mu:
+            self._jobs.update(listed)
 
     def _one(self, key: Key) -> None:
         if self._stop.is_set():

@@ -33,3 +33,22 @@ def test_resync_thread_runs_every_interval_and_stops() -> None:
     finally:
         r.stop()
     assert r._thread is not None and not r._thread.is_alive()
+
+
+def test_a_job_the_watch_never_showed_is_found_by_the_listing() -> None:
+    calls: list[tuple[str, str]] = []
+    r = Resync(60, lambda ns, name: calls.append((ns, name)), lister=lambda: [("a", "missed-by-the-watch")])
+    r.seen(("a", "seen"), present=True)
+    r.run_once()
+    assert sorted(calls) == [("a", "missed-by-the-watch"), ("a", "seen")]
+
+
+def test_a_failed_listing_does_not_stop_the_round() -> None:
+    def broken() -> list[tuple[str, str]]:
+        raise RuntimeError("503")
+
+    calls: list[tuple[str, str]] = []
+    r = Resync(60, lambda ns, name: calls.append((ns, name)), lister=broken)
+    r.seen(("a", "seen"), present=True)
+    r.run_once()
+    assert calls == [("a", "seen")]
