@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from zerotrain.job_status import ZeroTrainingJobStatus
-from zerotrain.operator.conditions import ConditionType, get_condition, set_condition
+from zerotrain.operator.conditions import ConditionType, is_true, set_condition
 from zerotrain.operator.kube import KubeError
 
 
@@ -83,8 +83,7 @@ def failed_status(previous: ZeroTrainingJobStatus | None, err: ChildWriteError, 
 
 def clear(st: ZeroTrainingJobStatus, now: datetime) -> None:
     """Every child write of this pass went through: a ChildWriteFailed condition turns False."""
-    c = get_condition(st, ConditionType.CHILD_WRITE_FAILED)
-    if c is not None and c.status == "True":
+    if is_true(st, ConditionType.CHILD_WRITE_FAILED):
         set_condition(
             st, ConditionType.CHILD_WRITE_FAILED, False, FailureReason.WRITES_SUCCEEDED, "children written", now
         )

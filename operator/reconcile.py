@@ -231,23 +231,28 @@ class Reconciler:
         self, body: dict[str, Any], previous: ZeroTrainingJobStatus | None, missing: tuple[str, str], now: datetime
     ) -> Outcome:
         """No gang without its queue: say why, create nothing, look again with back-off."""
-        key = (body["metadata"]["namespace"], body["metadata"]["name"])
-        failures = self._failures[key] = self._failures.get(key, 0) + 1
         new = (previous or ZeroTrainingJobStatus()).model_copy(deep=True)
         set_condition(new, ConditionType.QUEUE_UNAVAILABLE, True, missing[0], missing[1], now)
-        self._write(body, previous, new)
-        return Outcome(Result.OK, missing[1], requeue_after=max(self.backoff.delay(failures), 1.0))
+        delay = self._held_back(body, previous, new)
+        return Outcome(Result.OK, missing[1], requeue_after=max(delay, 1.0))
 
     def _write_failed(
         self, body: dict[str, Any], previous: ZeroTrainingJobStatus | None, err: ChildWriteError, now: datetime
     ) -> Outcome:
         """A child write was refused: say so in status (one Event per new reason) and retry with back-off."""
+        log.warning("%s/%s: %s", body["metadata"]["namespace"], body["metadata"]["name"], err)
+        delay = self._held_back(body, previous, api_failure.failed_status(previous, err, now))
+        return Outcome(Result.ERROR, str(err), requeue_after=delay)
+
+    def _held_back(
+        self, body: dict[str, Any], previous: ZeroTrainingJobStatus | None, new: ZeroTrainingJobStatus
+    ) -> float:
+        """A pass that could not act: write `new` (why) and return the back-off before the next try, which doubles
+        with each consecutive such pass of the job (a pass that acts resets it)."""
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
         failures = self._failures[key] = self._failures.get(key, 0) + 1
-        log.warning("%s/%s: %s (attempt %d)", *key, err, failures)
-        new = api_failure.failed_status(previous, err, now)
         self._write(body, previous, new)
-        return Outcome(Result.ERROR, str(err), requeue_after=self.backoff.delay(failures))
+        return self.backoff.delay(failures)
 
     def _act(self, job: builders.JobRef, spec: ZeroTrainingJobSpec, d: Decision, apply_supporting: bool) -> None:
         """Make the cluster match the decision; a refused child write raises ChildWriteError naming the child."""
