@@ -194,7 +194,7 @@ def pod_env(job: JobRef, spec: ZeroTrainingJobSpec, replica: int) -> list[Obj]:
     }
     env: list[Obj] = [{"name": k, "value": v} for k, v in fixed.items()]
     env.append({"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
-    env += [{"name": e.name, "value": e.value} for e in spec.env if e.name not in fixed and e.name != "POD_NAME"]
+    env += [{"name": e.name, "value": e.value} for e in spec.env if e.name not in FIXED_ENV]
     return env
 
 

@@ -174,3 +174,11 @@ def test_metrics_ports_follow_spec_metrics(metrics: dict[str, Any], expected: di
     pod = builders.build_pod(JOB, spec(nprocPerNode=3, metrics=metrics), replica=0, gang=0)
     ports = {p["name"]: p["containerPort"] for p in pod["spec"]["containers"][0]["ports"]}
     assert {k: v for k, v in ports.items() if k.startswith("metrics")} == expected
+
+
+def test_fixed_env_names_exactly_the_env_the_operator_sets() -> None:
+    """One list guards spec.env and pod templates: it must be what pod_env really sets before the user's env."""
+    s = spec(env=[{"name": "MASTER_ADDR", "value": "evil"}, {"name": "HF_HOME", "value": "/x"}])
+    names = [e["name"] for e in builders.pod_env(JOB, s, replica=0)]
+    assert names[:-1] == [n for n in names[:-1] if n in builders.FIXED_ENV]
+    assert set(names[:-1]) == builders.FIXED_ENV and names[-1] == "HF_HOME"
