@@ -4,23 +4,15 @@ PrometheusRule that promtool accepts."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
 import yaml
 from chart_util import by_kind, one, render
+from e2e.prometheus import binary
 
 from zerotrain.monitoring.alerts import ALERTS, rule_groups
 from zerotrain.monitoring.dashboard import UID, dashboard_json
-
-
-def promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        pytest.skip("promtool not found: it comes with the Debian package `prometheus` (`make test` installs it)")
-    return path
 
 
 def test_chart_ships_the_dashboard_configmap_for_the_grafana_sidecar() -> None:
@@ -43,6 +35,8 @@ def test_chart_prometheus_rule_is_off_by_default_and_passes_promtool(tmp_path: P
     assert rule["spec"] == rule_groups()
     path = tmp_path / "rules.yaml"
     path.write_text(yaml.safe_dump(rule["spec"]))
-    result = subprocess.run([promtool(), "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [binary("promtool"), "check", "rules", str(path)], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"SUCCESS: {len(ALERTS)} rules found" in result.stdout

@@ -4,27 +4,17 @@ the chart, checked by promtool, and each alert fires on the series it is about a
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from e2e.prometheus import binary
 
 from zerotrain.monitoring.__main__ import DASHBOARD, RULES, rules_yaml
 from zerotrain.monitoring.alerts import ALERTS
 from zerotrain.monitoring.dashboard import dashboard_json, panel_queries
-
-PROMTOOL_HINT = "promtool not found: it comes with the Debian package `prometheus` (`make test` installs it)"
-
-
-def promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        pytest.skip(PROMTOOL_HINT)
-    return path
-
 
 CHART_DIR = Path(__file__).resolve().parents[2] / "charts" / "zerotrain-operator"
 
@@ -165,6 +155,6 @@ def test_alert_fires_on_its_case_and_only_there(
     }
     (tmp_path / "test.yaml").write_text(yaml.safe_dump(unit, sort_keys=False))
     result = subprocess.run(
-        [promtool(), "test", "rules", "test.yaml"], capture_output=True, text=True, timeout=60, cwd=tmp_path
+        [binary("promtool"), "test", "rules", "test.yaml"], capture_output=True, text=True, timeout=60, cwd=tmp_path
     )
     assert result.returncode == 0, result.stdout + result.stderr
