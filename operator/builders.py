@@ -11,7 +11,16 @@ from typing import Any
 import yaml
 
 from zerotrain.operator import kueue, naming, pod_template
-from zerotrain.spec import API_VERSION, GROUP, KIND, PLURAL, GangMode, ZeroTrainingJob, ZeroTrainingJobSpec
+from zerotrain.spec import (
+    API_VERSION,
+    GROUP,
+    KIND,
+    PLURAL,
+    TERMINATION_MARGIN_SECONDS,
+    GangMode,
+    ZeroTrainingJob,
+    ZeroTrainingJobSpec,
+)
 
 Obj = dict[str, Any]
 
@@ -270,6 +279,8 @@ def operator_pod(job: JobRef, spec: ZeroTrainingJobSpec, replica: int, gang: int
             *spec.volumes,
         ],
         "securityContext": dict(POD_SECURITY),
+        # Room for the SIGTERM checkpoint: Kubernetes' default 30 s would cut most saves short.
+        "terminationGracePeriodSeconds": spec.checkpoint.termination_budget_seconds + TERMINATION_MARGIN_SECONDS,
     }
     if name := scheduler_name(spec):
         pod_spec["schedulerName"] = name

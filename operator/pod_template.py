@@ -30,6 +30,7 @@ OWNED_CONTAINER_KEYS = {
 SHARED_VALUES = {
     "schedulerName": "spec.scheduling.schedulerName",
     "priorityClassName": "spec.scheduling.priorityClassName",
+    "terminationGracePeriodSeconds": "spec.checkpoint.terminationBudgetSeconds (plus 15 s)",
 }
 # Volumes the operator mounts into every pod.
 OPERATOR_VOLUMES = ("zerotrain-config", "zerotrain-checkpoints", "zerotrain-shm")

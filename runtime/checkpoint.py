@@ -1,21 +1,22 @@
 """Sharded checkpoints: every rank saves what only it holds; a commit marker, written last, makes one valid.
 
-Layout under the checkpoint directory:
+Layout under the checkpoint root:
 
-    step-00000050/rank-00000.pt ... rank-0000{N-1}.pt   each rank's fp32 master shards, optimizer state,
-                                                          loss scale and counters
-    step-00000050/COMMITTED                              written by rank 0 after every rank has saved:
-                                                          JSON with the step, stage, world size and
-                                                          each rank file's SHA-256
+    step-00000050-3f9a1c07/rank-00000.safetensors ...   each rank's fp32 master shards, optimizer state, RNG
+                                                        states; its JSON record (ranges, position, loss scaler)
+                                                        sits in the safetensors header
+    step-00000050-3f9a1c07/COMMITTED                    written by rank 0 after every rank's file is fsynced:
+                                                        step, stage, world size, the model's parameter names
+                                                        and shapes, each file's SHA-256 and size
 
-A crash mid-save leaves a directory without COMMITTED, which `latest()` ignores, so a restarted gang
-resumes from the newest complete checkpoint. A committed checkpoint whose files no longer match their
-digests (a torn copy, bit rot, a truncated volume) is refused by `check()`; `resume.resume_newest`
-then falls back to the previous good one. With the same world size and stage each rank reads only
-its own file; with another world size or stage every rank reads all files and takes its ranges
-(`reshard`). The model and its units must be the same. The compute parameters are then rebuilt from
-the masters exactly as after an optimizer step. The directory must be shared by all ranks (rank 0
-writes the marker after a collective that proves every rank's file is written).
+Every save goes to a fresh directory (the step, then a token drawn by rank 0), so a committed checkpoint is never
+rewritten. Files and directories are fsynced before the marker is renamed into place; a crash anywhere before
+that leaves a directory without COMMITTED, which `committed()` ignores. A committed checkpoint whose files no
+longer match their digests is refused (`prepare`), and `resume.resume_newest` falls back to the previous good one.
+
+Loading (`load`) works at any world size and stage for the same model: each rank plans which byte ranges of
+which files fill its own shard (`reshard`), verifies those files, agrees with every other rank that all can
+load, and only then reads. On any refusal the engine is unchanged.
 """
 
 from __future__ import annotations
@@ -23,28 +24,40 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 import shutil
+import struct
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from zerotrain.runtime import rank_state, reshard
 from zerotrain.runtime.errors import ZeroSetupError
-from zerotrain.runtime.reshard import load_resharded
+from zerotrain.runtime.shard_file import ReadStats, ShardFileError, ShardReader, fsync_path, write
 
 if TYPE_CHECKING:
     from zerotrain.runtime.engine import ZeroEngine
 
 COMMITTED = "COMMITTED"
+FORMAT = 2
+_DIGEST = 32
 
 
-def step_dir(root: Path, step: int) -> Path:
-    return root / f"step-{step:08d}"
+def rank_file(rank: int) -> str:
+    return f"rank-{rank:05d}.safetensors"
+
+
+def step_of(path: Path) -> int:
+    """The step in a checkpoint directory's name (`step-00000050-<token>`)."""
+    return int(path.name.split("-")[1])
 
 
 def committed(root: str | Path) -> list[Path]:
-    """Committed checkpoints under `root`, oldest first."""
-    return sorted(p.parent for p in Path(root).glob(f"step-*/{COMMITTED}"))
+    """Committed checkpoints under `root`, oldest first (by step, then by commit time)."""
+    found = [p.parent for p in Path(root).glob(f"step-*/{COMMITTED}")]
+    return sorted(found, key=lambda p: (step_of(p), (p / COMMITTED).stat().st_mtime_ns, p.name))
 
 
 def latest(root: str | Path) -> Path | None:
@@ -53,11 +66,28 @@ def latest(root: str | Path) -> Path | None:
     return done[-1] if done else None
 
 
-def rank_file(rank: int) -> str:
-    return f"rank-{rank:05d}.pt"
+def resolve(path: str | os.PathLike[str]) -> Path:
+    """`path` itself when it is a committed checkpoint, else the newest one under it (a checkpoint root)."""
+    p = Path(path)
+    if (p / COMMITTED).is_file():
+        return p
+    newest = latest(p) if p.is_dir() else None
+    if newest is None:
+        raise ZeroSetupError(
+            "checkpoint",
+            str(p),
+            "neither a committed checkpoint (no COMMITTED marker) nor a directory holding one",
+            "pass a checkpoint root (the --checkpoint-dir of a run) or one of its step-* directories",
+        )
+    return newest
 
 
-def _sha256(path: Path) -> str:
+def read_marker(path: Path) -> dict[str, Any]:
+    """The COMMITTED marker's record (see the module docstring)."""
+    return dict(json.loads((path / COMMITTED).read_text()))
+
+
+def sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -65,126 +95,253 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def read_marker(path: Path) -> dict[str, Any]:
-    """The COMMITTED marker's record (step, stage, world_size, files: name -> SHA-256)."""
-    return dict(json.loads((path / COMMITTED).read_text()))
+def describe_model(engine: ZeroEngine) -> list[dict[str, Any]]:
+    """Units with their parameters' names, shapes and offsets: what a checkpoint must match to load."""
+    return [
+        {"unit": u.name, "numel": u.layout.numel, "params": [[s.name, list(s.shape), s.offset] for s in u.layout.slots]}
+        for u in engine.units
+    ]
 
 
-def check(engine: ZeroEngine, path: str | Path) -> str | None:
-    """Why this rank cannot load `path` (a missing or altered file it needs), or None if it can.
+def aliases(engine: ZeroEngine) -> dict[str, str]:
+    """Tied parameters: every extra name of a parameter -> the name it is saved under."""
+    saved = {s.name for u in engine.units for s in u.layout.slots}
+    owner = {id(p): n for n, p in engine.module.named_parameters()}
+    return {n: owner[id(p)] for n, p in engine.module.named_parameters(remove_duplicate=False) if n not in saved}
 
-    Local only: each rank hashes just the files it will read (its own at the same layout, all of them
-    when resharding), so the cost is spread like the checkpoint itself.
-    """
-    path = Path(path)
-    try:
-        marker = read_marker(path)
-        files: dict[str, str] = marker["files"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        return f"unreadable {COMMITTED} marker ({e})"
-    same = marker.get("world_size") == engine.world_size and marker.get("stage") == int(engine.config.stage)
-    needed = [rank_file(engine.rank)] if same else sorted(files)
-    for name in needed:
-        f = path / name
-        if name not in files or not f.is_file():
-            return f"{name} is missing"
-        if _sha256(f) != files[name]:
-            return f"{name} does not match the SHA-256 recorded when it was committed"
+
+def model_difference(saved: list[dict[str, Any]], mine: list[dict[str, Any]]) -> str | None:
+    """The first way the saved model differs from this one, in words; None when they are the same."""
+    old = {p[0]: (u["unit"], p[1], p[2]) for u in saved for p in u["params"]}
+    new = {p[0]: (u["unit"], p[1], p[2]) for u in mine for p in u["params"]}
+    for name in sorted(old.keys() - new.keys()):
+        return f"parameter {name!r} is in the checkpoint but not in this model"
+    for name in sorted(new.keys() - old.keys()):
+        return f"parameter {name!r} of this model is not in the checkpoint"
+    for name, (unit, shape, offset) in old.items():
+        if shape != new[name][1]:
+            return f"parameter {name!r} has shape {shape} in the checkpoint but {new[name][1]} in this model"
+        if (unit, offset) != (new[name][0], new[name][2]):
+            return (
+                f"parameter {name!r} sits in unit {unit} at offset {offset} in the checkpoint but in unit "
+                f"{new[name][0]} at {new[name][2]} here (were spec.zero.unitModules or noWeightDecay changed?)"
+            )
+    if [u["unit"] for u in saved] != [u["unit"] for u in mine]:
+        return f"units differ: {[u['unit'] for u in saved]} in the checkpoint, {[u['unit'] for u in mine]} here"
     return None
+
+
+def _optimizer_record(engine: ZeroEngine) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    tensors: dict[str, torch.Tensor] = {}
+    keys: dict[str, list[str]] = {}
+    scalars: dict[str, dict[str, Any]] = {}
+    params = [p for g in engine.optimizer.param_groups for p in g["params"]]
+    for idx, p in enumerate(params):
+        for key, value in engine.optimizer.state.get(p, {}).items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"optim.{idx}.{key}"] = value
+                keys.setdefault(str(idx), []).append(key)
+            else:
+                scalars.setdefault(str(idx), {})[key] = value
+    groups = [
+        {
+            k: v
+            for k, v in g.items()
+            if k != "params" and isinstance(v, (int, float, bool, str, tuple, list, type(None)))
+        }
+        for g in engine.optimizer.param_groups
+    ]
+    record = {
+        "optimizer_segments": [list(s) for s in engine.optimizer_segments],
+        "optimizer_keys": keys,
+        "optimizer_scalars": scalars,
+        "param_groups": groups,
+    }
+    return tensors, record
+
+
+def save(engine: ZeroEngine, root: str | os.PathLike[str]) -> Path:
+    """Save and commit this rank's shard of the training state in a fresh directory; a collective on every rank."""
+    token = torch.tensor([secrets.randbits(31) if engine.rank == 0 else 0], dtype=torch.int64, device=_device(engine))
+    engine.comm.all_reduce(token, "<checkpoint>")  # every rank now names the same fresh directory
+    pos = rank_state.position(engine)
+    target = Path(root) / f"step-{pos['step']:08d}-{int(token.item()):08x}"
+    target.mkdir(parents=True, exist_ok=True)  # the token, drawn fresh, keeps it apart from every earlier save
+    tensors, state = rank_state.capture(engine)
+    opt_tensors, opt_record = _optimizer_record(engine)
+    tensors.update(opt_tensors)
+    tensors.update({f"master.{u.index}": u.master for u in engine.units})
+    record = {
+        "format": FORMAT,
+        "rank": engine.rank,
+        "world_size": engine.world_size,
+        "stage": int(engine.config.stage),
+        "master_ranges": [list(engine.master_range(u)) for u in engine.units],
+        **opt_record,
+        **state,
+    }
+    final = target / rank_file(engine.rank)
+    write(final, tensors, record)
+    # Gathering every rank's digest and size also proves every file is durable: only then may the marker exist.
+    mine = bytearray.fromhex(sha256(final)) + struct.pack("<q", final.stat().st_size)
+    gathered = torch.empty(len(mine) * engine.world_size, dtype=torch.uint8, device=_device(engine))
+    engine.comm.all_gather(gathered, torch.frombuffer(mine, dtype=torch.uint8).to(_device(engine)), "<checkpoint>")
+    if engine.rank == 0:
+        _commit(engine, target, bytes(gathered.cpu().tolist()), pos)
+    return target
+
+
+def _device(engine: ZeroEngine) -> torch.device:
+    return engine.units[0].master.device
+
+
+def _commit(engine: ZeroEngine, target: Path, raw: bytes, pos: dict[str, int]) -> None:
+    size = _DIGEST + 8
+    files, sizes = {}, {}
+    for r in range(engine.world_size):
+        rec = raw[size * r : size * (r + 1)]
+        files[rank_file(r)] = rec[:_DIGEST].hex()
+        sizes[rank_file(r)] = struct.unpack("<q", rec[_DIGEST:])[0]
+    marker = {
+        "format": FORMAT,
+        **pos,
+        "stage": int(engine.config.stage),
+        "world_size": engine.world_size,
+        "precision": engine.config.precision.value,
+        "model": describe_model(engine),
+        "aliases": aliases(engine),
+        "files": files,
+        "file_bytes": sizes,
+    }
+    tmp = target / f"{COMMITTED}.tmp"
+    tmp.write_text(json.dumps(marker, indent=1) + "\n")
+    fsync_path(tmp)
+    fsync_path(target)
+    tmp.rename(target / COMMITTED)
+    fsync_path(target)
 
 
 def prune(root: str | Path, keep_last: int) -> list[Path]:
     """Delete all but the newest `keep_last` committed checkpoints, and abandoned saves older than the newest.
 
-    Rank 0 only, after a commit; returns what it deleted.
+    Rank 0 only, after a commit; the marker goes first, so a prune cut short leaves no committed checkpoint with
+    missing files. Returns what it deleted.
     """
     done = committed(root)
     if not done:
         return []
-    newest = done[-1].name
-    doomed = done[:-keep_last] + [
-        p for p in Path(root).glob("step-*") if p.is_dir() and not (p / COMMITTED).exists() and p.name < newest
+    newest = step_of(done[-1])
+    abandoned = [
+        p for p in Path(root).glob("step-*") if p.is_dir() and not (p / COMMITTED).exists() and step_of(p) < newest
     ]
+    doomed = done[:-keep_last] + abandoned
     for p in doomed:
+        (p / COMMITTED).unlink(missing_ok=True)
         shutil.rmtree(p, ignore_errors=True)
     return doomed
 
 
-def _units(engine: ZeroEngine) -> list[tuple[str, int]]:
-    return [(u.name, u.layout.numel) for u in engine.units]
+@dataclass
+class Prepared:
+    """A checkpoint this rank has verified and planned, ready to read."""
+
+    path: Path
+    marker: dict[str, Any]
+    readers: list[ShardReader]
+    plan: reshard.LoadPlan
+    stats: ReadStats
 
 
-def _layout(engine: ZeroEngine) -> dict[str, Any]:
-    return {"stage": int(engine.config.stage), "world_size": engine.world_size, "units": _units(engine)}
+@dataclass(frozen=True)
+class Loaded:
+    """What `load` did on this rank."""
+
+    path: Path
+    """The checkpoint directory loaded."""
+    step: int
+    """Training steps done (applied or skipped): the loop continues at step + 1."""
+    bytes_read: int
+    """Bytes this rank read (its own ranges, not the whole checkpoint)."""
+    largest_read_bytes: int
+    """The largest single read held at once: the transient memory of the load beyond the engine's own buffers."""
 
 
-def save(engine: ZeroEngine, root: str | os.PathLike[str]) -> Path:
-    """Save this rank's shard of the training state at the engine's current step; a collective on every rank."""
-    target = step_dir(Path(root), engine.steps)
-    target.mkdir(parents=True, exist_ok=True)
-    state = {
-        "layout": _layout(engine),
-        "masters": [u.master.detach().clone() for u in engine.units],
-        "master_ranges": [engine.master_range(u) for u in engine.units],
-        "optimizer_segments": engine.optimizer_segments,
-        "optimizer": engine.optimizer.state_dict(),
-        "scaler": {"scale": engine.scaler.scale, "skipped": engine.scaler.skipped_steps},
-        "steps": engine.steps,
-        "micro_steps": engine.micro_steps,
-    }
-    final = target / rank_file(engine.rank)
-    tmp = final.with_suffix(".pt.tmp")
-    torch.save(state, tmp)
-    tmp.rename(final)
-    # Gathering every rank's digest also proves every file is in place: only then may the marker exist.
-    mine = torch.frombuffer(bytearray.fromhex(_sha256(final)), dtype=torch.uint8).to(engine.units[0].master.device)
-    digests = torch.empty(32 * engine.world_size, dtype=torch.uint8, device=mine.device)
-    engine.comm.all_gather(digests, mine, "<checkpoint>")
-    if engine.rank == 0:
-        raw = digests.cpu().tolist()
-        files = {rank_file(r): bytes(raw[32 * r : 32 * (r + 1)]).hex() for r in range(engine.world_size)}
-        marker = {"step": engine.steps, "stage": int(engine.config.stage), "world_size": engine.world_size}
-        (target / f"{COMMITTED}.tmp").write_text(json.dumps({**marker, "files": files}, indent=1) + "\n")
-        (target / f"{COMMITTED}.tmp").rename(target / COMMITTED)
-    return target
+def prepare(engine: ZeroEngine, path: Path) -> Prepared | str:
+    """Open, compare, plan and verify `path` for this rank; why it cannot load it, or what to read."""
+    try:
+        marker = read_marker(path)
+        files: dict[str, str] = marker["files"]
+        if marker.get("format") != FORMAT:
+            return f"format {marker.get('format', 1)} is not {FORMAT} (saved by another zerotrain version)"
+        difference = model_difference(marker["model"], describe_model(engine))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"unreadable {COMMITTED} marker ({e})"
+    if difference is not None:
+        return f"saved from another model: {difference}"
+    stats = ReadStats()
+    missing = sorted(n for n in files if not (path / n).is_file())
+    if missing:
+        return f"{missing[0]} is missing"
+    try:
+        readers = [ShardReader(path / name, stats) for name in sorted(files)]
+        units = [(u.name, u.layout.numel, engine.master_range(u)) for u in engine.units]
+        plan = reshard.plan_load(readers, engine.rank, units, engine.optimizer_segments)
+    except (ShardFileError, reshard.ReshardError, KeyError) as e:
+        return str(e)
+    for f in sorted(plan.files()):
+        if sha256(readers[f].path) != files[readers[f].path.name]:
+            return f"{readers[f].path.name} does not match the SHA-256 recorded when it was committed"
+    return Prepared(path, marker, readers, plan, stats)
+
+
+def agree(engine: ZeroEngine, mine: Prepared | str) -> str | None:
+    """Every rank's verdict: None when all can load, else this rank's reason or how many others refused."""
+    refusals = torch.tensor([1.0 if isinstance(mine, str) else 0.0], device=_device(engine))
+    engine.comm.all_reduce(refusals, "<checkpoint>")
+    if isinstance(mine, str):
+        return mine
+    return None if refusals.item() == 0 else f"{int(refusals.item())} other rank(s) could not verify their files"
+
+
+def apply(engine: ZeroEngine, ready: Prepared) -> Loaded:
+    """Read the planned ranges into the engine (every rank agreed it can); then rebuild compute parameters."""
+    readers, plan = ready.readers, ready.plan
+    with torch.no_grad():
+        for u in engine.units:
+            reshard.fill(readers, plan.masters[u.index], u.master)
+    sd = engine.optimizer.state_dict()
+    sd["state"] = reshard.optimizer_state(readers, plan, _device(engine))
+    own = next((r for r in readers if r.record["rank"] == engine.rank), None)
+    saved_groups = readers[0].record["param_groups"]
+    if len(saved_groups) == len(sd["param_groups"]):
+        for group, saved in zip(sd["param_groups"], saved_groups, strict=True):
+            group.update({k: tuple(v) if isinstance(group.get(k), tuple) else v for k, v in saved.items()})
+    engine.optimizer.load_state_dict(sd)
+    rank_state.restore_counters(engine, (own or readers[0]).record)
+    if own is not None:
+        rank_state.restore_rng({n: own.tensor(n) for n in own.names if n.startswith("rng.")}, own.record)
+    for u in engine.units:
+        engine.strategy.after_step(u)
+    step = int(ready.marker["step"])
+    return Loaded(ready.path, step, ready.stats.bytes_read, ready.stats.largest_read_bytes)
+
+
+def load(engine: ZeroEngine, path: str | os.PathLike[str]) -> Loaded:
+    """Load a committed checkpoint, or the newest under a checkpoint root, at any world size or stage.
+
+    A collective on every rank. Raises ZeroSetupError naming the checkpoint and the reason, with the engine
+    unchanged, when any rank cannot load it.
+    """
+    target = resolve(path)
+    problem = agree(engine, ready := prepare(engine, target))
+    if problem is not None or isinstance(ready, str):
+        raise ZeroSetupError(
+            "checkpoint", str(target), problem or "refused", "load a complete checkpoint of this model"
+        )
+    return apply(engine, ready)
 
 
 def rank_file_bytes(path: str | os.PathLike[str], rank: int) -> int:
     """Size of `rank`'s file in checkpoint `path` (0 if it has none)."""
     f = Path(path) / rank_file(rank)
     return f.stat().st_size if f.exists() else 0
-
-
-def load(engine: ZeroEngine, path: str | os.PathLike[str]) -> int:
-    """Restore this rank's shard from a committed checkpoint directory; a collective on every rank.
-
-    Returns the bytes this rank read: its own file, or every rank's when resharding.
-    """
-    path = Path(path)
-    if not (path / COMMITTED).exists():
-        raise ZeroSetupError("checkpoint", str(path), "not a committed checkpoint", "pass a directory latest() returns")
-    mine = path / rank_file(engine.rank)
-    state = torch.load(mine, map_location=engine.units[0].master.device) if mine.exists() else None
-    if state is not None and state["layout"] == _layout(engine):
-        read = rank_file_bytes(path, engine.rank)
-        with torch.no_grad():
-            for u, master in zip(engine.units, state["masters"], strict=True):
-                u.master.copy_(master)
-        engine.optimizer.load_state_dict(state["optimizer"])
-    else:
-        saved = torch.load(next(path.glob("rank-*.pt")), map_location="cpu")["layout"]
-        if saved["units"] != _units(engine):
-            raise ZeroSetupError(
-                "checkpoint",
-                str(path),
-                "saved from a model with other units or parameter counts",
-                "resume with the same model and zero.unitModules",
-            )
-        state = load_resharded(engine, path)
-        read = sum(f.stat().st_size for f in path.glob("rank-*.pt"))
-    engine.scaler.scale = state["scaler"]["scale"]
-    engine.scaler.skipped_steps = state["scaler"]["skipped"]
-    engine.steps, engine.micro_steps = state["steps"], state["micro_steps"]
-    for u in engine.units:
-        engine.strategy.after_step(u)
-    return read

@@ -92,6 +92,7 @@ class TextBatches:
         self.world_size = world_size
         self.seed = seed
         self.rows = rank_rows(batch_size, rank, world_size)
+        self.index = 0
 
     def global_batch(self, index: int, rows: slice = slice(None)) -> torch.Tensor:
         """Rows `rows` (default all) of global micro-batch `index`, shape (rows, seq_len + 1), int64."""
@@ -102,7 +103,17 @@ class TextBatches:
         return self.data[starts[:, None] + window[None, :]].long()
 
     def __iter__(self) -> Iterator[torch.Tensor]:
-        index = 0
-        while True:
-            yield self.global_batch(index, self.rows)
-            index += 1
+        return self
+
+    def __next__(self) -> torch.Tensor:
+        batch = self.global_batch(self.index, self.rows)
+        self.index += 1
+        return batch
+
+    def state_dict(self) -> dict[str, int]:
+        """The data position: global micro-batches drawn so far (the same at every world size)."""
+        return {"micro_batches": self.index}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue at micro-batch `state["micro_batches"]`; no batch before it is drawn."""
+        self.index = int(state["micro_batches"])

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -42,6 +42,9 @@ from zerotrain.runtime.precision import DTYPES, LossScaler
 from zerotrain.runtime.saved import SavedActivations
 from zerotrain.runtime.schedule import ReductionSchedule
 from zerotrain.runtime.strategies import STRATEGIES, Dtypes, UnitState
+
+if TYPE_CHECKING:
+    from zerotrain.runtime.checkpoint import Loaded
 
 _TRAINABLE = (ParamClass.DECAY, ParamClass.NO_DECAY)
 
@@ -288,16 +291,17 @@ class ZeroEngine:
 
     # ----------------------------------------------------------------- checkpoints
 
-    def save_checkpoint(self, directory: str | os.PathLike[str]) -> str:
-        """Save this rank's shards under `directory/step-NNNNNNNN/` (see `checkpoint`); call on every rank."""
+    def save_checkpoint(self, root: str | os.PathLike[str]) -> str:
+        """Save this rank's shards in a fresh `root/step-NNNNNNNN-<token>/` and commit it; call on every rank.
+
+        Returns the directory written (see `checkpoint`)."""
         from zerotrain.runtime import checkpoint
 
-        return str(checkpoint.save(self, directory))
+        return str(checkpoint.save(self, root))
 
-    def load_checkpoint(self, path: str | os.PathLike[str]) -> int:
-        """Resume from a committed checkpoint (e.g. `checkpoint.latest(directory)`); call on every rank.
-
-        Returns the bytes this rank read."""
+    def load_checkpoint(self, path: str | os.PathLike[str]) -> Loaded:
+        """Resume from a checkpoint root (its newest committed checkpoint) or one checkpoint directory, at any
+        world size or stage; call on every rank. On refusal it raises, naming why, with the engine unchanged."""
         from zerotrain.runtime import checkpoint
 
         return checkpoint.load(self, path)

@@ -39,3 +39,12 @@ class LossScaler:
             self.scale *= self.cfg.growth_factor
             self._clean = 0
         return False
+
+    def state_dict(self) -> dict[str, float | int]:
+        """Everything that decides future scales: a resumed run skips and grows exactly as the original would."""
+        return {"scale": self.scale, "skipped_steps": self.skipped_steps, "clean_steps": self._clean}
+
+    def load_state_dict(self, state: dict[str, float | int]) -> None:
+        self.scale = float(state["scale"])
+        self.skipped_steps = int(state["skipped_steps"])
+        self._clean = int(state["clean_steps"])

@@ -1,72 +1,151 @@
-"""Loading a sharded checkpoint at another world size or stage: reassemble, then re-slice.
+"""Loading a sharded checkpoint into this rank's buffers at any world size or stage, range by range.
 
-Every rank file records, per unit, the unit-coordinate range its fp32 master covers, and for each
-optimizer parameter the (unit, start, stop) range it covers. Reading every rank's file, each unit's
-full master and each per-element optimizer state (Adam's moments, SGD's momentum, ...) are laid
-out in unit coordinates; the new engine then takes its own ranges. Scalar state (Adam's `step`)
-is the same for every parameter and is copied. Element-wise optimizers make this exact.
+Every rank file records, per unit, the unit-coordinate range its fp32 master covers, and for each optimizer
+parameter the (unit, start, stop) range it covers. Loading is planned first, as pure arithmetic: each range this
+rank now holds is cut into pieces, each piece naming one saved tensor and the offset to read from (this rank's own
+file first, so at an unchanged layout a rank reads only its own file). Elements past the unit's real size are
+padding and read as zeros. Only then are bytes read, chunk by chunk, straight into the engine's buffers: a rank
+holds its own shard plus one chunk, never the model. Element-wise optimizers make this exact; scalar state
+(Adam's `step`) is the same for every parameter and is copied.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-if TYPE_CHECKING:
-    from zerotrain.runtime.engine import ZeroEngine
+from zerotrain.runtime.shard_file import ShardReader
 
 
-def _full_masters(engine: ZeroEngine, states: list[dict[str, Any]]) -> list[torch.Tensor]:
-    fulls = []
-    for u in engine.units:
-        size = max(u.layout.padded, *(st["master_ranges"][u.index][1] for st in states))
-        full = torch.zeros(size, dtype=torch.float32)
-        for st in states:
-            lo, hi = st["master_ranges"][u.index]
-            full[lo:hi] = st["masters"][u.index].float().cpu()
-        fulls.append(full)
-    return fulls
+class ReshardError(Exception):
+    """The saved ranges cannot fill this rank's: a file is missing a range, a tensor or a state key."""
 
 
-def _full_optimizer_state(
-    engine: ZeroEngine, states: list[dict[str, Any]]
-) -> tuple[list[dict[str, torch.Tensor]], dict[str, Any]]:
-    per_unit: list[dict[str, torch.Tensor]] = [{} for _ in engine.units]
-    scalars: dict[str, Any] = {}
-    for st in states:
-        saved = st["optimizer"]["state"]
-        for idx, (unit, a, b) in enumerate(st["optimizer_segments"]):
-            if unit < 0 or idx not in saved:
-                continue
-            for key, value in saved[idx].items():
-                if isinstance(value, torch.Tensor) and value.dim() > 0 and value.numel() == b - a:
-                    size = max(engine.units[unit].layout.padded, b)
-                    full = per_unit[unit].setdefault(key, torch.zeros(size, dtype=value.dtype))
-                    full[a:b] = value.cpu()
+@dataclass(frozen=True)
+class Source:
+    """A saved 1-D tensor covering unit-coordinate range [lo, hi)."""
+
+    file: int
+    name: str
+    lo: int
+    hi: int
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Copy `length` elements from `name` in file `file` at `src` to offset `dst` of the target."""
+
+    file: int
+    name: str
+    src: int
+    dst: int
+    length: int
+
+
+@dataclass
+class TargetPlan:
+    """How to fill one target buffer (a unit's master, or one optimizer state tensor)."""
+
+    pieces: list[Piece]
+    numel: int
+    dtype: torch.dtype = torch.float32
+
+
+@dataclass
+class LoadPlan:
+    """Everything to read, decided before anything is read or changed."""
+
+    masters: list[TargetPlan]
+    optimizer: dict[int, dict[str, TargetPlan]] = field(default_factory=dict)
+    """Per optimizer parameter index, per per-element state key."""
+    scalars: dict[str, Any] = field(default_factory=dict)
+    """Scalar optimizer state (key -> (file, tensor name) or a JSON value), the same for every parameter."""
+
+    def files(self) -> set[int]:
+        """The rank files this plan reads."""
+        out = {p.file for t in self.masters for p in t.pieces}
+        out |= {p.file for per in self.optimizer.values() for t in per.values() for p in t.pieces}
+        out |= {v[0] for v in self.scalars.values() if isinstance(v, tuple)}
+        return out
+
+
+def cover(sources: Sequence[Source], lo: int, hi: int, valid: int, what: str) -> list[Piece]:
+    """Pieces filling [lo, hi) from `sources` in preference order; [valid, hi) may stay unfilled (padding)."""
+    pieces, cursor = [], lo
+    while cursor < min(hi, valid):
+        src = next((s for s in sources if s.lo <= cursor < s.hi), None)
+        if src is None:
+            raise ReshardError(f"{what}: elements from {cursor} are in no rank file of this checkpoint")
+        stop = min(src.hi, hi)
+        pieces.append(Piece(src.file, src.name, cursor - src.lo, cursor - lo, stop - cursor))
+        cursor = stop
+    return pieces
+
+
+def _prefer(readers: Sequence[ShardReader], own: int) -> list[int]:
+    return sorted(range(len(readers)), key=lambda i: (readers[i].record["rank"] != own, i))
+
+
+def plan_load(
+    readers: Sequence[ShardReader],
+    own_rank: int,
+    units: Sequence[tuple[str, int, tuple[int, int]]],
+    segments: Sequence[tuple[int, int, int]],
+) -> LoadPlan:
+    """Plan this rank's load: `units` are (name, real numel, master range), `segments` its optimizer ranges."""
+    order = _prefer(readers, own_rank)
+    plan = LoadPlan(masters=[])
+    for ui, (uname, numel, (lo, hi)) in enumerate(units):
+        sources = [Source(f, f"master.{ui}", *readers[f].record["master_ranges"][ui]) for f in order]
+        plan.masters.append(TargetPlan(cover(sources, lo, hi, numel, f"unit {uname} master"), hi - lo))
+    element_sources: dict[tuple[int, str], list[Source]] = {}
+    for f in order:
+        r = readers[f]
+        for idx, (unit, a, b) in enumerate(r.record["optimizer_segments"]):
+            for key in r.record["optimizer_keys"].get(str(idx), []):
+                name = f"optim.{idx}.{key}"
+                if r.shape(name) == [b - a] and b > a:
+                    element_sources.setdefault((unit, key), []).append(Source(f, name, a, b))
                 else:
-                    scalars[key] = value
-    return per_unit, scalars
-
-
-def load_resharded(engine: ZeroEngine, path: Path) -> dict[str, Any]:
-    """Set this rank's masters and optimizer state from every rank's file; returns one file's state."""
-    states = [torch.load(f, map_location="cpu") for f in sorted(path.glob("rank-*.pt"))]
-    masters = _full_masters(engine, states)
-    with torch.no_grad():
-        for u in engine.units:
-            lo, hi = engine.master_range(u)
-            u.master.copy_(masters[u.index][lo:hi])
-    per_unit, scalars = _full_optimizer_state(engine, states)
-    new_state: dict[int, dict[str, Any]] = {}
-    for idx, (unit, a, b) in enumerate(engine.optimizer_segments):
-        if unit < 0 or not per_unit[unit]:
+                    plan.scalars.setdefault(key, (f, name))
+            for key, value in r.record["optimizer_scalars"].get(str(idx), {}).items():
+                plan.scalars.setdefault(key, value)
+    keys = sorted({key for _, key in element_sources})
+    for idx, (unit, a, b) in enumerate(segments):
+        if unit < 0 or not keys:
             continue
-        entry = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in scalars.items()}
-        entry.update({k: full[a:b].clone() for k, full in per_unit[unit].items()})
-        new_state[idx] = entry
-    sd = engine.optimizer.state_dict()
-    sd["state"] = new_state
-    engine.optimizer.load_state_dict(sd)
-    return states[0]
+        uname, numel, _ = units[unit]
+        per: dict[str, TargetPlan] = {}
+        for key in keys:
+            sources = element_sources.get((unit, key), [])
+            first = readers[sources[0].file] if sources else None
+            dtype = first.dtype(sources[0].name) if first is not None and sources else torch.float32
+            per[key] = TargetPlan(cover(sources, a, b, numel, f"unit {uname} optimizer {key!r}"), b - a, dtype)
+        plan.optimizer[idx] = per
+    return plan
+
+
+def fill(readers: Sequence[ShardReader], target: TargetPlan, out: torch.Tensor) -> None:
+    """Read a planned target into `out` (zeros where no piece lands: padding)."""
+    out.zero_()
+    for p in target.pieces:
+        readers[p.file].read_into(p.name, p.src, out[p.dst : p.dst + p.length])
+
+
+def optimizer_state(readers: Sequence[ShardReader], plan: LoadPlan, device: torch.device) -> dict[int, dict[str, Any]]:
+    """This rank's optimizer state by parameter index, read as planned."""
+    scalars: dict[str, Any] = {}
+    for key, value in plan.scalars.items():
+        scalars[key] = readers[value[0]].tensor(value[1]) if isinstance(value, tuple) else value
+    state: dict[int, dict[str, Any]] = {}
+    for idx, per in plan.optimizer.items():
+        entry: dict[str, Any] = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in scalars.items()}
+        for key, target in per.items():
+            buf = torch.empty(target.numel, dtype=target.dtype, device=device)
+            fill(readers, target, buf)
+            entry[key] = buf
+        state[idx] = entry
+    return state

@@ -3,23 +3,26 @@
 A pod gang restarted by the operator (or `zerotrain run --checkpoint-dir` run again) resumes from the
 newest committed checkpoint that every rank can verify. A corrupt one is refused with a warning naming
 it and why, and the previous good one is used: no rank ever loads a checkpoint another rank refused.
+Data resumes at the saved micro-batch: through the task's own `load_state_dict` when its batch iterator has
+one (O(1)), else by drawing and dropping the consumed micro-batches.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from zerotrain.runtime import checkpoint
+from zerotrain.runtime.metrics import Phase, RankMetrics
 from zerotrain.spec import CheckpointSpec
 
 if TYPE_CHECKING:
     from zerotrain.runtime.engine import ZeroEngine
+    from zerotrain.runtime.task import TrainingTask
 
 log = logging.getLogger(__name__)
 
@@ -54,18 +57,57 @@ class CheckpointPolicy:
                 log.info("deleted old checkpoint %s (keepLast=%d)", gone, self.keep_last)
         return path
 
-    def resume_newest(self, engine: ZeroEngine) -> tuple[Path, int] | None:
-        """Load the newest checkpoint all ranks can verify: its path and the bytes this rank read; None (and a
-        fresh start) if there is none."""
+    def resume_newest(self, engine: ZeroEngine) -> checkpoint.Loaded | None:
+        """Load the newest checkpoint all ranks can verify; None (and a fresh start) if there is none."""
         for path in reversed(checkpoint.committed(self.root)):
-            problem = checkpoint.check(engine, path)
-            refusals = torch.tensor([0.0 if problem is None else 1.0], device=engine.units[0].master.device)
-            engine.comm.all_reduce(refusals, "<checkpoint>")
-            if refusals.item() == 0:
-                return path, engine.load_checkpoint(path)
-            log.warning(
-                "checkpoint %s refused (%s); falling back to the previous one",
-                path,
-                problem or f"{int(refusals.item())} other rank(s) could not verify their files",
-            )
+            ready = checkpoint.prepare(engine, path)
+            problem = checkpoint.agree(engine, ready)
+            if problem is None and not isinstance(ready, str):
+                return checkpoint.apply(engine, ready)
+            log.warning("checkpoint %s refused (%s); falling back to the previous one", path, problem)
         return None
+
+
+def save_checkpoint(engine: Any, policy: CheckpointPolicy, step: int, metrics: RankMetrics | None) -> Path:
+    """Save and commit, timed for the metrics (the bytes are this rank's own file)."""
+    if metrics is not None:
+        metrics.phase(Phase.CHECKPOINTING)
+    t0 = time.perf_counter()
+    saved = policy.save(engine)
+    if metrics is not None:
+        metrics.observe_save(step, time.perf_counter() - t0, checkpoint.rank_file_bytes(saved, engine.rank))
+    return saved
+
+
+def skip_data(task: TrainingTask, micro_batches: int) -> None:
+    """Put the task's batch iterator at micro-batch `micro_batches` (every rank consumed the same count)."""
+    loader = getattr(task.batches, "load_state_dict", None)
+    if callable(loader):
+        loader({"micro_batches": micro_batches})
+        return
+    # Batches a task yields in a fixed order for its seed are reproduced by drawing them again.
+    for _ in range(micro_batches):
+        next(task.batches, None)
+
+
+def resume(engine: Any, task: TrainingTask, policy: CheckpointPolicy | None, metrics: RankMetrics | None = None) -> int:
+    """Load the newest good checkpoint and move the data to where it stopped; the training steps done."""
+    if policy is None:
+        return 0
+    if metrics is not None:
+        metrics.phase(Phase.RESTORING)
+    t0 = time.perf_counter()
+    loaded = policy.resume_newest(engine)
+    if loaded is None:
+        return 0
+    if metrics is not None:
+        metrics.observe_load(loaded.step, time.perf_counter() - t0, loaded.bytes_read)
+    skip_data(task, engine.micro_steps)
+    log.warning(
+        "resumed from %s at step %d (read %d bytes, largest read %d bytes)",
+        loaded.path,
+        loaded.step,
+        loaded.bytes_read,
+        loaded.largest_read_bytes,
+    )
+    return loaded.step

@@ -18,7 +18,6 @@ Exit status: 0 done, 2 the configuration cannot run (message names the field, th
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import json
 import logging
@@ -29,7 +28,6 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from enum import Enum
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -37,11 +35,12 @@ import torch
 import torch.distributed as dist
 
 from zerotrain.errors import EXIT_BAD_INPUT, UserError
-from zerotrain.runtime.checkpoint import rank_file_bytes
 from zerotrain.runtime.launch import PROGRESS_ENV, SUMMARY_ENV, write_failure_record
 from zerotrain.runtime.metrics import Phase, RankMetrics, StepValues, metrics_endpoint
+from zerotrain.runtime.preemption import EXIT_PREEMPTED, Preempted, Preemption, exit_preempted
 from zerotrain.runtime.progress import ProgressLog
-from zerotrain.runtime.resume import CheckpointPolicy
+from zerotrain.runtime.reports import gather_reports, summary_record
+from zerotrain.runtime.resume import CheckpointPolicy, resume, save_checkpoint
 from zerotrain.runtime.task import ConfigError, TrainingTask, build_task, is_script
 from zerotrain.spec import OptimizerName, OptimizerSpec, ZeroTrainingJobSpec
 
@@ -85,23 +84,6 @@ def to_device(batch: Any, device: torch.device) -> Any:
     return batch
 
 
-def to_jsonable(value: Any) -> Any:
-    """A report (pydantic model, dataclass, enum-keyed mapping, tensor...) as plain JSON values."""
-    if hasattr(value, "model_dump"):
-        return value.model_dump(mode="json")
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return to_jsonable(dataclasses.asdict(value))
-    if isinstance(value, dict):
-        return {str(getattr(k, "value", k)): to_jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [to_jsonable(v) for v in value]
-    if isinstance(value, torch.Tensor):
-        return value.tolist()
-    if isinstance(value, Enum):
-        return value.value
-    return value
-
-
 @dataclass
 class RankContext:
     """Where this rank stands in the job (from the torchrun environment)."""
@@ -139,6 +121,8 @@ class TrainResult:
     """Tokens all ranks processed together."""
     skipped_steps: int = 0
     """fp16 steps skipped because gradients overflowed."""
+    last_log: dict[str, Any] = field(default_factory=dict)
+    """The progress record of the latest step."""
 
 
 def make_engine(task: TrainingTask, spec: ZeroTrainingJobSpec, device: torch.device, factory: EngineFactory) -> Any:
@@ -180,15 +164,31 @@ def run_micro_batches(
     return losses
 
 
-def mean_over_ranks(engine: Any, loss: torch.Tensor, world_size: int) -> float:
-    """The loss averaged over ranks (4 bytes through the engine's counted collectives), so what a run reports
-    does not depend on which slice of the global batch rank 0 happened to get."""
+def agree_step(engine: Any, loss: torch.Tensor, stop: bool, world_size: int) -> tuple[float, bool]:
+    """The loss averaged over ranks, and whether any rank was asked to stop (SIGTERM), in one 8-byte all-reduce.
+
+    The loss mean makes what a run reports independent of which slice of the global batch rank 0 got; the stop
+    vote rides along, so every rank stops after the same step at no extra collective.
+    """
     comm = getattr(engine, "comm", None)
     if comm is None or world_size == 1:
-        return float(loss)
-    total = loss.detach().reshape(1).clone()
-    comm.all_reduce(total, "<loss>")
-    return float(total) / world_size
+        return float(loss), stop
+    both = torch.stack([loss.detach().float().reshape(()), torch.tensor(float(stop), device=loss.device)])
+    comm.all_reduce(both, "<loss>")
+    return float(both[0]) / world_size, bool(both[1].item() > 0)
+
+
+@dataclass
+class Loop:
+    """What the step loop needs besides the engine and the task."""
+
+    spec: ZeroTrainingJobSpec
+    ctx: RankContext
+    device: torch.device
+    log: ProgressLog | None = None
+    policy: CheckpointPolicy | None = None
+    metrics: RankMetrics | None = None
+    preemption: Preemption | None = None
 
 
 def run_steps(
@@ -201,10 +201,14 @@ def run_steps(
     policy: CheckpointPolicy | None = None,
     first_step: int = 1,
     metrics: RankMetrics | None = None,
+    preemption: Preemption | None = None,
 ) -> TrainResult:
-    """The loop from `first_step`: accumulate micro-batches, step, checkpoint, log from rank 0, metrics."""
-    accumulation = spec.zero.gradient_accumulation_steps
-    steps = spec.training.steps
+    """The loop from `first_step`: accumulate micro-batches, step, checkpoint, log from rank 0, metrics.
+
+    Raises Preempted after the step at which any rank got SIGTERM, once that step's checkpoint is committed.
+    """
+    loop = Loop(spec, ctx, device, log, policy, metrics, preemption)
+    accumulation, steps = spec.zero.gradient_accumulation_steps, spec.training.steps
     result = TrainResult()
     start = time.perf_counter()
     for step in range(first_step, steps + 1):
@@ -213,107 +217,68 @@ def run_steps(
         if metrics is not None:
             metrics.phase(Phase.OPTIMIZER)
         outcome = engine.step()
-        step_loss = mean_over_ranks(engine, torch.stack(losses).float().mean(), ctx.world_size)
-        grad_norm = outcome.grad_norm if outcome.grad_norm is not None else float("nan")
-        result.skipped_steps += int(outcome.overflow)
+        asked = preemption is not None and preemption.requested
+        step_loss, stop = agree_step(engine, torch.stack(losses).float().mean(), asked, ctx.world_size)
         if not outcome.applied and not outcome.overflow:
             raise RuntimeError(
                 f"step {step}: the engine did not step after {accumulation} micro-batches; its accumulation "
                 "boundary disagrees with spec.zero.gradientAccumulationSteps"
             )
-        if policy is not None and policy.due(step, steps):
+        saved = None
+        if policy is not None and (policy.due(step, steps) or stop):
             saved = save_checkpoint(engine, policy, step, metrics)
             if log is not None:
                 log.checkpoint(step, str(saved))
-        step_s = time.perf_counter() - step_start
-        step_tokens = task.tokens_per_batch * accumulation * ctx.world_size
-        if metrics is not None:
-            metrics.observe_step(
-                engine,
-                StepValues(
-                    step=step,
-                    seconds=step_s,
-                    loss=step_loss,
-                    grad_norm=grad_norm,
-                    learning_rate=float(engine.optimizer.param_groups[0]["lr"]),
-                    loss_scale=float(outcome.loss_scale),
-                    applied=bool(outcome.applied),
-                    skipped=bool(outcome.overflow),
-                    tokens=task.tokens_per_batch * accumulation,
-                ),
-            )
-        result.losses.append(step_loss)
-        result.grad_norms.append(grad_norm)
-        result.tokens += step_tokens
+        record_step(engine, task, loop, result, step, step_loss, outcome, time.perf_counter() - step_start)
         if log is not None and (step % spec.training.log_every == 0 or step in (1, steps)):
-            log.write(
-                {
-                    "step": step,
-                    "steps": steps,
-                    "loss": step_loss,
-                    "grad_norm": grad_norm,
-                    "skipped": bool(outcome.overflow),
-                    "tokens_per_s": step_tokens / step_s if step_s > 0 else 0.0,
-                    "elapsed_s": time.perf_counter() - start,
-                }
-            )
+            log.write({**result.last_log, "elapsed_s": time.perf_counter() - start})
+        if stop:
+            result.elapsed_s = time.perf_counter() - start
+            raise Preempted(step, None if saved is None else str(saved), preemption.elapsed() if preemption else 0.0)
     result.elapsed_s = time.perf_counter() - start
     return result
 
 
-def save_checkpoint(engine: Any, policy: CheckpointPolicy, step: int, metrics: RankMetrics | None) -> Path:
-    """Save and commit, timed for the metrics (the bytes are this rank's own file)."""
-    if metrics is not None:
-        metrics.phase(Phase.CHECKPOINTING)
-    t0 = time.perf_counter()
-    saved = policy.save(engine)
-    if metrics is not None:
-        metrics.observe_save(step, time.perf_counter() - t0, rank_file_bytes(saved, engine.rank))
-    return saved
-
-
-def gather_json(record: dict[str, Any], ctx: RankContext, device: torch.device) -> list[Any] | None:
-    """Every rank's JSON-able `record` on rank 0 (None elsewhere).
-
-    Through byte tensors rather than `gather_object`, which needs numpy to unpickle.
-    """
-    if ctx.world_size == 1:
-        return [record]
-    data = torch.tensor(list(json.dumps(record).encode()), dtype=torch.uint8, device=device)
-    sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(ctx.world_size)]
-    dist.all_gather(sizes, torch.tensor([data.numel()], dtype=torch.int64, device=device))
-    longest = int(max(int(s.item()) for s in sizes))
-    padded = torch.zeros(longest, dtype=torch.uint8, device=device)
-    padded[: data.numel()] = data
-    bufs = [torch.empty_like(padded) for _ in range(ctx.world_size)] if ctx.rank == 0 else None
-    dist.gather(padded, bufs, dst=0)
-    if bufs is None:
-        return None
-    return [json.loads(bytes(b[: int(n.item())].tolist())) for b, n in zip(bufs, sizes, strict=True)]
-
-
-def gather_reports(engine: Any, ctx: RankContext, device: torch.device) -> list[Any] | None:
-    """Every rank's memory and comm report on rank 0; taken before the gather, so the gather is not counted."""
-    mine = {"rank": ctx.rank, "memory": to_jsonable(engine.memory_report()), "comm": to_jsonable(engine.comm_report())}
-    return gather_json(mine, ctx, device)
-
-
-def summary_record(
-    spec: ZeroTrainingJobSpec, ctx: RankContext, result: TrainResult, ranks: list[Any]
-) -> dict[str, Any]:
-    return {
-        "world_size": ctx.world_size,
-        "stage": int(spec.zero.stage),
-        "steps": spec.training.steps,
-        "losses": result.losses,
-        "grad_norms": result.grad_norms,
-        "skipped_steps": result.skipped_steps,
-        # None when resumed from the final checkpoint: no step was left to run (a gang restarted after it).
-        "first_loss": result.losses[0] if result.losses else None,
-        "final_loss": result.losses[-1] if result.losses else None,
-        "elapsed_s": result.elapsed_s,
-        "tokens_per_s": result.tokens / result.elapsed_s if result.elapsed_s > 0 else 0.0,
-        "ranks": ranks,
+def record_step(
+    engine: Any,
+    task: TrainingTask,
+    loop: Loop,
+    result: TrainResult,
+    step: int,
+    step_loss: float,
+    outcome: Any,
+    step_s: float,
+) -> None:
+    """One finished step into the result, the metrics and the progress record."""
+    accumulation = loop.spec.zero.gradient_accumulation_steps
+    grad_norm = outcome.grad_norm if outcome.grad_norm is not None else float("nan")
+    step_tokens = task.tokens_per_batch * accumulation * loop.ctx.world_size
+    if loop.metrics is not None:
+        loop.metrics.observe_step(
+            engine,
+            StepValues(
+                step=step,
+                seconds=step_s,
+                loss=step_loss,
+                grad_norm=grad_norm,
+                learning_rate=float(engine.optimizer.param_groups[0]["lr"]),
+                loss_scale=float(outcome.loss_scale),
+                applied=bool(outcome.applied),
+                skipped=bool(outcome.overflow),
+                tokens=task.tokens_per_batch * accumulation,
+            ),
+        )
+    result.losses.append(step_loss)
+    result.grad_norms.append(grad_norm)
+    result.tokens += step_tokens
+    result.skipped_steps += int(outcome.overflow)
+    result.last_log = {
+        "step": step,
+        "steps": loop.spec.training.steps,
+        "loss": step_loss,
+        "grad_norm": grad_norm,
+        "skipped": bool(outcome.overflow),
+        "tokens_per_s": step_tokens / step_s if step_s > 0 else 0.0,
     }
 
 
@@ -322,8 +287,11 @@ def train(
     ctx: RankContext,
     engine_factory: EngineFactory | None = None,
     metrics: RankMetrics | None = None,
+    preemption: Preemption | None = None,
 ) -> TrainResult:
-    """Run the job's training on this rank (the process group must be initialised), feeding `metrics`."""
+    """Run the job's training on this rank (the process group must be initialised), feeding `metrics`.
+
+    With `preemption`, SIGTERM ends the run early with Preempted (see `preemption`)."""
     if is_script(spec.entrypoint):
         raise ConfigError(f"spec.entrypoint: {spec.entrypoint!r} is a script; the launcher runs scripts directly")
     if engine_factory is None:
@@ -335,10 +303,10 @@ def train(
     device = device_for(ctx.local_rank)
     engine = make_engine(task, spec, device, engine_factory)
     policy = CheckpointPolicy.from_env(spec.checkpoint)
-    first_step = resume(engine, task, spec, policy, metrics) + 1
+    first_step = resume(engine, task, policy, metrics) + 1
     log = ProgressLog(os.environ.get(PROGRESS_ENV)) if ctx.rank == 0 else None
     try:
-        result = run_steps(engine, task, spec, ctx, device, log, policy, first_step, metrics)
+        result = run_steps(engine, task, spec, ctx, device, log, policy, first_step, metrics, preemption)
     finally:
         if log is not None:
             log.close()
@@ -353,33 +321,6 @@ def train(
         else:
             print(record, flush=True)
     return result
-
-
-def resume(
-    engine: Any,
-    task: TrainingTask,
-    spec: ZeroTrainingJobSpec,
-    policy: CheckpointPolicy | None,
-    metrics: RankMetrics | None = None,
-) -> int:
-    """Load the newest good checkpoint and skip the micro-batches it already consumed; the steps done."""
-    if policy is None:
-        return 0
-    if metrics is not None:
-        metrics.phase(Phase.RESTORING)
-    t0 = time.perf_counter()
-    loaded = policy.resume_newest(engine)
-    if loaded is None:
-        return 0
-    path, nbytes = loaded
-    done = int(engine.steps)
-    if metrics is not None:
-        metrics.observe_load(done, time.perf_counter() - t0, nbytes)
-    # Batches are a deterministic function of the seed and their index, so skipping reproduces the data order.
-    for _ in range(done * spec.zero.gradient_accumulation_steps):
-        next(task.batches, None)
-    logger.warning("resumed from %s at step %d", path, done)
-    return done
 
 
 def start_metrics(job: str, spec: ZeroTrainingJobSpec, ctx: RankContext) -> RankMetrics:
@@ -419,10 +360,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         job = load_job(args.config)
         spec = job.spec
         ctx = RankContext.from_env()
+        preemption = None
+        if spec.checkpoint.save_on_termination:
+            preemption = Preemption(spec.checkpoint.termination_budget_seconds, exit_preempted)
+            preemption.install()
         metrics = start_metrics(str(job.metadata.get("name") or "zerotrain"), spec, ctx)
         init_process_group(spec)
-        train(spec, ctx, metrics=metrics)
+        train(spec, ctx, metrics=metrics, preemption=preemption)
         metrics.stop()
+    except Preempted as e:
+        print(f"zerotrain rank {os.environ.get('RANK', '?')}: {e}", file=sys.stderr, flush=True)
+        fail(str(e), EXIT_PREEMPTED)
     except UserError as e:
         message = f"zerotrain rank {os.environ.get('RANK', '?')}: error: {e}"
         print(message, file=sys.stderr, flush=True)

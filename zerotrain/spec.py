@@ -126,6 +126,17 @@ class CheckpointSpec(SpecModel):
     """Save every this many optimizer steps (and at the end)."""
     keep_last: int = Field(default=3, ge=1)
     """How many complete checkpoints to keep; older ones are deleted after a newer one commits."""
+    save_on_termination: bool = True
+    """On SIGTERM (eviction, preemption, deletion) every rank finishes its current step and commits a checkpoint
+    before exiting, so the restarted gang resumes from that step."""
+    termination_budget_seconds: int = Field(default=120, ge=5, le=3600)
+    """Seconds from SIGTERM for the current step and that checkpoint; past it the ranks exit without committing
+    (the previous checkpoint stands). The operator sets the pods' terminationGracePeriodSeconds to this plus
+    TERMINATION_MARGIN_SECONDS, so Kubernetes does not kill them first."""
+
+
+TERMINATION_MARGIN_SECONDS = 15
+"""Grace beyond spec.checkpoint.terminationBudgetSeconds: the launcher's own exit and the kubelet's slack."""
 
 
 class MetricsSpec(SpecModel):

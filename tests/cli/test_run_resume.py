@@ -49,37 +49,50 @@ def test_resume_skips_a_corrupt_checkpoint_and_matches_an_uninterrupted_run(tmp_
     first, output = run(tmp_path, tiny_job(tmp_path, 6), "first", ckpt)
     assert len(first["losses"]) == 6
     # The progress display reports each commit and keeps going after it.
+    saved = by_step(ckpt)
     for step in (2, 4, 6):
-        assert f"checkpoint committed at step {step}: {ckpt.resolve()}/step-{step:08d}" in " ".join(output.split())
+        assert f"checkpoint committed at step {step}: {ckpt.resolve()}/step-{step:08d}-" in " ".join(output.split())
     assert "step 6/6" in output
-    # Saved at 2, 4, 6; keepLast=2 pruned step 2.
-    assert sorted(p.name for p in ckpt.iterdir()) == ["step-00000004", "step-00000006"]
-    marker = json.loads((ckpt / "step-00000006" / "COMMITTED").read_text())
+    # Saved at 2, 4, 6, each in a fresh directory; keepLast=2 pruned step 2.
+    assert sorted(saved) == [4, 6]
+    marker = json.loads((saved[6] / "COMMITTED").read_text())
     assert (
         marker["step"] == 6
+        and marker["micro_batches"] == 6
         and marker["world_size"] == 2
-        and sorted(marker["files"]) == ["rank-00000.pt", "rank-00001.pt"]
+        and sorted(marker["files"]) == ["rank-00000.safetensors", "rank-00001.safetensors"]
     )
 
-    victim = ckpt / "step-00000006" / "rank-00001.pt"
+    victim = saved[6] / "rank-00001.safetensors"
     data = bytearray(victim.read_bytes())
-    data[len(data) // 2] ^= 0xFF  # one flipped byte: the file still unpickles, only the digest tells
+    data[len(data) // 2] ^= 0xFF  # one flipped byte: the file still parses, only the digest tells
     victim.write_bytes(bytes(data))
 
     resumed, output = run(tmp_path, tiny_job(tmp_path, 8), "resumed", ckpt)
-    assert "step-00000006 refused" in output and "rank-00001.pt does not match the SHA-256" in output
-    assert "resumed from" in output and "step-00000004 at step 4" in output
+    assert f"{saved[6].name} refused" in output
+    assert "rank-00001.safetensors does not match the SHA-256" in output
+    assert f"resumed from {saved[4]} at step 4" in output
     assert len(resumed["losses"]) == 4  # steps 5-8
 
     straight, _ = run(tmp_path, tiny_job(tmp_path, 8), "straight", None)
     # Same data order, same thread count: resuming from step 4 reproduces steps 5-8 bit for bit.
     assert resumed["losses"] == straight["losses"][4:]
-    assert sorted(p.name for p in ckpt.iterdir())[-2:] == ["step-00000006", "step-00000008"]
+    assert sorted(by_step(ckpt)) == [6, 8]
 
     # Run again (as a gang restarted after its final checkpoint would): nothing left to train, and no failure.
     again, output = run(tmp_path, tiny_job(tmp_path, 8), "again", ckpt)
-    assert "step-00000008 at step 8" in output and "no steps left" in output
+    assert f"resumed from {by_step(ckpt)[8]} at step 8" in output and "no steps left" in output
     assert again["losses"] == [] and again["final_loss"] is None
+
+
+def by_step(root: Path) -> dict[int, Path]:
+    """The checkpoint directories under `root` by step (each save has its own `step-N-<token>` directory)."""
+    out: dict[int, Path] = {}
+    for p in root.iterdir():
+        step = int(p.name.split("-")[1])
+        assert step not in out, f"two directories for step {step}"
+        out[step] = p
+    return out
 
 
 @pytest.mark.slow

@@ -1,0 +1,87 @@
+"""SIGTERM as a request to checkpoint and stop, within a time budget, the same way on every rank.
+
+Kubernetes sends SIGTERM before it evicts, preempts or deletes a pod; the launcher forwards it to every rank. A
+rank only notes it here (a signal handler must not run collectives). The training loop carries the note in the
+per-step loss all-reduce it runs anyway, so all ranks learn of it after the same step, even those whose pod was
+not signalled, with no extra collective; then each finishes that step, commits a checkpoint and exits with
+EXIT_PREEMPTED.
+
+The budget runs from the signal. A watchdog ends the rank when it is spent: the commit marker is written last and
+renamed into place atomically, so an exit at any moment leaves either a committed checkpoint or none, never a
+partial one, and the previous checkpoint stands.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from types import FrameType
+
+# 128 + SIGTERM, as a shell reports a process stopped by it; the launcher reads it as "saved and stopped".
+EXIT_PREEMPTED = 128 + int(signal.SIGTERM)
+
+
+class Preempted(Exception):
+    """Every rank agreed to stop after `step` on SIGTERM; `saved` is the checkpoint committed then, if any."""
+
+    def __init__(self, step: int, saved: str | None, seconds: float) -> None:
+        where = f"checkpoint {saved} committed" if saved else "no checkpoint directory, nothing saved"
+        super().__init__(f"preempted: SIGTERM; stopped after step {step}, {where} {seconds:.1f} s after the signal")
+        self.step, self.saved = step, saved
+
+
+class Preemption:
+    """Notes SIGTERM and enforces the budget; `requested` is what the loop shares with the other ranks."""
+
+    def __init__(self, budget_s: float, on_budget_spent: Callable[[str], None]) -> None:
+        self.budget_s = budget_s
+        self.requested_at: float | None = None
+        self._on_budget_spent = on_budget_spent
+        self._watchdog: threading.Timer | None = None
+
+    @property
+    def requested(self) -> bool:
+        return self.requested_at is not None
+
+    def install(self) -> None:
+        """Take SIGTERM in the main thread (call there, before training)."""
+        signal.signal(signal.SIGTERM, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.request()
+
+    def request(self) -> None:
+        """Start the budget (a second SIGTERM does not restart it)."""
+        if self.requested_at is not None:
+            return
+        self.requested_at = time.monotonic()
+        self._watchdog = threading.Timer(self.budget_s, self._spent)
+        self._watchdog.daemon = True
+        self._watchdog.start()
+
+    def elapsed(self) -> float:
+        return 0.0 if self.requested_at is None else time.monotonic() - self.requested_at
+
+    def done(self) -> None:
+        """The checkpoint committed (or there was none to write): the watchdog has nothing left to guard."""
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+
+    def _spent(self) -> None:
+        self._on_budget_spent(
+            f"preempted: SIGTERM; no checkpoint committed within spec.checkpoint.terminationBudgetSeconds="
+            f"{self.budget_s:g}; the previous checkpoint stands (raise the budget if saves take longer)"
+        )
+
+
+def exit_preempted(message: str) -> None:
+    """The watchdog's end: no teardown (peers may be blocked in the save's collectives)."""
+    from zerotrain.runtime.launch import write_failure_record
+
+    print(f"zerotrain rank {os.environ.get('RANK', '?')}: {message}", file=sys.stderr, flush=True)
+    write_failure_record(message)
+    os._exit(EXIT_PREEMPTED)

@@ -1,0 +1,83 @@
+"""What a rank must save besides model and optimizer state to continue exactly: position, randomness, loss scale.
+
+- Position: micro-batches consumed (`engine.micro_steps`, which counts fp16-skipped steps' micro-batches too,
+  unlike `engine.steps`), and from it the loop's step. Data is skipped by micro-batches, never by updates.
+- Randomness: torch's CPU generator, every CUDA device's, Python's `random`, and NumPy's when it is loaded (dropout,
+  user augmentation). Per rank: each rank restores its own; at another world size a new rank without a saved
+  counterpart keeps its fresh state (its data and dropout streams differ then anyway).
+- The loss scaler in full (scale, skipped steps, the growth counter).
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from zerotrain.runtime.engine import ZeroEngine
+
+TORCH_RNG = "rng.torch"
+CUDA_RNG = "rng.cuda."
+
+
+def position(engine: ZeroEngine) -> dict[str, int]:
+    """Where training stands: micro-batches consumed and steps attempted (applied or skipped) and applied."""
+    accumulation = engine.config.gradient_accumulation_steps
+    return {
+        "micro_batches": engine.micro_steps,
+        "step": engine.micro_steps // accumulation,
+        "optimizer_steps": engine.steps,
+    }
+
+
+def rng_tensors() -> dict[str, torch.Tensor]:
+    out = {TORCH_RNG: torch.get_rng_state()}
+    if torch.cuda.is_available():
+        out.update({f"{CUDA_RNG}{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
+    return out
+
+
+def _jsonable(state: Any) -> Any:
+    return [_jsonable(v) for v in state] if isinstance(state, (tuple, list)) else state
+
+
+def _tupled(state: Any) -> Any:
+    return tuple(_tupled(v) for v in state) if isinstance(state, list) else state
+
+
+def capture(engine: ZeroEngine) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """This rank's state as tensors (RNG byte states) and a JSON record (the rest)."""
+    record: dict[str, Any] = {
+        "position": position(engine),
+        "scaler": engine.scaler.state_dict(),
+        "python_rng": _jsonable(random.getstate()),
+    }
+    np = sys.modules.get("numpy")
+    if np is not None:
+        kind, keys, pos, has_gauss, gauss = np.random.get_state()
+        record["numpy_rng"] = [kind, keys.tolist(), pos, has_gauss, gauss]
+    return rng_tensors(), record
+
+
+def restore_counters(engine: ZeroEngine, record: dict[str, Any]) -> None:
+    """Step counters and the loss scaler (identical on every rank, so any rank's record serves)."""
+    pos = record["position"]
+    engine.steps, engine.micro_steps = int(pos["optimizer_steps"]), int(pos["micro_batches"])
+    engine._stepped_at = engine.micro_steps  # the restored boundary has been stepped already
+    engine.scaler.load_state_dict(record["scaler"])
+
+
+def restore_rng(tensors: dict[str, torch.Tensor], record: dict[str, Any]) -> None:
+    """This rank's own generators, as saved."""
+    torch.set_rng_state(tensors[TORCH_RNG])
+    cuda = sorted((k for k in tensors if k.startswith(CUDA_RNG)), key=lambda k: int(k[len(CUDA_RNG) :]))
+    if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all([tensors[k] for k in cuda])
+    random.setstate(_tupled(record["python_rng"]))
+    np = sys.modules.get("numpy")
+    if np is not None and "numpy_rng" in record:
+        kind, keys, pos, has_gauss, gauss = record["numpy_rng"]
+        np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
