@@ -18,10 +18,12 @@ restarts a rank on its own. Global rank = NODE_RANK × NPROC_PER_NODE + local ra
 
 Exit status of the launcher:
 - 0: every rank finished; or SIGTERM arrived while no rank had failed (preemption, eviction, the operator
-  deleting the pod): it is forwarded to every rank and the launcher exits once all have stopped (torch's
-  shutdown sends SIGTERM, waits TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds, 20 by default here, then SIGKILLs the
-  rest). A preempted pod thus exits 0 with a termination message starting with `preempted`, which is how the
-  operator tells it from a finished one. A rank that failed before the signal makes it a failure (next line).
+  deleting the pod): it is forwarded to every rank, which finish their step and commit a checkpoint
+  (`preemption`), and the launcher exits once all have stopped (torch's shutdown sends SIGTERM, waits
+  spec.checkpoint.terminationBudgetSeconds + 5 s, or TORCH_ELASTIC_SHUTDOWN_TIMEOUT when set, then SIGKILLs the
+  rest). Ranks that all exit with EXIT_PREEMPTED (SIGTERM sent to them directly) count the same. A preempted pod
+  thus exits 0 with a termination message starting with `preempted`, which is how the operator tells it from a
+  finished one. A rank that failed before the signal makes it a failure (next line).
 - the failing rank's status: a rank failed (the earliest failure wins; a rank killed by signal S counts
   as 128+S). 2 is a configuration error in every rank, also checked here before any rank starts.
 - 128+S: another signal S (SIGINT, SIGHUP, SIGQUIT) stopped the launcher.
@@ -47,11 +49,13 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from zerotrain.runtime.preemption import EXIT_PREEMPTED
 from zerotrain.runtime.task import ConfigError, check_arguments, is_script, load_entrypoint
 from zerotrain.spec import ZeroTrainingJobSpec
 
 DEFAULT_PORT = 29500
-SHUTDOWN_TIMEOUT_S = 20  # under Kubernetes' default 30 s grace period, so the launcher exits before SIGKILL
+# Beyond the ranks' own SIGTERM budget: their watchdog ends them first, then the launcher has time to exit.
+SHUTDOWN_MARGIN_S = 5
 TERMINATION_LOG_ENV = "ZEROTRAIN_TERMINATION_LOG"
 PROGRESS_ENV = "ZEROTRAIN_PROGRESS_FILE"  # rank 0 appends JSON lines here (zerotrain.runtime.train)
 SUMMARY_ENV = "ZEROTRAIN_SUMMARY_FILE"  # rank 0 writes the end-of-run summary here
@@ -232,9 +236,19 @@ def _severity(exitcode: int) -> int:
     return 2 if -exitcode in (signal.SIGTERM, signal.SIGKILL, signal.SIGINT) else 1
 
 
+def _last_line(failure: Any) -> str:
+    """The last line of the error the rank recorded itself; empty when it recorded none."""
+    detail = failure.message if isinstance(failure.message, str) else str(failure.message.get("message", ""))
+    # Without an error file torch substitutes a link to its docs: no information about this failure.
+    return detail.strip().splitlines()[-1] if _recorded(failure) and detail.strip() else ""
+
+
 def outcome_of_failures(failures: Mapping[int, Any]) -> LaunchOutcome:
     """The root cause among failed ranks: an exit before a crash before a kill; then one the rank recorded itself;
     then the earliest; then the lowest rank."""
+    if all(f.exitcode == EXIT_PREEMPTED for f in failures.values()):
+        first = min(failures.items(), key=lambda kv: (_failure_time(kv[1]), kv[0]))[1]
+        return LaunchOutcome(0, Outcome.PREEMPTED, _last_line(first) or "SIGTERM: every rank stopped")
     rank, failure = min(
         failures.items(),
         key=lambda kv: (_severity(kv[1].exitcode), not _recorded(kv[1]), _failure_time(kv[1]), kv[0]),
@@ -243,9 +257,7 @@ def outcome_of_failures(failures: Mapping[int, Any]) -> LaunchOutcome:
     how = f"exited with status {failure.exitcode}" if failure.exitcode > 0 else f"was killed by {failure.signal_name()}"
     others = sorted(r for r in failures if r != rank)
     tail = f" (also failed: ranks {others})" if others else ""
-    detail = failure.message if isinstance(failure.message, str) else str(failure.message.get("message", ""))
-    # Without an error file torch substitutes a link to its docs: no information about this failure.
-    first_line = detail.strip().splitlines()[-1] if _recorded(failure) and detail.strip() else ""
+    first_line = _last_line(failure)
     return LaunchOutcome(code, Outcome.RANK_FAILED, f"rank {rank} {how}{tail}: {first_line}".rstrip(": "))
 
 
@@ -272,7 +284,11 @@ def launch(
         max_restarts=0,
         monitor_interval=0.1,
         start_method="spawn",
-        shutdown_timeout=int(os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", SHUTDOWN_TIMEOUT_S)),
+        shutdown_timeout=int(
+            os.environ.get(
+                "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", spec.checkpoint.termination_budget_seconds + SHUTDOWN_MARGIN_S
+            )
+        ),
     )
     try:
         with scoped_environ(rank_environment(plan)):
