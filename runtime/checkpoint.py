@@ -96,11 +96,13 @@ def sha256(path: Path) -> str:
 
 
 def describe_model(engine: ZeroEngine) -> list[dict[str, Any]]:
-    """Units with their parameters' names, shapes and offsets: what a checkpoint must match to load."""
-    return [
-        {"unit": u.name, "numel": u.layout.numel, "params": [[s.name, list(s.shape), s.offset] for s in u.layout.slots]}
-        for u in engine.units
-    ]
+    """Units with their parameters' names, shapes, offsets and optimizer classes: what a checkpoint must match
+    to load (the class lets an export rebuild the weight-decay groups)."""
+    out = []
+    for u in engine.units:
+        params = [[s.name, list(s.shape), s.offset, int(s.kind)] for s in u.layout.slots]
+        out.append({"unit": u.name, "numel": u.layout.numel, "params": params})
+    return out
 
 
 def aliases(engine: ZeroEngine) -> dict[str, str]:

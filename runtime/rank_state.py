@@ -24,12 +24,15 @@ CUDA_RNG = "rng.cuda."
 
 
 def position(engine: ZeroEngine) -> dict[str, int]:
-    """Where training stands: micro-batches consumed and steps attempted (applied or skipped) and applied."""
+    """Where training stands: micro-batches consumed, steps attempted (applied or skipped) and applied, and the
+    global samples consumed (0 when the task does not say how many samples a micro-batch holds)."""
     accumulation = engine.config.gradient_accumulation_steps
+    per_micro_batch = getattr(engine, "samples_per_micro_batch", 0)  # set by the training loop when the task says
     return {
         "micro_batches": engine.micro_steps,
         "step": engine.micro_steps // accumulation,
         "optimizer_steps": engine.steps,
+        "samples": engine.micro_steps * per_micro_batch,
     }
 
 

@@ -48,7 +48,9 @@ class TrainingTask:
     inputs: Callable[[Any], Any] = _as_is
     """Maps a batch to the model's input: a tuple is passed as positional arguments, anything else as one."""
     tokens_per_batch: int = 0
-    """Tokens (or samples) in one of this rank's micro-batches, for throughput; 0 if not meaningful."""
+    """Tokens in one of this rank's micro-batches, for throughput; 0 if not meaningful."""
+    samples_per_batch: int = 0
+    """Samples (rows) in one of this rank's micro-batches, for the data position checkpoints record; 0 if unknown."""
     unit_modules: list[str] = field(default_factory=list)
     """Module class names forming ZeRO units when `spec.zero.unitModules` is empty (e.g. ["Block"])."""
 

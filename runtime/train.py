@@ -130,7 +130,9 @@ def make_engine(task: TrainingTask, spec: ZeroTrainingJobSpec, device: torch.dev
     zero = spec.zero
     if not zero.unit_modules and task.unit_modules:
         zero = zero.model_copy(update={"unit_modules": list(task.unit_modules)})
-    return factory(task.model.to(device), zero, optimizer=optimizer_factory(spec.training.optimizer))
+    engine = factory(task.model.to(device), zero, optimizer=optimizer_factory(spec.training.optimizer))
+    engine.samples_per_micro_batch = task.samples_per_batch * getattr(engine, "world_size", 1)  # checkpoint position
+    return engine
 
 
 def run_micro_batches(

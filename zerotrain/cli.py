@@ -9,12 +9,12 @@ from collections.abc import Sequence
 from rich.console import Console
 
 from zerotrain import __version__
-from zerotrain.commands import crd, plan, run, validate
+from zerotrain.commands import checkpoint, crd, plan, run, validate
 from zerotrain.commands import operator as operator_command
 from zerotrain.errors import EXIT_BAD_INPUT, UserError
 
 # Each module adds one subcommand; later subcommands (run, operator, ...) are appended here.
-COMMANDS = [plan, validate, crd, operator_command, run]
+COMMANDS = [plan, validate, crd, operator_command, run, checkpoint]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -109,5 +109,6 @@ def build(
         batches=iter(batches),
         inputs=model_inputs,
         tokens_per_batch=(batch_size // world_size) * seq_len,
+        samples_per_batch=batch_size // world_size,
         unit_modules=[Block.__name__],
     )

@@ -89,7 +89,7 @@ def test_sigterm_commits_the_current_step_and_a_rerun_continues_exactly(tmp_path
     assert "preempted:" in output and "Traceback" not in output, output
     saved = by_step(ckpt)
     assert len(saved) == 1, output
-    (stopped_at, path), = saved.items()
+    ((stopped_at, path),) = saved.items()
     assert 3 <= stopped_at < STEPS and (path / "COMMITTED").is_file()
     assert json.loads((path / "COMMITTED").read_text())["micro_batches"] == stopped_at
 

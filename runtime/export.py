@@ -1,0 +1,233 @@
+"""Reading a sharded checkpoint without an engine: inspect it, or export the model for the rest of the ecosystem.
+
+- safetensors: the consolidated fp32 weights under the model's own parameter names, each tied parameter once
+  (its other names recorded in the header's metadata as `aliases`). Streamed: the header is computed from the
+  commit marker, then each tensor is assembled from the rank files' ranges and written before the next is read,
+  so memory stays near the largest tensor.
+- DCP: a `torch.distributed.checkpoint` directory of {"model": the unflattened state dict} (and, with the
+  optimizer, {"optim": FQN-keyed state, as torch.distributed.checkpoint.state_dict lays it out}), which
+  `dcp.load` reads into a plain model or an FSDP2-wrapped one at any world size. Tied parameters appear under
+  every name, as a module's `state_dict()` lists them. DCP writes from one state
+  dict, so this export holds the model (and optimizer state) in memory once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from zerotrain.runtime import checkpoint, reshard
+from zerotrain.runtime.errors import ZeroSetupError
+from zerotrain.runtime.shard_file import ShardFileError, ShardReader
+
+
+@dataclass(frozen=True)
+class Param:
+    """One saved parameter: where it sits in its unit."""
+
+    name: str
+    unit: int
+    shape: tuple[int, ...]
+    offset: int
+    kind: int
+    """ParamClass: 0 weight-decayed, 1 not decayed, 2 frozen."""
+
+    @property
+    def numel(self) -> int:
+        return int(torch.Size(self.shape).numel())
+
+
+@dataclass
+class Opened:
+    """A committed checkpoint opened for reading, its digests verified."""
+
+    path: Path
+    marker: dict[str, Any]
+    readers: list[ShardReader]
+    params: list[Param]
+
+
+def open_checkpoint(path: str | os.PathLike[str]) -> Opened:
+    """The committed checkpoint at `path` (or the newest under a root), every file verified against its digest."""
+    target = checkpoint.resolve(path)
+    marker = checkpoint.read_marker(target)
+    for name, digest in sorted(marker["files"].items()):
+        f = target / name
+        if not f.is_file():
+            raise ZeroSetupError("checkpoint", str(target), f"{name} is missing", "export a complete checkpoint")
+        if checkpoint.sha256(f) != digest:
+            raise ZeroSetupError(
+                "checkpoint", str(f), "does not match the SHA-256 recorded at commit", "export an intact checkpoint"
+            )
+    try:
+        readers = [ShardReader(target / n) for n in sorted(marker["files"])]
+    except ShardFileError as e:
+        raise ZeroSetupError("checkpoint", str(target), str(e), "export an intact checkpoint") from None
+    params = [
+        Param(p[0], ui, tuple(p[1]), p[2], p[3]) for ui, unit in enumerate(marker["model"]) for p in unit["params"]
+    ]
+    return Opened(target, marker, readers, params)
+
+
+def read_param(ck: Opened, p: Param) -> torch.Tensor:
+    """One parameter's fp32 values, assembled from the rank files that hold its range."""
+    sources = [
+        reshard.Source(f, f"master.{p.unit}", *r.record["master_ranges"][p.unit]) for f, r in enumerate(ck.readers)
+    ]
+    target = reshard.TargetPlan(
+        reshard.cover(sources, p.offset, p.offset + p.numel, p.offset + p.numel, p.name), p.numel
+    )
+    out = torch.empty(p.numel, dtype=torch.float32)
+    reshard.fill(ck.readers, target, out)
+    return out.view(p.shape)
+
+
+def _header(ck: Opened) -> bytes:
+    entries: dict[str, Any] = {}
+    offset = 0
+    for p in ck.params:
+        entries[p.name] = {"dtype": "F32", "shape": list(p.shape), "data_offsets": [offset, offset + 4 * p.numel]}
+        offset += 4 * p.numel
+    metadata = {
+        "format": "pt",
+        "aliases": json.dumps(ck.marker.get("aliases", {})),
+        "step": str(ck.marker["step"]),
+    }
+    raw = json.dumps({"__metadata__": metadata, **entries}, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # the format aligns the data to 8 bytes
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def export_safetensors(path: str | os.PathLike[str], out: Path, force: bool = False) -> Path:
+    """Write the consolidated weights to `out`, tensor by tensor (through a temporary name)."""
+    _refuse_existing(out, force)
+    ck = open_checkpoint(path)
+    tmp = out.with_name(out.name + ".tmp")
+    with tmp.open("wb") as f:
+        f.write(_header(ck))
+        for p in ck.params:
+            f.write(read_param(ck, p).numpy().tobytes())
+    tmp.rename(out)
+    return out
+
+
+def _optimizer_entries(ck: Opened) -> Iterator[tuple[str, dict[str, torch.Tensor]]]:
+    """Per-parameter optimizer state (FQN -> key -> tensor) for every parameter the optimizer updated."""
+    element: dict[tuple[int, str], list[reshard.Source]] = {}
+    scalars: dict[str, torch.Tensor] = {}
+    for f, r in enumerate(ck.readers):
+        for idx, (unit, a, b) in enumerate(r.record["optimizer_segments"]):
+            for key in r.record["optimizer_keys"].get(str(idx), []):
+                name = f"optim.{idx}.{key}"
+                if r.shape(name) == [b - a] and b > a:
+                    element.setdefault((unit, key), []).append(reshard.Source(f, name, a, b))
+                else:
+                    scalars.setdefault(key, r.tensor(name))
+    for p in ck.params:
+        keys = sorted(k for (u, k), srcs in element.items() if u == p.unit and _covers(srcs, p))
+        if not keys:
+            continue  # frozen: the optimizer never held it
+        entry = {k: v.clone() for k, v in scalars.items()}
+        for key in keys:
+            pieces = reshard.cover(element[(p.unit, key)], p.offset, p.offset + p.numel, p.offset + p.numel, p.name)
+            plan = reshard.TargetPlan(pieces, p.numel)
+            buf = torch.empty(p.numel, dtype=torch.float32)
+            reshard.fill(ck.readers, plan, buf)
+            entry[key] = buf.view(p.shape)
+        yield p.name, entry
+
+
+def _covers(sources: list[reshard.Source], p: Param) -> bool:
+    return any(s.lo <= p.offset < s.hi for s in sources)
+
+
+def export_dcp(path: str | os.PathLike[str], out: Path, optimizer: bool = False, force: bool = False) -> Path:
+    """Write a torch.distributed.checkpoint directory of the unflattened model (and optimizer state)."""
+    import torch.distributed.checkpoint as dcp
+
+    _refuse_existing(out, force)
+    ck = open_checkpoint(path)
+    model = {p.name: read_param(ck, p) for p in ck.params}
+    # A module's state_dict (plain or FSDP2) lists a tied parameter under every name: so does this one.
+    model |= {alias: model[owner] for alias, owner in ck.marker.get("aliases", {}).items()}
+    state: dict[str, Any] = {"model": model}
+    if optimizer:
+        state["optim"] = optimizer_state_dict(ck)
+    with warnings.catch_warnings():
+        # no_dist is the point here: one process writes the whole state, which DCP warns about.
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.save(state, checkpoint_id=str(out), no_dist=True)
+    return out
+
+
+def optimizer_state_dict(ck: Opened) -> dict[str, Any]:
+    """Optimizer state keyed by parameter name, with param groups listing names: the layout of
+    `torch.distributed.checkpoint.state_dict.get_optimizer_state_dict`. Groups follow the weight-decay classes."""
+    state = dict(_optimizer_entries(ck))
+    kinds = {p.name: p.kind for p in ck.params}
+    present = sorted({kinds[n] for n in state})
+    # A rank whose shard met every class present has one group per class, in class order.
+    saved = next(
+        (r.record["param_groups"] for r in ck.readers if len(r.record["param_groups"]) == len(present)),
+        [ck.readers[0].record["param_groups"][0]] * len(present),
+    )
+    groups = []
+    for i, kind in enumerate(present):
+        hyper = saved[i]
+        groups.append({**hyper, "params": [n for n in state if kinds[n] == kind]})
+    return {"state": state, "param_groups": groups}
+
+
+def _refuse_existing(out: Path, force: bool) -> None:
+    if out.exists() and not force:
+        raise ZeroSetupError("--out", str(out), "already exists", "choose another path or pass --force to replace it")
+
+
+def inspect(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """One row per checkpoint directory at `path` (a root, or one checkpoint): position, layout, sizes, and
+    whether it is complete (committed, every file present and matching its digest)."""
+    root = Path(path)
+    if not root.is_dir():
+        fix = "pass a checkpoint root or one step-* directory"
+        raise ZeroSetupError("checkpoint", str(root), "is not a directory", fix)
+    dirs = [root] if root.name.startswith("step-") else sorted(root.glob("step-*"), key=checkpoint.step_of)
+    if not dirs:
+        raise ZeroSetupError(
+            "checkpoint", str(root), "holds no step-* checkpoint directories", "pass the --checkpoint-dir of a run"
+        )
+    return [_row(d) for d in dirs]
+
+
+def _row(d: Path) -> dict[str, Any]:
+    files = {f.name: f.stat().st_size for f in sorted(d.glob("rank-*.safetensors"))}
+    row: dict[str, Any] = {"path": str(d), "step": checkpoint.step_of(d), "bytes_per_rank": files}
+    if not (d / checkpoint.COMMITTED).is_file():
+        return {**row, "complete": False, "problem": "no COMMITTED marker: a save that did not finish"}
+    try:
+        marker = checkpoint.read_marker(d)
+    except (OSError, ValueError) as e:
+        return {**row, "complete": False, "problem": f"unreadable {checkpoint.COMMITTED} marker ({e})"}
+    bad = [n for n, digest in sorted(marker["files"].items()) if n not in files or checkpoint.sha256(d / n) != digest]
+    row |= {
+        "step": marker.get("step"),
+        "micro_batches": marker.get("micro_batches"),
+        "samples": marker.get("samples"),
+        "optimizer_steps": marker.get("optimizer_steps"),
+        "world_size": marker.get("world_size"),
+        "stage": marker.get("stage"),
+        "precision": marker.get("precision"),
+        "parameters": sum(int(torch.Size(p[1]).numel()) for u in marker.get("model", []) for p in u["params"]),
+        "digests_verified": not bad,
+        "complete": not bad,
+    }
+    if bad:
+        row["problem"] = f"{bad[0]} is missing or does not match its SHA-256"
+    return row

@@ -1,0 +1,92 @@
+"""`zerotrain checkpoint inspect|export DIR`: look into a run's sharded checkpoints, or export the model.
+
+`inspect` lists every checkpoint under a checkpoint root (or one checkpoint): step, samples, world size, stage,
+bytes per rank, and whether it is complete (committed, every digest verified). `export` writes the newest
+complete checkpoint (or the one named) as one safetensors file of the model's weights, or as a
+torch.distributed.checkpoint directory that FSDP2 and torchtitan load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from zerotrain.planner import format_bytes
+
+
+class ExportFormat(str, enum.Enum):
+    """What `export` writes."""
+
+    SAFETENSORS = "safetensors"
+    DCP = "dcp"
+
+
+class OutputFormat(str, enum.Enum):
+    TABLE = "table"
+    JSON = "json"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("checkpoint", help="inspect or export sharded checkpoints", description=__doc__)
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    i = actions.add_parser("inspect", help="list checkpoints and verify them", description=__doc__)
+    i.add_argument("dir", help="a checkpoint root (a run's --checkpoint-dir) or one step-* directory")
+    i.add_argument("--output", choices=[o.value for o in OutputFormat], default=OutputFormat.TABLE.value)
+    i.set_defaults(func=inspect)
+    e = actions.add_parser("export", help="export the model of a checkpoint", description=__doc__)
+    e.add_argument("dir", help="a checkpoint root (its newest complete checkpoint is used) or one step-* directory")
+    e.add_argument("--format", choices=[f.value for f in ExportFormat], default=ExportFormat.SAFETENSORS.value)
+    e.add_argument("--out", required=True, help="the .safetensors file, or the DCP directory, to write")
+    e.add_argument("--optimizer", action="store_true", help="DCP only: include the optimizer state")
+    e.add_argument("--force", action="store_true", help="replace --out if it exists")
+    e.set_defaults(func=export)
+
+
+def inspect(args: argparse.Namespace) -> int:
+    from zerotrain.runtime.export import inspect as rows_of
+
+    rows = rows_of(args.dir)
+    if args.output == OutputFormat.JSON.value:
+        print(json.dumps(rows, indent=2))
+        return 0
+    Console().print(table(rows))
+    return 0 if any(r["complete"] for r in rows) else 1
+
+
+def table(rows: list[dict[str, Any]]) -> Table:
+    """Checkpoints as a table; every value is plain Text, so names and paths print as they are."""
+    t = Table(title="checkpoints", title_justify="left")
+    for column in ("checkpoint", "step", "samples", "world", "stage", "bytes per rank", "complete"):
+        t.add_column(column, justify="left" if column in ("checkpoint", "complete") else "right", no_wrap=True)
+    for r in rows:
+        sizes = list(r["bytes_per_rank"].values())
+        spread = format_bytes(min(sizes)) if sizes and min(sizes) == max(sizes) else "-"
+        if sizes and min(sizes) != max(sizes):
+            spread = f"{format_bytes(min(sizes))}-{format_bytes(max(sizes))}"
+        verdict = "yes (verified)" if r["complete"] else f"no: {r.get('problem', '')}"
+        cells = [Path(r["path"]).name, r.get("step"), r.get("samples") or "-", r.get("world_size", "-")]
+        cells += [r.get("stage", "-"), f"{len(sizes)} × {spread}", verdict]
+        t.add_row(*(Text(str(c), style="green" if c == verdict and r["complete"] else "") for c in cells))
+    return t
+
+
+def export(args: argparse.Namespace) -> int:
+    from zerotrain.runtime import export as ex
+    from zerotrain.runtime.errors import ZeroSetupError
+
+    if args.optimizer and args.format != ExportFormat.DCP.value:
+        raise ZeroSetupError("--optimizer", True, "only DCP exports carry optimizer state", "add --format dcp")
+    out = Path(args.out)
+    if args.format == ExportFormat.SAFETENSORS.value:
+        written = ex.export_safetensors(args.dir, out, force=args.force)
+    else:
+        written = ex.export_dcp(args.dir, out, optimizer=args.optimizer, force=args.force)
+    Console().print(Text(f"wrote {written} ({args.format})"))
+    return 0
