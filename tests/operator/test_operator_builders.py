@@ -182,3 +182,10 @@ def test_fixed_env_names_exactly_the_env_the_operator_sets() -> None:
     names = [e["name"] for e in builders.pod_env(JOB, s, replica=0)]
     assert names[:-1] == [n for n in names[:-1] if n in builders.FIXED_ENV]
     assert set(names[:-1]) == builders.FIXED_ENV and names[-1] == "HF_HOME"
+
+
+@pytest.mark.parametrize(("checkpoint", "grace"), [({}, 135), ({"terminationBudgetSeconds": 600}, 615)])
+def test_pods_get_a_grace_period_that_fits_the_sigterm_checkpoint(checkpoint: dict[str, Any], grace: int) -> None:
+    # Kubernetes' default 30 s would SIGKILL a rank in the middle of its save.
+    pods = builders.build_pods(JOB, spec(replicas=2, checkpoint=checkpoint), gang=0)
+    assert {p["spec"]["terminationGracePeriodSeconds"] for p in pods} == {grace}

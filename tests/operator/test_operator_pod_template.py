@@ -127,6 +127,11 @@ def test_a_template_may_relax_pod_security_explicitly() -> None:
             {"spec": {"schedulerName": "other"}, "x": 1},
             "spec.podTemplate.spec.schedulerName: got 'other' but spec.scheduling.schedulerName gives 'volcano'",
         ),
+        (
+            {"spec": {"terminationGracePeriodSeconds": 30}},
+            "spec.podTemplate.spec.terminationGracePeriodSeconds: got 30 but spec.checkpoint.terminationBudgetSeconds "
+            "(plus 15 s) gives 135",
+        ),
         ({"metadata": {"labels": {"zerotrain.dev/job": "x"}}}, "'zerotrain.dev/job' is the operator's label"),
         (
             {"spec": {"volumes": [{"name": "zerotrain-shm", "emptyDir": {}}]}},
