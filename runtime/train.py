@@ -12,7 +12,8 @@ Outputs (rank 0):
 - summary: at the end every rank's memory_report() and comm_report(), gathered to rank 0, written as one JSON
   object to $ZEROTRAIN_SUMMARY_FILE (or printed to stdout).
 
-Exit status: 0 done, 2 the configuration cannot run (message names the field, the value and the fix).
+Exit status: 0 done, 2 the configuration cannot run (message names the field, the value and the fix), 143
+(EXIT_PREEMPTED) stopped on SIGTERM after committing a checkpoint of the step every rank had finished.
 """
 
 from __future__ import annotations
