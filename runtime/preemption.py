@@ -30,7 +30,7 @@ class Preempted(Exception):
 
     def __init__(self, step: int, saved: str | None, seconds: float) -> None:
         where = f"checkpoint {saved} committed" if saved else "no checkpoint directory, nothing saved"
-        super().__init__(f"preempted: SIGTERM; stopped after step {step}, {where} {seconds:.1f} s after the signal")
+        super().__init__(f"SIGTERM; every rank stopped after step {step}, {where} {seconds:.1f} s after the signal")
         self.step, self.saved = step, saved
 
 
@@ -73,7 +73,7 @@ class Preemption:
 
     def _spent(self) -> None:
         self._on_budget_spent(
-            f"preempted: SIGTERM; no checkpoint committed within spec.checkpoint.terminationBudgetSeconds="
+            f"SIGTERM; no checkpoint committed within spec.checkpoint.terminationBudgetSeconds="
             f"{self.budget_s:g}; the previous checkpoint stands (raise the budget if saves take longer)"
         )
 

@@ -17,6 +17,7 @@ import yaml
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from zerotrain.runtime.launch import LaunchPlan, Outcome, available_cpus, free_port, outcome_of_failures, plan_from_env
+from zerotrain.runtime.preemption import EXIT_PREEMPTED
 from zerotrain.runtime.task import ConfigError
 from zerotrain.spec import ZeroTrainingJobSpec
 
@@ -93,6 +94,16 @@ def test_the_earliest_recorded_failure_is_the_root_cause(tmp_path: Path) -> None
 def test_a_crash_counts_as_128_plus_the_signal(tmp_path: Path) -> None:
     out = outcome_of_failures({0: failure(0, -15, tmp_path), 1: failure(1, -11, tmp_path)})
     assert out.exit_code == 128 + 11 and "rank 1 was killed by SIGSEGV" in out.message
+
+
+def test_ranks_that_all_stopped_preempted_make_a_preempted_launch(tmp_path: Path) -> None:
+    out = outcome_of_failures(
+        {0: failure(0, EXIT_PREEMPTED, tmp_path, 1000.5), 1: failure(1, EXIT_PREEMPTED, tmp_path, 1000.25)}
+    )
+    assert (out.exit_code, out.reason, out.message) == (0, Outcome.PREEMPTED, "boom 1")
+    # One rank that failed otherwise makes it a failure.
+    out = outcome_of_failures({0: failure(0, EXIT_PREEMPTED, tmp_path), 1: failure(1, 1, tmp_path)})
+    assert (out.exit_code, out.reason) == (1, Outcome.RANK_FAILED)
 
 
 # ---------------------------------------------------------------- real launches
