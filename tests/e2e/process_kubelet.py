@@ -126,6 +126,15 @@ class ProcessKubelet:
             self._kill(running[0])
             return running[0]
 
+    def terminate(self, pod: str) -> PodProcess:
+        """What a kubelet does first when it evicts or preempts a pod: SIGTERM to the container's process (the
+        launcher, PID 1 in a container). The next poll reports how it exited, with its termination message."""
+        with self._lock:
+            running = [p for p in self.pods if p.name == pod and p.popen.poll() is None]
+            assert running, f"pod {pod} has no running process to terminate (did it finish already?)"
+            running[0].popen.send_signal(signal.SIGTERM)
+            return running[0]
+
     def gang(self, gang: int) -> list[PodProcess]:
         return [p for p in self.pods if p.gang == str(gang)]
 

@@ -88,7 +88,49 @@ async def test_killed_rank_restarts_gang_which_resumes_and_finishes(
     assert status["step"] == STEPS
     assert status["lastCheckpoint"]["step"] == STEPS
     root = tmp_path / "pvc" / "ckpt"
-    assert status["lastCheckpoint"]["path"] == str(root / f"step-{STEPS:08d}")
+    # runtime/checkpoint.py's layout: a fresh `step-N-<token>` directory per save.
+    assert re.fullmatch(re.escape(str(root / f"step-{STEPS:08d}-")) + "[0-9a-f]{8}", status["lastCheckpoint"]["path"])
     # runtime/checkpoint.py's layout (not imported: it would load torch into the test process)
     kept = sorted(json.loads(m.read_text())["step"] for m in root.glob("step-*/COMMITTED"))
     assert kept == [STEPS - INTERVAL, STEPS], kept
+
+
+@pytest.mark.slow
+async def test_a_preempted_pod_saves_its_step_and_the_next_gang_resumes_there(
+    cluster: Cluster, operator: Operator, kube: Kube, tmp_path: Path
+) -> None:
+    ns, name = cluster.namespace, "preempt"
+    # No checkpoint falls due before the end: whatever the second gang resumes from, SIGTERM saved. Long enough
+    # (~15 s of steps) that the signal lands mid-run after the status shows step 10.
+    steps = 600
+    spec = {
+        **TINY,
+        "training": {**TINY["training"], "steps": steps},
+        "checkpoint": {"claimName": "ckpt", "intervalSteps": 10_000, "keepLast": 2},
+    }
+    async with ProcessKubelet(cluster, name, tmp_path) as kubelet:
+        await asyncio.to_thread(kube.request, "POST", path_of(JOBS, PLURAL, ns), job_manifest(name, ns, **spec))
+        await wait_output(kubelet, f"{name}-worker-0", '"step": 10,', START_S)  # rank 0's progress, unlagged
+        # Only pod 1 is signalled; pod 0's rank learns of it through the step's all-reduce and saves too.
+        terminated = await asyncio.to_thread(kubelet.terminate, f"{name}-worker-1")
+        job = await wait_status(kube, ns, name, lambda s: s.get("restarts", {}).get("total") == 1)
+        assert job["status"]["restarts"] == {"total": 1, "failures": 0, "byCause": {"Preempted": 1}}, job["status"]
+        saved = job["status"]["lastCheckpoint"]
+        job = await wait_status(kube, ns, name, lambda s: s.get("phase") in ("Succeeded", "Failed"), START_S)
+        first, second = kubelet.gang(0), kubelet.gang(1)
+        assert not kubelet.errors, kubelet.errors
+    logs = "\n".join(f"--- {p.name} gang {p.gang} exit {p.exit_code}\n{p.output()[-2000:]}" for p in kubelet.pods)
+    assert job["status"]["phase"] == "Succeeded", f"{job['status']}\n{logs}"
+    assert terminated.exit_code == 0 and all(p.exit_code == 0 for p in first), logs
+    (resumed,) = {resumed_step(p.output()) for p in second}
+    assert all(f"SIGTERM; every rank stopped after step {resumed}, checkpoint" in p.output() for p in first), logs
+    assert 10 <= resumed < steps and resumed == saved["step"], (resumed, saved, logs)
+    assert job["status"]["step"] == steps
+
+
+async def wait_output(kubelet: ProcessKubelet, pod: str, text: str, timeout: float) -> None:
+    """Until the running container of `pod` has printed `text`."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not any(p.name == pod and text in p.output() for p in kubelet.pods):
+        assert asyncio.get_running_loop().time() < deadline, f"{pod} did not print {text!r} in {timeout} s"
+        await asyncio.sleep(0.05)

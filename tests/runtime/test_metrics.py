@@ -93,7 +93,7 @@ def train_and_scrape(rank: int, world: int, root: str) -> dict[str, Any]:
             "samples": samples,
             "memory": engine.memory_report().model_dump(),
             "comm": engine.comm_report(),
-            "ckpt_bytes": sum(f.stat().st_size for f in Path(root, "ckpt").glob(f"step-*/rank-{rank:05d}.pt")),
+            "ckpt_bytes": sum(f.stat().st_size for f in Path(root, "ckpt").glob(f"step-*/rank-{rank:05d}.safetensors")),
         }
     finally:
         metrics.stop()
