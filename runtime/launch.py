@@ -35,13 +35,11 @@ $ZEROTRAIN_TERMINATION_LOG, else to /dev/termination-log (Kubernetes' terminatio
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
 import socket
 import sys
-import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -49,6 +47,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from zerotrain.runtime.failures import consequence, exit_code, failure_time, how, last_line, log_files, root_cause
 from zerotrain.runtime.preemption import EXIT_PREEMPTED
 from zerotrain.runtime.task import ConfigError, check_arguments, is_script, load_entrypoint
 from zerotrain.spec import ZeroTrainingJobSpec
@@ -59,7 +58,6 @@ SHUTDOWN_MARGIN_S = 5
 TERMINATION_LOG_ENV = "ZEROTRAIN_TERMINATION_LOG"
 PROGRESS_ENV = "ZEROTRAIN_PROGRESS_FILE"  # rank 0 appends JSON lines here (zerotrain.runtime.train)
 SUMMARY_ENV = "ZEROTRAIN_SUMMARY_FILE"  # rank 0 writes the end-of-run summary here
-_FAILURE_TIME_KEY = "zerotrainTime"
 
 
 @dataclass(frozen=True)
@@ -205,69 +203,46 @@ class LaunchOutcome:
     reason: Outcome
     """How it ended."""
     message: str
-    """One line for a person."""
+    """One line for a person: the root cause."""
+    details: tuple[str, ...] = ()
+    """What each other failed rank did, a line each."""
+    logs: tuple[str, ...] = ()
+    """The root-cause rank's captured output and traceback, when the launcher captured them."""
 
-
-def write_failure_record(message: str) -> None:
-    """In a rank: leave torch elastic's error file, with a sub-second time so the launcher finds the first failure."""
-    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if not path:
-        return
-    now = time.time()
-    record = {"message": {"message": message, "extraInfo": {"timestamp": str(int(now)), _FAILURE_TIME_KEY: now}}}
-    Path(path).write_text(json.dumps(record))
-
-
-def _recorded(failure: Any) -> bool:
-    """The rank wrote an error file (a failure it saw itself, with a precise time)."""
-    return Path(failure.error_file).is_file()
-
-
-def _failure_time(failure: Any) -> float:
-    extra = failure.error_file_data.get("message", {})
-    extra = extra.get("extraInfo", {}) if isinstance(extra, dict) else {}
-    return float(extra.get(_FAILURE_TIME_KEY, failure.timestamp))
-
-
-def _severity(exitcode: int) -> int:
-    """0: the rank exited with a status; 1: it crashed on a signal; 2: it was stopped (likely by the launcher)."""
-    if exitcode > 0:
-        return 0
-    return 2 if -exitcode in (signal.SIGTERM, signal.SIGKILL, signal.SIGINT) else 1
-
-
-def _last_line(failure: Any) -> str:
-    """The last line of the error the rank recorded itself; empty when it recorded none."""
-    detail = failure.message if isinstance(failure.message, str) else str(failure.message.get("message", ""))
-    # Without an error file torch substitutes a link to its docs: no information about this failure.
-    return detail.strip().splitlines()[-1] if _recorded(failure) and detail.strip() else ""
+    def summary(self) -> str:
+        """The root cause, then the consequences, on one line (a pod's termination message)."""
+        return "; ".join((self.message, *self.details))
 
 
 def outcome_of_failures(failures: Mapping[int, Any]) -> LaunchOutcome:
-    """The root cause among failed ranks: an exit before a crash before a kill; then one the rank recorded itself;
-    then the earliest; then the lowest rank."""
+    """One account of failed ranks: the root cause first (`failures.root_cause`), then what each other rank did."""
     if all(f.exitcode == EXIT_PREEMPTED for f in failures.values()):
-        first = min(failures.items(), key=lambda kv: (_failure_time(kv[1]), kv[0]))[1]
-        return LaunchOutcome(0, Outcome.PREEMPTED, _last_line(first) or "SIGTERM: every rank stopped")
-    rank, failure = min(
-        failures.items(),
-        key=lambda kv: (_severity(kv[1].exitcode), not _recorded(kv[1]), _failure_time(kv[1]), kv[0]),
-    )
-    code = failure.exitcode if failure.exitcode > 0 else 128 - failure.exitcode
-    how = f"exited with status {failure.exitcode}" if failure.exitcode > 0 else f"was killed by {failure.signal_name()}"
-    others = sorted(r for r in failures if r != rank)
-    tail = f" (also failed: ranks {others})" if others else ""
-    first_line = _last_line(failure)
-    return LaunchOutcome(code, Outcome.RANK_FAILED, f"rank {rank} {how}{tail}: {first_line}".rstrip(": "))
+        first = min(failures.items(), key=lambda kv: (failure_time(kv[1]), kv[0]))[1]
+        return LaunchOutcome(0, Outcome.PREEMPTED, last_line(first) or "SIGTERM: every rank stopped")
+    rank = root_cause(failures)
+    failure = failures[rank]
+    line = last_line(failure)
+    message = f"rank {rank} failed first: it {how(failure)}" + (f": {line}" if line else "")
+    details = tuple(consequence(r, failures[r]) for r in sorted(failures) if r != rank)
+    logs = tuple(str(p) for p in log_files(failure))
+    return LaunchOutcome(exit_code(failure), Outcome.RANK_FAILED, message, details, logs)
 
 
 def launch(
-    spec: ZeroTrainingJobSpec, config_path: Path, plan: LaunchPlan, run_id: str = "zerotrain", quiet: bool = False
+    spec: ZeroTrainingJobSpec,
+    config_path: Path,
+    plan: LaunchPlan,
+    run_id: str = "zerotrain",
+    quiet: bool = False,
+    log_dir: Path | None = None,
 ) -> LaunchOutcome:
     """Start the plan's local ranks through torch.distributed's elastic launcher and wait for them.
 
-    `quiet` silences torch's own log lines (the caller reports the outcome itself).
+    `quiet` silences torch's own log lines (the caller reports the outcome itself). With `log_dir`, each rank's
+    stdout and stderr also go to files under it (`<log_dir>/<run>/attempt_0/<local rank>/`), still shown here
+    with a `[rankN]:` prefix.
     """
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -284,6 +259,8 @@ def launch(
         max_restarts=0,
         monitor_interval=0.1,
         start_method="spawn",
+        logs_specs=DefaultLogsSpecs(log_dir=str(log_dir), redirects=Std.ALL, tee=Std.ALL) if log_dir else None,
+        log_line_prefix_template="[rank${rank}]: " if log_dir else None,
         shutdown_timeout=int(
             os.environ.get(
                 "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", spec.checkpoint.termination_budget_seconds + SHUTDOWN_MARGIN_S
@@ -324,7 +301,7 @@ def write_termination_log(outcome: LaunchOutcome) -> None:
     if not configured and not path.is_file():
         return  # not in a pod: never create files under /dev
     # Kubernetes keeps at most 4096 bytes of it.
-    line = f"{outcome.reason.value}: {outcome.message[:3000]} (exit status {outcome.exit_code})"
+    line = f"{outcome.reason.value}: {outcome.summary()[:3000]} (exit status {outcome.exit_code})"
     try:
         with path.open("w") as f:
             f.write(line + "\n")

@@ -57,7 +57,18 @@ class ProgressLog:
         self._out.flush()
         self._reporter.report(step, checkpoint=(step, path))
 
+    def resumed(self, step: int, path: str) -> None:
+        """The run continues from checkpoint `path` after `step` (`zerotrain run` says so)."""
+        self._out.write(json.dumps({"resumed": path, "resumed_step": step}) + "\n")
+        self._out.flush()
+
     def close(self) -> None:
         self._reporter.close()
         if self._out is not sys.stdout:
             self._out.close()
+
+
+def throughput(tokens: int, samples: int, steps: int, seconds: float) -> dict[str, Any]:
+    """Throughput in the task's own unit: tokens/s when it reports tokens, else samples/s, else steps/s."""
+    amount, unit = (tokens, "tokens/s") if tokens else (samples, "samples/s") if samples else (steps, "steps/s")
+    return {"throughput": amount / seconds if seconds > 0 else 0.0, "throughput_unit": unit}

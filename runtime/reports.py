@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from zerotrain.runtime.progress import throughput
+
 if TYPE_CHECKING:
     from zerotrain.runtime.train import RankContext, TrainResult
     from zerotrain.spec import ZeroTrainingJobSpec
@@ -73,5 +75,6 @@ def summary_record(
         "final_loss": result.losses[-1] if result.losses else None,
         "elapsed_s": result.elapsed_s,
         "tokens_per_s": result.tokens / result.elapsed_s if result.elapsed_s > 0 else 0.0,
+        **throughput(result.tokens, result.samples, result.steps, result.elapsed_s),
         "ranks": ranks,
     }

@@ -90,16 +90,18 @@ def skip_data(task: TrainingTask, micro_batches: int) -> None:
         next(task.batches, None)
 
 
-def resume(engine: Any, task: TrainingTask, policy: CheckpointPolicy | None, metrics: RankMetrics | None = None) -> int:
-    """Load the newest good checkpoint and move the data to where it stopped; the training steps done."""
+def resume(
+    engine: Any, task: TrainingTask, policy: CheckpointPolicy | None, metrics: RankMetrics | None = None
+) -> checkpoint.Loaded | None:
+    """Load the newest good checkpoint and move the data to where it stopped; what was loaded, if anything."""
     if policy is None:
-        return 0
+        return None
     if metrics is not None:
         metrics.phase(Phase.RESTORING)
     t0 = time.perf_counter()
     loaded = policy.resume_newest(engine)
     if loaded is None:
-        return 0
+        return None
     if metrics is not None:
         metrics.observe_load(loaded.step, time.perf_counter() - t0, loaded.bytes_read)
     skip_data(task, engine.micro_steps)
@@ -110,4 +112,4 @@ def resume(engine: Any, task: TrainingTask, policy: CheckpointPolicy | None, met
         loaded.bytes_read,
         loaded.largest_read_bytes,
     )
-    return loaded.step
+    return loaded

@@ -35,11 +35,12 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
-from zerotrain.errors import EXIT_BAD_INPUT, UserError
-from zerotrain.runtime.launch import PROGRESS_ENV, SUMMARY_ENV, write_failure_record
+from zerotrain.errors import UserError
+from zerotrain.runtime.failures import DEBUG_ENV, FailureKind, classify, write_failure_record
+from zerotrain.runtime.launch import PROGRESS_ENV, SUMMARY_ENV
 from zerotrain.runtime.metrics import Phase, RankMetrics, StepValues, metrics_endpoint
 from zerotrain.runtime.preemption import EXIT_PREEMPTED, Preempted, Preemption, exit_preempted
-from zerotrain.runtime.progress import ProgressLog
+from zerotrain.runtime.progress import ProgressLog, throughput
 from zerotrain.runtime.reports import gather_reports, summary_record
 from zerotrain.runtime.resume import CheckpointPolicy, resume, save_checkpoint
 from zerotrain.runtime.task import ConfigError, TrainingTask, build_task, is_script
@@ -119,7 +120,11 @@ class TrainResult:
     elapsed_s: float = 0.0
     """Wall time of the loop."""
     tokens: int = 0
-    """Tokens all ranks processed together."""
+    """Tokens all ranks processed together (0 when the task reports none)."""
+    samples: int = 0
+    """Samples all ranks processed together (0 when the task reports none)."""
+    steps: int = 0
+    """Steps this run took (after any it resumed past)."""
     skipped_steps: int = 0
     """fp16 steps skipped because gradients overflowed."""
     last_log: dict[str, Any] = field(default_factory=dict)
@@ -256,6 +261,7 @@ def record_step(
     accumulation = loop.spec.zero.gradient_accumulation_steps
     grad_norm = outcome.grad_norm if outcome.grad_norm is not None else float("nan")
     step_tokens = task.tokens_per_batch * accumulation * loop.ctx.world_size
+    step_samples = task.samples_per_batch * accumulation * loop.ctx.world_size
     if loop.metrics is not None:
         loop.metrics.observe_step(
             engine,
@@ -274,6 +280,8 @@ def record_step(
     result.losses.append(step_loss)
     result.grad_norms.append(grad_norm)
     result.tokens += step_tokens
+    result.samples += step_samples
+    result.steps += 1
     result.skipped_steps += int(outcome.overflow)
     result.last_log = {
         "step": step,
@@ -282,6 +290,7 @@ def record_step(
         "grad_norm": grad_norm,
         "skipped": bool(outcome.overflow),
         "tokens_per_s": step_tokens / step_s if step_s > 0 else 0.0,
+        **throughput(step_tokens, step_samples, 1, step_s),
     }
 
 
@@ -306,8 +315,11 @@ def train(
     device = device_for(ctx.local_rank)
     engine = make_engine(task, spec, device, engine_factory)
     policy = CheckpointPolicy.from_env(spec.checkpoint)
-    first_step = resume(engine, task, policy, metrics) + 1
+    loaded = resume(engine, task, policy, metrics)
+    first_step = (loaded.step if loaded is not None else 0) + 1
     log = ProgressLog(os.environ.get(PROGRESS_ENV)) if ctx.rank == 0 else None
+    if log is not None and loaded is not None:
+        log.resumed(loaded.step, str(loaded.path))
     try:
         result = run_steps(engine, task, spec, ctx, device, log, policy, first_step, metrics, preemption)
     finally:
@@ -373,18 +385,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         metrics.stop()
     except Preempted as e:
         print(f"zerotrain rank {os.environ.get('RANK', '?')}: {e}", file=sys.stderr, flush=True)
-        fail(str(e), EXIT_PREEMPTED)
-    except UserError as e:
-        message = f"zerotrain rank {os.environ.get('RANK', '?')}: error: {e}"
-        print(message, file=sys.stderr, flush=True)
-        fail(message, EXIT_BAD_INPUT)
+        fail(str(e), EXIT_PREEMPTED, FailureKind.PREEMPTED)
     except SystemExit as e:
         if e.code not in (0, None):
             fail(f"SystemExit: {e.code}", e.code if isinstance(e.code, int) else 1)
         raise
     except Exception as e:
-        traceback.print_exc()
-        fail(f"{type(e).__name__}: {e}", 1)
+        kind, code, expected = classify(e)
+        report_error(e, expected)
+        fail(f"{type(e).__name__}: {e}" if not isinstance(e, UserError) else f"error: {e}", code, kind, e)
     # The engine's hooks form reference cycles; collect it (and the gloo work objects it holds) while the
     # process group is alive, or finalising them at interpreter exit can abort the process.
     gc.collect()
@@ -393,12 +402,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def fail(message: str, code: int) -> NoReturn:
+def report_error(error: BaseException, expected: bool) -> None:
+    """Print a rank's failure: an error the runtime understands (a lost peer, a timeout, a divergence, a
+    configuration it cannot run) as one line; anything else with its traceback. ZEROTRAIN_DEBUG=1 prints every
+    traceback, ZEROTRAIN_DEBUG=0 none (`zerotrain run` keeps them in each rank's traceback file)."""
+    debug = os.environ.get(DEBUG_ENV)
+    rank = os.environ.get("RANK", "?")
+    if debug == "1" or (debug is None and not expected):
+        traceback.print_exception(error)
+    head = "error" if isinstance(error, UserError) else type(error).__name__
+    print(f"zerotrain rank {rank}: {head}: {error}", file=sys.stderr, flush=True)
+
+
+def fail(
+    message: str, code: int, kind: FailureKind = FailureKind.ERROR, error: BaseException | None = None
+) -> NoReturn:
     """Record the failure for the launcher and exit at once with `code`.
 
     No process-group teardown: with peers gone or stuck it can hang, or abort and replace `code` with SIGABRT.
     """
-    write_failure_record(message)
+    write_failure_record(message, kind, error)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

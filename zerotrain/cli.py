@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from rich.console import Console
+from rich.text import Text
 
 from zerotrain import __version__
 from zerotrain.commands import checkpoint, crd, plan, run, validate
@@ -31,7 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except UserError as e:
-        Console(stderr=True).print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        Console(stderr=True).print(Text.assemble(("error:", "bold red"), f" {e}"), soft_wrap=True)
         return EXIT_BAD_INPUT
 
 

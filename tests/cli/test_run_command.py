@@ -124,7 +124,7 @@ def test_a_configuration_the_engine_refuses_exits_2(tmp_path: Path) -> None:
     assert proc.returncode == 2, proc.stdout + proc.stderr
     # The first rank to fail stops the others, which may not get to print the same error.
     assert re.search(r"zerotrain rank [01]: error: zero\.unitModules\[0\]: got 'Blok'", proc.stderr)
-    assert re.search(r"rank-failed: rank [01] exited with status 2", proc.stdout)
+    assert re.search(r"rank-failed: rank [01] failed first: it exited with status 2", proc.stdout)
 
 
 def test_unknown_entrypoint_args_exit_2_before_any_rank(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -71,10 +71,12 @@ def test_available_cpus_follows_the_cgroup_limit(tmp_path: Path, cpu_max: str, e
 # ---------------------------------------------------------------- which failure is the root cause
 
 
-def failure(rank: int, exitcode: int, tmp: Path, recorded_at: float | None = None) -> ProcessFailure:
+def failure(
+    rank: int, exitcode: int, tmp: Path, recorded_at: float | None = None, kind: str = "error"
+) -> ProcessFailure:
     path = tmp / f"error-{rank}.json"
     if recorded_at is not None:
-        info = {"timestamp": str(int(recorded_at)), "zerotrainTime": recorded_at}
+        info = {"timestamp": str(int(recorded_at)), "zerotrainTime": recorded_at, "zerotrainKind": kind}
         path.write_text(json.dumps({"message": {"message": f"boom {rank}", "extraInfo": info}}))
     return ProcessFailure(local_rank=rank, pid=100 + rank, exitcode=exitcode, error_file=str(path))
 
@@ -82,7 +84,16 @@ def failure(rank: int, exitcode: int, tmp: Path, recorded_at: float | None = Non
 def test_an_exit_status_beats_a_kill_by_the_launcher(tmp_path: Path) -> None:
     out = outcome_of_failures({0: failure(0, -15, tmp_path), 1: failure(1, 3, tmp_path)})
     assert (out.exit_code, out.reason) == (3, Outcome.RANK_FAILED)
-    assert out.message.startswith("rank 1 exited with status 3 (also failed: ranks [0])")
+    assert out.message == "rank 1 failed first: it exited with status 3"
+    assert out.details == ("rank 0 was stopped by the launcher (SIGTERM)",)
+
+
+def test_a_rank_killed_from_outside_beats_the_peer_that_lost_it(tmp_path: Path) -> None:
+    lost = failure(0, 1, tmp_path, 1000.5, kind="peer-lost")
+    out = outcome_of_failures({0: lost, 1: failure(1, -9, tmp_path)})
+    assert (out.exit_code, out.message) == (137, "rank 1 failed first: it was killed by SIGKILL")
+    assert out.details == ("rank 0 stopped: its peer was gone",)
+    assert out.summary() == "rank 1 failed first: it was killed by SIGKILL; rank 0 stopped: its peer was gone"
 
 
 def test_the_earliest_recorded_failure_is_the_root_cause(tmp_path: Path) -> None:
@@ -93,7 +104,7 @@ def test_the_earliest_recorded_failure_is_the_root_cause(tmp_path: Path) -> None
 
 def test_a_crash_counts_as_128_plus_the_signal(tmp_path: Path) -> None:
     out = outcome_of_failures({0: failure(0, -15, tmp_path), 1: failure(1, -11, tmp_path)})
-    assert out.exit_code == 128 + 11 and "rank 1 was killed by SIGSEGV" in out.message
+    assert out.exit_code == 128 + 11 and "rank 1 failed first: it was killed by SIGSEGV" in out.message
 
 
 def test_ranks_that_all_stopped_preempted_make_a_preempted_launch(tmp_path: Path) -> None:
@@ -181,9 +192,10 @@ def test_a_failing_rank_sets_the_pod_exit_status(tmp_path: Path) -> None:
     proc = pod(config, env, tmp_path)
     out = proc.communicate(timeout=120)[0]
     assert proc.returncode == 3, out
-    assert "rank 1 exited with status 3" in out
+    assert "rank 1 failed first: it exited with status 3" in out
     message = (tmp_path / "termination-0").read_text()
-    assert message.startswith("rank-failed: rank 1 exited with status 3") and message.endswith("(exit status 3)\n")
+    assert message.startswith("rank-failed: rank 1 failed first: it exited with status 3")
+    assert message.endswith("(exit status 3)\n")
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ from enum import Enum
 from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from zerotrain.errors import UserError
 from zerotrain.manifest import load_job
@@ -146,4 +147,4 @@ def render(result: MemoryPlan, console: Console) -> None:
         table.add_row(*row)
     console.print(table)
     if result.reason:
-        console.print(result.reason, highlight=False)
+        console.print(Text(result.reason), soft_wrap=True)

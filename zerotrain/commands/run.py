@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import tempfile
 import threading
@@ -19,11 +20,11 @@ from typing import Any
 import yaml
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.text import Text
 
+from zerotrain.commands.run_report import render_outcome, render_summary, throughput
 from zerotrain.errors import UserError
 from zerotrain.manifest import load_job
-from zerotrain.planner import format_bytes
 from zerotrain.spec import ZeroTrainingJob
 
 
@@ -47,6 +48,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         "skipped and the next free one used",
     )
     p.add_argument("--no-metrics", action="store_true", help="serve no /metrics (as spec.metrics.enabled: false)")
+    p.add_argument(
+        "--log-dir",
+        default=None,
+        help="keep each rank's stdout, stderr and traceback under this directory (default: a new directory in the "
+        "system's temporary directory, printed at the start)",
+    )
+    p.add_argument(
+        "--debug",
+        action="store_true",
+        help="print every rank's full traceback (also ZEROTRAIN_DEBUG=1); without it an error the runtime "
+        "understands is one line, and tracebacks go to each rank's log directory",
+    )
     p.add_argument(
         "--prometheus-config",
         default=None,
@@ -113,7 +126,7 @@ def metrics_ports(job: ZeroTrainingJob, nproc: int, args: argparse.Namespace, co
     if args.prometheus_config:
         name = str(job.metadata.get("name") or "zerotrain")
         Path(args.prometheus_config).write_text(yaml.safe_dump(scrape_config(name, targets), sort_keys=False))
-        console.print(f"metrics: Prometheus configuration written to {args.prometheus_config}", highlight=False)
+        console.print(Text(f"metrics: Prometheus configuration written to {args.prometheus_config}"))
     return ports
 
 
@@ -154,9 +167,12 @@ class ProgressTail(threading.Thread):
             if "checkpoint" in rec:
                 # A path must stay on one line to be copied.
                 self.progress.console.print(
-                    f"checkpoint committed at step {rec['checkpoint_step']}: {rec['checkpoint']}",
-                    soft_wrap=True,
-                    highlight=False,
+                    Text(f"checkpoint committed at step {rec['checkpoint_step']}: {rec['checkpoint']}"), soft_wrap=True
+                )
+                continue
+            if "resumed" in rec:
+                self.progress.console.print(
+                    Text(f"resumed from {rec['resumed']} at step {rec['resumed_step']}"), soft_wrap=True
                 )
                 continue
             self.progress.update(
@@ -164,7 +180,7 @@ class ProgressTail(threading.Thread):
                 completed=rec["step"],
                 total=rec["steps"],
                 loss=f"{rec['loss']:.4f}",
-                tps=f"{rec['tokens_per_s']:,.0f}",
+                tps=throughput(rec),
             )
 
     def run(self) -> None:
@@ -176,6 +192,7 @@ class ProgressTail(threading.Thread):
 def run(args: argparse.Namespace) -> int:
     job, nproc = effective_job(args.manifest, args.nproc, args.steps)
     # Imported here so `zerotrain --help` and the other subcommands don't pay for torch.
+    from zerotrain.runtime.failures import DEBUG_ENV
     from zerotrain.runtime.launch import PROGRESS_ENV, SUMMARY_ENV, preflight, scoped_environ
     from zerotrain.runtime.metrics import METRICS_ADDR_ENV, METRICS_PORTS_ENV
     from zerotrain.runtime.resume import CHECKPOINT_DIR_ENV
@@ -188,44 +205,48 @@ def run(args: argparse.Namespace) -> int:
         progress_file, summary_file = Path(tmp, "progress.jsonl"), Path(tmp, "summary.json")
         name = job.metadata.get("name", Path(args.manifest).stem)
         console.print(
-            f"[bold]{name}[/]: stage {job.spec.zero.stage.value}, {nproc} rank(s) on gloo, "
-            f"{job.spec.training.steps} steps, entry point {job.spec.entrypoint}",
-            highlight=False,
+            Text.assemble(
+                (str(name), "bold"),
+                f": stage {job.spec.zero.stage.value}, {nproc} rank(s) on gloo, {job.spec.training.steps} steps, "
+                f"entry point {job.spec.entrypoint}",
+            )
         )
+        log_dir = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix=f"zerotrain-{name}-logs-"))
+        console.print(Text(f"logs: {log_dir.resolve()}"), soft_wrap=True)
         # Local runs are CPU ranks on gloo even on a GPU machine: N ranks could not share one GPU under NCCL.
         local_env = {e.name: e.value for e in job.spec.env}  # spec.env, as the pods get it
         local_env |= {PROGRESS_ENV: str(progress_file), SUMMARY_ENV: str(summary_file), "CUDA_VISIBLE_DEVICES": ""}
+        local_env[DEBUG_ENV] = "1" if args.debug or os.environ.get(DEBUG_ENV) == "1" else "0"
         if args.checkpoint_dir:
             local_env[CHECKPOINT_DIR_ENV] = str(Path(args.checkpoint_dir).resolve())
         if ports := metrics_ports(job, nproc, args, console):
             local_env |= {METRICS_PORTS_ENV: ",".join(map(str, ports)), METRICS_ADDR_ENV: "127.0.0.1"}
         with scoped_environ(local_env):
-            outcome = _train_with_progress(job, config, nproc, progress_file, console)
+            outcome = _train_with_progress(job, config, nproc, progress_file, console, log_dir)
         summary = json.loads(summary_file.read_text()) if summary_file.exists() else None
     if summary is not None and args.summary_file:
         Path(args.summary_file).write_text(json.dumps(summary, indent=2) + "\n")
     if summary is not None:
         render_summary(summary, console)
-    style = "green" if outcome.exit_code == 0 else "bold red"
-    console.print(
-        f"[{style}]{outcome.reason.value}[/]: {outcome.message} (exit status {outcome.exit_code})", highlight=False
-    )
+    render_outcome(outcome, console)
     return outcome.exit_code
 
 
-def _train_with_progress(job: ZeroTrainingJob, config: Path, nproc: int, progress_file: Path, console: Console) -> Any:
+def _train_with_progress(
+    job: ZeroTrainingJob, config: Path, nproc: int, progress_file: Path, console: Console, log_dir: Path
+) -> Any:
     from zerotrain.runtime.launch import launch, local_plan
     from zerotrain.runtime.task import is_script
 
     run_id = str(job.metadata.get("name", "local"))
     if is_script(job.spec.entrypoint):  # a script reports nothing to follow
-        return launch(job.spec, config, local_plan(nproc), run_id=run_id, quiet=True)
+        return launch(job.spec, config, local_plan(nproc), run_id=run_id, quiet=True, log_dir=log_dir)
     columns = (
         TextColumn("[bold]training"),
         BarColumn(),
-        TextColumn("step {task.completed}/{task.total}"),
-        TextColumn("loss {task.fields[loss]}"),
-        TextColumn("{task.fields[tps]} tokens/s"),
+        TextColumn("step {task.completed}/{task.total}", markup=False),
+        TextColumn("loss {task.fields[loss]}", markup=False),
+        TextColumn("{task.fields[tps]}", markup=False),
         TimeElapsedColumn(),
     )
     with Progress(*columns, console=console, transient=False) as progress:
@@ -233,63 +254,7 @@ def _train_with_progress(job: ZeroTrainingJob, config: Path, nproc: int, progres
         tail = ProgressTail(progress_file, progress, task)
         tail.start()
         try:
-            return launch(job.spec, config, local_plan(nproc), run_id=run_id, quiet=True)
+            return launch(job.spec, config, local_plan(nproc), run_id=run_id, quiet=True, log_dir=log_dir)
         finally:
             tail.stop.set()
             tail.join()
-
-
-def memory_rows(report: Any) -> list[tuple[str, float | None, float | None]]:
-    """(category, measured bytes, predicted bytes) from a memory report.
-
-    Every `X_bytes` field is a measured category; `predicted_X_bytes`, when present, is its formula value.
-    """
-    if not isinstance(report, dict):
-        return []
-    rows: list[tuple[str, float | None, float | None]] = []
-    for key, value in report.items():
-        if key.startswith("predicted_") or not key.endswith("_bytes") or not isinstance(value, (int, float)):
-            continue
-        category = key.removesuffix("_bytes").replace("_", " ")
-        rows.append((category, value, report.get(f"predicted_{key}")))
-    return rows
-
-
-def comm_rows(report: Any) -> list[tuple[str, dict[str, Any]]]:
-    """(op, {calls, bytes, seconds, ...}) from a comm report (a mapping of op to its totals)."""
-    ops = report if isinstance(report, dict) else {}
-    return [(op, stats) for op, stats in ops.items() if isinstance(stats, dict)]
-
-
-def _bytes(n: float | None) -> str:
-    return "-" if n is None else format_bytes(n)
-
-
-def render_summary(summary: dict[str, Any], console: Console) -> None:
-    """The run's loss and throughput, then per rank: memory measured vs predicted, bytes communicated by op."""
-    if summary["losses"]:
-        console.print(
-            f"loss {summary['first_loss']:.4f} → {summary['final_loss']:.4f} over {summary['steps']} steps, "
-            f"{summary['tokens_per_s']:,.0f} tokens/s, {summary['elapsed_s']:.1f} s",
-            highlight=False,
-        )
-    else:
-        console.print(f"no steps left: resumed from the checkpoint of the final step {summary['steps']}")
-    memory = Table(title=f"memory per rank (stage {summary['stage']}, N = {summary['world_size']})")
-    for col in ("rank", "category", "measured", "predicted"):
-        memory.add_column(col, justify="left" if col == "category" else "right")
-    comm = Table(title="communication per rank")
-    for col in ("rank", "op", "calls", "bytes", "seconds"):
-        comm.add_column(col, justify="left" if col == "op" else "right")
-    for entry in summary["ranks"]:
-        rank = str(entry["rank"])
-        for category, measured, predicted in memory_rows(entry.get("memory")):
-            memory.add_row(rank, category, _bytes(measured), _bytes(predicted))
-        memory.add_section()
-        for op, stats in comm_rows(entry.get("comm")):
-            comm.add_row(
-                rank, op, str(stats.get("calls", "-")), _bytes(stats.get("bytes")), f"{stats.get('seconds', 0.0):.3f}"
-            )
-        comm.add_section()
-    console.print(memory)
-    console.print(comm)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from rich.console import Console
+from rich.text import Text
 
 from zerotrain.manifest import load_job
 
@@ -20,8 +21,10 @@ def run(args: argparse.Namespace) -> int:
     name = job.metadata.get("name", "(unnamed)")
     spec = job.spec
     Console().print(
-        f"{args.manifest}: ZeroTrainingJob {name} is valid: stage {spec.zero.stage.value}, "
-        f"{spec.replicas} pod(s) × {spec.nproc_per_node} rank(s) = {spec.world_size} ranks",
-        highlight=False,
+        Text(
+            f"{args.manifest}: ZeroTrainingJob {name} is valid: stage {spec.zero.stage.value}, "
+            f"{spec.replicas} pod(s) × {spec.nproc_per_node} rank(s) = {spec.world_size} ranks"
+        ),
+        soft_wrap=True,
     )
     return 0

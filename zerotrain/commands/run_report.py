@@ -1,0 +1,99 @@
+"""What `zerotrain run` prints when the ranks are done: the summary tables, and how the run ended.
+
+Everything that comes from outside our own literals (messages of ranks' exceptions, paths, names from manifests)
+is printed as plain `Text`, never parsed as rich markup: gloo's errors alone are full of square brackets.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from zerotrain.planner import format_bytes
+
+
+def throughput(record: dict[str, Any]) -> str:
+    """A progress or summary record's throughput in the task's own unit (tokens/s, samples/s or steps/s)."""
+    value, unit = record.get("throughput", 0.0), record.get("throughput_unit", "steps/s")
+    return f"{value:,.2f} {unit}" if value < 100 else f"{value:,.0f} {unit}"
+
+
+def render_outcome(outcome: Any, console: Console) -> None:
+    """The root cause first, then each other rank's consequence, then where the failing rank's logs are."""
+    style = "green" if outcome.exit_code == 0 else "bold red"
+    console.print(
+        Text.assemble((outcome.reason.value, style), f": {outcome.message} (exit status {outcome.exit_code})"),
+        soft_wrap=True,
+    )
+    for line in outcome.details:
+        console.print(Text(f"  {line}"), soft_wrap=True)
+    if outcome.logs:
+        folders = {str(Path(p).parent) for p in outcome.logs}
+        names = ", ".join(Path(p).name for p in outcome.logs)
+        where = f"{folders.pop()}/ ({names})" if len(folders) == 1 else ", ".join(outcome.logs)
+        console.print(Text(f"  logs: {where}"), soft_wrap=True)
+
+
+def memory_rows(report: Any) -> list[tuple[str, float | None, float | None]]:
+    """(category, measured bytes, predicted bytes) from a memory report.
+
+    Every `X_bytes` field is a measured category; `predicted_X_bytes`, when present, is its formula value.
+    """
+    if not isinstance(report, dict):
+        return []
+    rows: list[tuple[str, float | None, float | None]] = []
+    for key, value in report.items():
+        if key.startswith("predicted_") or not key.endswith("_bytes") or not isinstance(value, (int, float)):
+            continue
+        category = key.removesuffix("_bytes").replace("_", " ")
+        rows.append((category, value, report.get(f"predicted_{key}")))
+    return rows
+
+
+def comm_rows(report: Any) -> list[tuple[str, dict[str, Any]]]:
+    """(op, {calls, bytes, seconds, ...}) from a comm report (a mapping of op to its totals)."""
+    ops = report if isinstance(report, dict) else {}
+    return [(op, stats) for op, stats in ops.items() if isinstance(stats, dict)]
+
+
+def _bytes(n: float | None) -> str:
+    return "-" if n is None else format_bytes(n)
+
+
+def render_summary(summary: dict[str, Any], console: Console) -> None:
+    """The run's loss and throughput, then per rank: memory measured vs predicted, bytes communicated by op."""
+    if summary["losses"]:
+        console.print(
+            f"loss {summary['first_loss']:.4f} → {summary['final_loss']:.4f} over {summary['steps']} steps, "
+            f"{throughput(summary)}, {summary['elapsed_s']:.1f} s",
+            highlight=False,
+            markup=False,
+        )
+    else:
+        console.print(f"no steps left: resumed from the checkpoint of the final step {summary['steps']}")
+    memory = Table(title=f"memory per rank (stage {summary['stage']}, N = {summary['world_size']})")
+    for col in ("rank", "category", "measured", "predicted"):
+        memory.add_column(col, justify="left" if col == "category" else "right")
+    comm = Table(title="communication per rank")
+    for col in ("rank", "op", "calls", "bytes", "seconds"):
+        comm.add_column(col, justify="left" if col == "op" else "right")
+    for entry in summary["ranks"]:
+        rank = str(entry["rank"])
+        for category, measured, predicted in memory_rows(entry.get("memory")):
+            memory.add_row(rank, Text(category), _bytes(measured), _bytes(predicted))
+        memory.add_section()
+        for op, stats in comm_rows(entry.get("comm")):
+            comm.add_row(
+                rank,
+                Text(op),
+                str(stats.get("calls", "-")),
+                _bytes(stats.get("bytes")),
+                f"{stats.get('seconds', 0.0):.3f}",
+            )
+        comm.add_section()
+    console.print(memory)
+    console.print(comm)
