@@ -38,6 +38,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_id = str(job.metadata.get("name") or "zerotrain")
     outcome = launch(job.spec, Path(args.config), plan, run_id=run_id)
     print(f"zerotrain: node {plan.node_rank}: {outcome.reason.value}: {outcome.message}", file=sys.stderr, flush=True)
+    for line in outcome.details:
+        print(f"zerotrain: node {plan.node_rank}:   {line}", file=sys.stderr, flush=True)
     write_termination_log(outcome)
     return outcome.exit_code
 
