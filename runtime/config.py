@@ -84,10 +84,13 @@ class ZeroConfig(SpecModel):
     """Keep checkpointed activations in host memory (ZeRO-R Pa+cpu); needs activationCheckpointing."""
     gradient_accumulation_steps: int = Field(default=1, ge=1)
     """Micro-batches whose gradients are summed before one optimizer step."""
-    gradient_clipping: float | None = Field(default=1.0, gt=0)
-    """Clip the global gradient norm (over all shards) to this; null disables clipping."""
-    no_weight_decay: list[str] = Field(default_factory=lambda: ["*.bias", "*norm*"])
-    """Parameter-name glob patterns that get no weight decay (norms and biases by default)."""
+    gradient_clipping: float | None = Field(default=None, gt=0)
+    """Clip the global gradient norm (over all shards) to this; null (the default, as in torch, DeepSpeed and
+    FSDP) clips nothing, so the engine trains exactly as the optimizer it wraps. Recipes set it (e.g. 1.0)."""
+    no_weight_decay: list[str] = Field(default_factory=list)
+    """Parameter-name glob patterns that get no weight decay; none by default, as the wrapped optimizer would do.
+    Recipes name their model's norms and biases (e.g. ["*.bias", "*norm*"]); check the patterns match the model's
+    names (GPT-2 calls its norms ln_1, which "*norm*" misses)."""
     collective_timeout_seconds: int = Field(default=300, ge=1)
     """A collective not finished in this time fails with an error naming the rank and unit, never hangs."""
 

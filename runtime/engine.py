@@ -174,7 +174,11 @@ class ZeroEngine:
         return out if self.gatherer is None else self.gatherer.end_forward(self.root, out)
 
     def _parameter_storages(self) -> set[int]:
-        return {u.full.data.untyped_storage().data_ptr() for u in self.units if u.full.allocated}
+        # Storage identities, not data pointers: a stage-3 buffer gathered during the forward gets a new pointer
+        # in the same storage, and must still be left out of the activations.
+        return {
+            t.untyped_storage()._cdata for u in self.units for t in (u.full.data, u.shard, u.master) if t is not None
+        }
 
     def _cast_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """Floating-point inputs in the compute dtype (as FSDP's mixed precision does); others untouched."""
@@ -340,7 +344,11 @@ class ZeroEngine:
         state = [t for st in self.optimizer.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
         opt_bytes = c.count(state) + c.count(u.master for u in units)
         mixed = self.dtypes.compute != torch.float32
-        k = opt_mod.state_bytes_per_element(self.optimizer)
+        # K from the configuration, never from what is allocated (a prediction that measured itself would always
+        # agree); an optimizer kind we do not know is measured, and assumed Adam's 8 before its first step.
+        k = opt_mod.configured_state_bytes(self.optimizer)
+        if k is None:
+            k = opt_mod.state_bytes_per_element(self.optimizer)
         k = (8.0 if k is None else k) + (4.0 if mixed else 0.0)
         w = float(torch.empty(0, dtype=self.dtypes.compute).element_size())
         g = w if self.config.stage < Stage.GRADIENTS else 4.0

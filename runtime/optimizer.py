@@ -111,3 +111,19 @@ def state_bytes_per_element(opt: torch.optim.Optimizer) -> float | None:
     for st in opt.state.values():
         per += sum(t.numel() * t.element_size() for t in st.values() if isinstance(t, torch.Tensor) and t.dim() > 0)
     return per / elems
+
+
+def configured_state_bytes(opt: torch.optim.Optimizer) -> float | None:
+    """Per-element optimizer state bytes the optimizer's kind and settings imply (fp32 state, as torch keeps it for
+    fp32 parameters), known before any step and independent of what is allocated; None for a kind not listed."""
+    groups = opt.param_groups
+    if isinstance(opt, (torch.optim.Adam, torch.optim.AdamW)):
+        return 12.0 if any(g.get("amsgrad") for g in groups) else 8.0  # exp_avg, exp_avg_sq (, max_exp_avg_sq)
+    if isinstance(opt, torch.optim.SGD):
+        return 4.0 if any(g.get("momentum", 0) for g in groups) else 0.0  # the momentum buffer
+    if isinstance(opt, torch.optim.Adagrad):
+        return 4.0  # sum
+    if isinstance(opt, torch.optim.RMSprop):
+        g = groups[0]
+        return 4.0 + (4.0 if g.get("momentum", 0) else 0.0) + (4.0 if g.get("centered") else 0.0)
+    return None

@@ -2,8 +2,8 @@
 
 During the engine's forward a `saved_tensors_hooks` pair sees every tensor autograd saves (for a
 checkpointed unit only its inputs: the checkpoint's own hooks take the rest). Storages are counted
-once; parameter storages (the model's own flat buffers) are left out, since they are counted as
-parameters. Nothing is copied: `pack` returns the tensor itself.
+once (by storage identity); parameter storages (the model's own flat buffers, gathered or not, and the
+shards) are left out, since they are counted as parameters. Nothing is copied: `pack` returns the tensor itself.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class SavedActivations:
 
         def pack(t: torch.Tensor) -> torch.Tensor:
             st = t.untyped_storage()
-            key = st.data_ptr()
+            key = st._cdata
             if key not in self._seen and key not in self._exclude and not isinstance(t, torch.nn.Parameter):
                 self._seen.add(key)
                 self.last_bytes += st.nbytes()

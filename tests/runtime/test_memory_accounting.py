@@ -1,0 +1,59 @@
+"""Memory categories against numbers known in closed form, per stage: a chain of bias-free linear units saves
+exactly its inputs for backward, so activations are K·B·d·4 bytes, whatever is gathered when."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from dist_helpers import run_ranks
+from torch import nn
+
+D, K, B = 16, 3, 5
+
+
+class Lin(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(D, D, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
+
+
+def categories(rank: int, world: int, stage: int, optimizer: str) -> dict[str, float]:
+    from zerotrain.runtime import ZeroConfig, ZeroEngine
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*(Lin() for _ in range(K)))
+    make = {
+        "adamw": lambda g: torch.optim.AdamW(g, lr=1e-3),
+        "sgd": lambda g: torch.optim.SGD(g, lr=1e-3, momentum=0.9),
+    }[optimizer]
+    engine = ZeroEngine(model, ZeroConfig(stage=stage, unit_modules=["Lin"]), optimizer=make)
+    before = engine.memory_report()  # no step yet: the prediction must not wait for the optimizer's state
+    x = torch.randn(B, D)
+    engine.backward(engine(x).sum())  # sum's backward saves nothing: only each unit's input stays
+    engine.step()
+    after = engine.memory_report()
+    return {**after.model_dump(), "k_before": before.optimizer_multiplier}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_every_category_matches_its_closed_form(stage: int) -> None:
+    world = 2
+    psi = K * D * D  # divisible by 2: no padding
+    for optimizer, k in (("adamw", 8.0), ("sgd", 4.0)):
+        for m in run_ranks(categories, world, stage, optimizer):
+            assert m["activation_bytes"] == K * B * D * 4, m  # gathered stage-3 weights are parameters, not this
+            assert m["k_before"] == m["optimizer_multiplier"] == k  # from the configuration, before any state
+            sharded = {"parameter": stage >= 3, "gradient": stage >= 2, "optimizer": stage >= 1}
+            per = {"parameter": 4, "gradient": 4, "optimizer": k}
+            for cat, is_sharded in sharded.items():
+                want = per[cat] * psi / (world if is_sharded else 1)
+                assert m[f"predicted_{cat}_bytes"] == want, (cat, m)
+            assert m["parameter_bytes"] == m["predicted_parameter_bytes"]
+            assert m["gradient_bytes"] == m["predicted_gradient_bytes"], m
+            # Adam's 0-dim `step`: 4 bytes per optimizer parameter (one per unit here), outside the formula.
+            scalars = 4 * K if optimizer == "adamw" else 0
+            assert m["optimizer_bytes"] == m["predicted_optimizer_bytes"] + scalars
