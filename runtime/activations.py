@@ -5,7 +5,13 @@ so only the unit's inputs are saved and its activations are recomputed in backwa
 calls the original `forward`, not the module, so no forward hook fires again: in stage 3 the unit
 is gathered once by its pre-backward trigger and that one gather serves recompute and backward
 (communication stays 3Ψ per step). With offload, the saved inputs are moved to host memory
-(`save_on_cpu`) and copied back on use; on a CPU-only run that is a no-op.
+(`save_on_cpu`, pinned on CUDA) and copied back on use; on a CPU-only run they are host copies too.
+
+ZeRO-R's partitioned activation checkpoints (Pa) split each checkpointed input across the tensor-parallel group
+that replicates it. This runtime is data parallel only: a rank's activations belong to its own micro-batch, no
+other rank holds them, and there is nothing to partition (`ZeroConfig.partition_activations` is refused). With a
+tensor-parallel group, `_checkpointed` is where each saved input would be sliced to this rank's 1/T before the
+checkpoint stores it and all-gathered over that group before recompute.
 """
 
 from __future__ import annotations

@@ -53,6 +53,11 @@ class ZeroConfig(SpecModel):
             "|| (has(self.activationCheckpointing) && self.activationCheckpointing)",
             "offloadActivationCheckpoints needs activationCheckpointing; enable it or turn the offload off",
         ),
+        (
+            "!has(self.partitionActivations) || !self.partitionActivations",
+            "partitionActivations: activation checkpoints are partitioned across a tensor-parallel group, and this "
+            "runtime is data parallel only; remove it and use activationCheckpointing",
+        ),
     )
 
     stage: Stage = Stage.PARAMETERS
@@ -82,6 +87,10 @@ class ZeroConfig(SpecModel):
     """Recompute each unit's activations in backward instead of storing them (ZeRO-R)."""
     offload_activation_checkpoints: bool = False
     """Keep checkpointed activations in host memory (ZeRO-R Pa+cpu); needs activationCheckpointing."""
+    partition_activations: bool = False
+    """Refused: ZeRO-R partitions activation checkpoints across a tensor-parallel group; this runtime is data
+    parallel only, so each rank's activations are its own micro-batch's and there is nothing to partition. Use
+    activationCheckpointing and offloadActivationCheckpoints to cut activation memory."""
     gradient_accumulation_steps: int = Field(default=1, ge=1)
     """Micro-batches whose gradients are summed before one optimizer step."""
     gradient_clipping: float | None = Field(default=None, gt=0)
@@ -93,6 +102,17 @@ class ZeroConfig(SpecModel):
     names (GPT-2 calls its norms ln_1, which "*norm*" misses)."""
     collective_timeout_seconds: int = Field(default=300, ge=1)
     """A collective not finished in this time fails with an error naming the rank and unit, never hangs."""
+
+    @model_validator(mode="after")
+    def _no_partitioned_activations(self) -> ZeroConfig:
+        if self.partition_activations:
+            raise ValueError(
+                "partitionActivations=true: ZeRO-R partitions activation checkpoints across a tensor-parallel "
+                "group, and this runtime is data parallel only (each rank holds its own micro-batch's activations: "
+                "nothing to partition); remove it, and use activationCheckpointing (and offloadActivationCheckpoints) "
+                "to save activation memory"
+            )
+        return self
 
     @model_validator(mode="after")
     def _offload_needs_checkpointing(self) -> ZeroConfig:

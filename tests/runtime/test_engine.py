@@ -105,3 +105,47 @@ def test_activation_checkpointing_recomputes_each_unit_once_in_backward(monkeypa
         saved[checkpointing] = engine.memory_report().activation_bytes
     # Checkpointed blocks keep only their inputs for backward (the rest is recomputed).
     assert 0 < saved[True] < saved[False] / 2, saved
+
+
+def test_offloaded_activation_checkpoints_live_in_host_memory_and_train_identically(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from zerotrain.runtime import activations
+
+    for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    packed: list[tuple[str, bool]] = []
+
+    class Recording(torch.autograd.graph.save_on_cpu):
+        def __init__(self, pin_memory: bool = False) -> None:
+            super().__init__(pin_memory=pin_memory)
+            pack, unpack = self.pack_hook, self.unpack_hook
+
+            def recording_pack(t: torch.Tensor) -> Any:
+                out = pack(t)
+                stored = out[1] if isinstance(out, tuple) else out
+                packed.append((stored.device.type, stored.is_pinned() == torch.cuda.is_available()))
+                return out
+
+            self.pack_hook, self.unpack_hook = recording_pack, unpack
+
+    monkeypatch.setattr(activations.torch.autograd.graph, "save_on_cpu", Recording)
+    tokens = batches(1, 1)[0][0][0]
+    results = {}
+    for offload in (False, True):
+        packed.clear()
+        cfg = ZeroConfig(
+            stage=3, unit_modules=["Block"], activation_checkpointing=True, offload_activation_checkpoints=offload
+        )
+        engine = ZeroEngine(make_model(), cfg, optimizer=adamw)
+        engine.backward(lm_loss(engine(tokens), tokens))
+        engine.step()
+        results[offload] = engine.full_state_dict()
+        # Three checkpointed blocks each keep their input in host memory (pinned when CUDA is there).
+        assert (len(packed) >= 3 and all(p == ("cpu", True) for p in packed)) if offload else packed == []
+    assert all(torch.equal(results[True][n], results[False][n]) for n in results[False])
+
+
+def test_partitioned_activations_are_refused_with_the_reason() -> None:
+    with pytest.raises(ValueError, match="data parallel only .* nothing to partition"):
+        ZeroConfig(partition_activations=True)
