@@ -1,13 +1,16 @@
-"""ZeRO-R constant-size communication buffers: chunking of unit reductions and gathers, and a pool of
-at most `depth` reusable buffers with the collectives that hold them.
+"""ZeRO-R constant-size communication buffers: chunking of unit reductions and gathers, and one persistent pool
+of at most `depth` fixed-size buffers per dtype, with the collectives that hold them.
 
 A unit's flat buffer of N·S elements is reduced (or gathered) in chunks of shard columns `[a, b)`:
 the chunk's bucket holds rows `r·S + [a, b)` for every rank r, so a reduce-scatter of the bucket
 leaves exactly this rank's shard elements `[a, b)` here, whatever the chunk size. A chunk holds at
-most `bucket_elements` elements (at least one column). The pool lends a buffer per chunk and, when
-`depth` are lent to collectives still in flight, finishes the oldest before lending again: memory
-for reduction buffers stays below `depth × bucket_elements` however large the model, and up to
-`depth` reductions overlap the rest of backward.
+most `bucket_elements` elements (at least one column per rank, which the configuration checks).
+
+Every buffer the pool lends is a view of one of its fixed-size buffers: allocated the first time it is needed,
+sized for the largest chunk any unit can ask for (the bucket plus the chunk's own output, or less when the model's
+units are smaller than that), and kept for the whole run. So buffer bytes do not grow with depth, nothing is
+allocated for communication after the first step, and when `depth` buffers are lent to collectives still in
+flight the oldest is finished before lending again: up to `depth` reductions overlap the rest of backward.
 """
 
 from __future__ import annotations
@@ -26,34 +29,41 @@ def chunks(shard_numel: int, world_size: int, bucket_elements: int) -> list[tupl
     return [(a, min(a + width, shard_numel)) for a in range(0, shard_numel, width)]
 
 
-class BucketPool:
-    """Lends reusable buffers and tracks the collectives using them (oldest finished first)."""
+def chunk_capacity(largest_shard: int, world_size: int, bucket_elements: int) -> int:
+    """Elements one pooled buffer needs: the largest chunk's bucket plus its output (N+1 columns per rank)."""
+    width = min(max(1, bucket_elements // world_size), largest_shard)
+    return (world_size + 1) * width
 
-    def __init__(self, comm: Comm, depth: int = 2) -> None:
-        self.comm, self.depth = comm, depth
-        self._free: list[torch.Tensor] = []
+
+class BucketPool:
+    """Lends views of persistent fixed-size buffers and tracks the collectives using them (oldest finished first)."""
+
+    def __init__(self, comm: Comm, capacity: int = 0, depth: int = 2) -> None:
+        self.comm, self.capacity, self.depth = comm, capacity, depth
+        self._buffers: dict[torch.dtype, list[torch.Tensor]] = {}
+        self._free: dict[torch.dtype, list[torch.Tensor]] = {}
         self._lent = 0
         self._inflight: deque[tuple[Pending, Callable[[], None], torch.Tensor | None]] = deque()
 
     def acquire(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        """A buffer view of `numel` elements; may first finish the oldest collective in flight."""
+        """A view of `numel` elements of a pooled buffer; may first finish the oldest collective in flight."""
+        if numel > self.capacity:
+            raise ValueError(f"a chunk of {numel} elements exceeds the pool's fixed {self.capacity}: chunk it first")
         while self._lent >= self.depth and self._inflight:
             self.finish_oldest()
-        fit = next((b for b in self._free if b.numel() >= numel and b.dtype == dtype), None)
-        if fit is None:
-            if self._free:  # too small or wrong dtype: replace it, so at most `depth` buffers exist
-                self.comm.stats.release(self._free.pop())
-            fit = torch.empty(numel, dtype=dtype, device=device)
-            self.comm.stats.hold(fit)
-        else:
-            self._free.remove(fit)
+        free = self._free.setdefault(dtype, [])
+        if not free:
+            buf = torch.empty(self.capacity, dtype=dtype, device=device)
+            self.comm.stats.hold(buf)
+            self._buffers.setdefault(dtype, []).append(buf)
+            free.append(buf)
         self._lent += 1
-        return fit[:numel]
+        return free.pop()[:numel]
 
     def give_back(self, buf: torch.Tensor) -> None:
         self._lent -= 1
         base = buf._base if buf._base is not None else buf
-        self._free.append(base)
+        self._free[base.dtype].append(base)
 
     def submit(self, work: Pending, finish: Callable[[], None], buf: torch.Tensor | None) -> None:
         """Track a collective; `finish` runs after it completes, then `buf` (if any) returns to the pool."""
@@ -67,9 +77,6 @@ class BucketPool:
             self.give_back(buf)
 
     def drain(self) -> None:
-        """Finish every collective in flight and free the pooled buffers (nothing is held between steps)."""
+        """Finish every collective in flight; the buffers stay for the next step."""
         while self._inflight:
             self.finish_oldest()
-        for b in self._free:
-            self.comm.stats.release(b)
-        self._free.clear()

@@ -49,6 +49,8 @@ class CommStats:
     ops: dict[str, OpStats] = field(default_factory=dict)
     buffer_bytes: int = 0
     peak_buffer_bytes: int = 0
+    buffer_allocations: int = 0
+    """Communication buffers allocated so far: flat after the first step (the pool keeps its buffers)."""
 
     def record(self, op: str, ring_bytes: int, payload: int, seconds: float) -> None:
         s = self.ops.setdefault(op, OpStats())
@@ -61,6 +63,7 @@ class CommStats:
         return sum(s.bytes for s in self.ops.values())
 
     def hold(self, t: torch.Tensor) -> None:
+        self.buffer_allocations += 1
         self.buffer_bytes += t.numel() * t.element_size()
         self.peak_buffer_bytes = max(self.peak_buffer_bytes, self.buffer_bytes)
 

@@ -35,6 +35,7 @@ from zerotrain.runtime.activations import apply_checkpointing
 from zerotrain.runtime.collectives import Comm, init_from_env
 from zerotrain.runtime.config import Precision, Stage, ZeroConfig
 from zerotrain.runtime.consistency import Event, OrderCheck
+from zerotrain.runtime.errors import ZeroSetupError
 from zerotrain.runtime.hooks import Gatherer, GradReadyHooks
 from zerotrain.runtime.memory import MemoryReport, StorageCounter, predict
 from zerotrain.runtime.partition import ParamClass, UnitLayout, build_units
@@ -67,6 +68,21 @@ def _world_size_before_init() -> int:
     return dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def _check_buckets(config: ZeroConfig, world_size: int) -> None:
+    """A chunk holds at least one element per rank: a bucket smaller than the world size cannot be kept."""
+    for field, value in (
+        ("zero.reduceBucketElements", config.reduce_bucket_elements),
+        ("zero.allgatherBucketElements", config.allgather_bucket_elements),
+    ):
+        if value < world_size:
+            raise ZeroSetupError(
+                field,
+                value,
+                f"a bucket holds at least one element per rank ({world_size} ranks)",
+                f"use at least {world_size}",
+            )
+
+
 class ZeroEngine:
     """ZeRO stages 0-3 over flat partitioned buffers for one data-parallel model replica per rank."""
 
@@ -74,6 +90,7 @@ class ZeroEngine:
         self.config, self.module = config, model
         # Everything that can be wrong with the input is checked before the first collective.
         opt_mod.check_factory(optimizer)
+        _check_buckets(config, _world_size_before_init())
         layouts = build_units(model, config.unit_modules, config.no_weight_decay, _world_size_before_init())
         init_from_env(config.collective_timeout_seconds)
         self.comm = Comm(config.collective_timeout_seconds)
@@ -85,6 +102,7 @@ class ZeroEngine:
             self.comm, self.dtypes, config.reduce_bucket_elements, config.allgather_bucket_elements
         )
         self.units = self._build_units(layouts, device)
+        self.strategy.size_pool(layouts)
         self.root = next((u for u in self.units if u.layout.module is None), None)
         self.optimizer = self._build_optimizer(optimizer)
         self._zero_grads()  # views exist now; buffers a stage holds only during a step can go

@@ -12,9 +12,11 @@ Stages 0 and 1 let autograd accumulate straight into a flat gradient buffer (`.g
 communicate once per optimizer step; stages 2 and 3 cannot hold full gradients, so every micro-batch
 is reduce-scattered into the fp32 gradient shard and the unsharded gradients are dropped.
 
-Reduce-scatters and the stage 1/2 parameter all-gathers run in chunks through `buckets` (at most
-`reduceBucketElements` / `allgatherBucketElements` per chunk, two reused buffers); stage 0's
-all-reduce works in place on the flat gradient buffer and stage 3 gathers straight into the unit.
+Reduce-scatters, the stage 1/2 parameter all-gathers and stage 0's all-reduce under mixed precision run in
+chunks through `buckets` (at most `reduceBucketElements` / `allgatherBucketElements` per chunk, two persistent
+fixed-size buffers per dtype, allocated once); stage 0's all-reduce in the compute dtype works in place on the
+flat gradient buffer, and stage 3 gathers straight into the unit's own parameter buffer (that memory is the
+gathered parameters, not a communication buffer).
 
 Averaging: gloo has no AVG/PREMUL_SUM, so ranks SUM and the result is divided by N afterwards; when
 the reduce dtype is fp16 the division happens before the sum instead, so the sum cannot overflow.
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from zerotrain.runtime.buckets import BucketPool, chunks
+from zerotrain.runtime.buckets import BucketPool, chunk_capacity, chunks
 from zerotrain.runtime.collectives import Comm, Pending
 from zerotrain.runtime.config import Stage
 from zerotrain.runtime.flat_buffer import FlatBuffer, fill_rows
@@ -123,23 +125,41 @@ class Strategy:
         if self.dtypes.reduce != torch.float16 and self.n > 1:
             t.div_(self.n)
 
+    def size_pool(self, layouts: list[UnitLayout]) -> None:
+        """Fix the pooled buffers' size: the largest chunk any unit asks for, never more than a bucket needs."""
+        bucket = max(self.reduce_bucket, self.allgather_bucket)
+        self.pool.capacity = max(chunk_capacity(la.shard_numel, self.n, bucket) for la in layouts)
+
     def reduce(self, u: UnitState, async_op: bool) -> None:
-        """Launch the unit's gradient all-reduce (at the accumulation boundary only), in place when the
-        gradients already have the reduce dtype."""
+        """Launch the unit's gradient all-reduce (at the accumulation boundary only): in place when the
+        gradients already have the reduce dtype, else chunk by chunk through the pool's fixed buffers."""
         assert u.grad_full is not None
         src = u.grad_full.data
-        buf = src if src.dtype == self.dtypes.reduce else self.pool.acquire(src.numel(), self.dtypes.reduce, src.device)
-        if buf is not src:
-            buf.copy_(src)
-        self._pre(buf)
-        work = self.comm.all_reduce(buf, u.name, async_op=async_op)
+        if src.dtype == self.dtypes.reduce:
+            self._pre(src)
+            work = self.comm.all_reduce(src, u.name, async_op=async_op)
 
+            def finish_in_place() -> None:
+                self._post(src)
+                if src.data_ptr() != u.grad_shard.data_ptr():
+                    self._fp32_grads(u).copy_(src)
+
+            self.pool.submit(work, finish_in_place, None)
+            return
+        for a in range(0, src.numel(), self.pool.capacity):
+            b = min(a + self.pool.capacity, src.numel())
+            buf = self.pool.acquire(b - a, self.dtypes.reduce, src.device)
+            buf.copy_(src[a:b])
+            self._pre(buf)
+            work = self.comm.all_reduce(buf, u.name, async_op=async_op)
+            self.pool.submit(work, self._apply_all_reduced(u, buf, a, b), buf)
+
+    def _apply_all_reduced(self, u: UnitState, buf: torch.Tensor, a: int, b: int) -> Callable[[], None]:
         def finish() -> None:
             self._post(buf)
-            if buf.data_ptr() != u.grad_shard.data_ptr():
-                self._fp32_grads(u).copy_(buf)
+            self._fp32_grads(u)[a:b].copy_(buf)
 
-        self.pool.submit(work, finish, None if buf is src else buf)
+        return finish
 
     def prepare_backward(self, u: UnitState) -> None:
         """Re-point `.grad` at the flat buffer if something (e.g. `model.zero_grad()`) dropped it."""
@@ -199,14 +219,16 @@ class OptimizerStatesStrategy(Strategy):
         ranges = chunks(shard, self.n, self.reduce_bucket)
         device = u.grad_shard.device
         for a, b in ranges:
+            width = b - a
             if direct is not None and len(ranges) == 1:
-                bucket, lent = direct, None
+                lent = self.pool.acquire(width, self.dtypes.reduce, device)
+                bucket, out = direct, lent
             else:
-                bucket = lent = self.pool.acquire(self.n * (b - a), self.dtypes.reduce, device)
-                fill(bucket.view(self.n, b - a), a, b)
+                # One pooled buffer holds the chunk's bucket (N columns) and its output (one more).
+                lent = self.pool.acquire((self.n + 1) * width, self.dtypes.reduce, device)
+                bucket, out = lent[: self.n * width], lent[self.n * width :]
+                fill(bucket.view(self.n, width), a, b)
             self._pre(bucket)
-            out = torch.empty(b - a, dtype=self.dtypes.reduce, device=device)
-            self.comm.stats.hold(out)
             work = self.comm.reduce_scatter(out, bucket, u.name, async_op=async_op)
             self.pool.submit(work, self._apply(u, out, a, b, accumulate), lent)
 
@@ -217,7 +239,6 @@ class OptimizerStatesStrategy(Strategy):
                 u.grad_shard[a:b].add_(out)
             else:
                 self._fp32_grads(u)[a:b].copy_(out)
-            self.comm.stats.release(out)
 
         return finish
 
@@ -226,16 +247,16 @@ class OptimizerStatesStrategy(Strategy):
         shard = u.layout.shard_numel
         ranges = chunks(shard, self.n, self.allgather_bucket)
         for a, b in ranges:
-            send = u.master[a:b].to(self.dtypes.compute, copy=True)
-            self.comm.stats.hold(send)
+            width = b - a
+            lent = self.pool.acquire((self.n + 1) * width, self.dtypes.compute, u.master.device)
+            recv, send = lent[: self.n * width], lent[self.n * width :]
+            send.copy_(u.master[a:b])
             if len(ranges) == 1:
                 self.comm.all_gather(u.full.data, send, u.name)
             else:
-                recv = self.pool.acquire(self.n * (b - a), self.dtypes.compute, send.device)
                 self.comm.all_gather(recv, send, u.name)
-                u.full.data.view(self.n, shard)[:, a:b].copy_(recv.view(self.n, b - a))
-                self.pool.give_back(recv)
-            self.comm.stats.release(send)
+                u.full.data.view(self.n, shard)[:, a:b].copy_(recv.view(self.n, width))
+            self.pool.give_back(lent)
         self.pool.drain()
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 import time
+from typing import Any
 
 import pytest
 import torch
@@ -147,5 +148,5 @@ def test_offloaded_activation_checkpoints_live_in_host_memory_and_train_identica
 
 
 def test_partitioned_activations_are_refused_with_the_reason() -> None:
-    with pytest.raises(ValueError, match="data parallel only .* nothing to partition"):
+    with pytest.raises(ValueError, match=r"data parallel only .* nothing to partition"):
         ZeroConfig(partition_activations=True)

@@ -1,0 +1,72 @@
+"""ZeRO-R constant-size buffers: one persistent pool serves every chunked collective; its bytes do not grow with
+depth and nothing is allocated for communication after the first step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from dist_helpers import run_ranks
+from torch import nn
+
+from zerotrain.runtime.errors import ZeroSetupError
+
+WIDTH, BUCKET = 24, 100  # a block's shard (~300 elements) is several buckets
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.tanh(self.fc(x))
+
+
+def buffers(rank: int, world: int, depth: int, stage: int, precision: str) -> dict[str, Any]:
+    from zerotrain.runtime import ZeroConfig, ZeroEngine
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*(Block() for _ in range(depth)))
+    cfg = ZeroConfig(
+        stage=stage,
+        unit_modules=["Block"],
+        precision=precision,
+        reduce_bucket_elements=BUCKET,
+        allgather_bucket_elements=BUCKET,
+    )
+    engine = ZeroEngine(model, cfg, optimizer=lambda g: torch.optim.AdamW(g, lr=1e-3))
+    allocations = []
+    for step in range(3):
+        x = torch.randn(4, WIDTH, generator=torch.Generator().manual_seed(step))
+        engine.backward(engine(x).float().square().mean())
+        engine.step()
+        allocations.append(engine.comm.stats.buffer_allocations)
+    return {"peak": engine.memory_report().comm_buffer_peak_bytes, "allocations": allocations}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("stage", "precision"), [(0, "bf16"), (1, "fp32"), (2, "bf16"), (3, "fp32")])
+def test_buffer_bytes_stay_flat_with_depth_and_nothing_is_allocated_after_the_first_step(
+    stage: int, precision: str
+) -> None:
+    peaks = {}
+    for depth in (2, 4, 8, 16):
+        result = run_ranks(buffers, 2, depth, stage, precision)[0]
+        first, *later = result["allocations"]
+        assert first > 0 and all(n == first for n in later), result  # nothing new after step 1
+        peaks[depth] = result["peak"]
+    assert len(set(peaks.values())) == 1, peaks
+    # At most two buffers per dtype of a chunk's bucket and output, whatever the depth.
+    assert peaks[16] <= 2 * 2 * (BUCKET + BUCKET // 2) * 4, peaks
+
+
+def test_a_bucket_smaller_than_the_world_size_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from zerotrain.runtime import ZeroConfig, ZeroEngine
+
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    cfg = ZeroConfig(stage=2, reduce_bucket_elements=3)
+    with pytest.raises(ZeroSetupError, match=r"zero.reduceBucketElements: got 3; .*4 ranks.*use at least 4"):
+        ZeroEngine(nn.Linear(8, 8), cfg, optimizer=lambda g: torch.optim.SGD(g, lr=0.1))
