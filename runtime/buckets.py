@@ -65,6 +65,10 @@ class BucketPool:
         base = buf._base if buf._base is not None else buf
         self._free[base.dtype].append(base)
 
+    @property
+    def inflight(self) -> bool:
+        return bool(self._inflight)
+
     def submit(self, work: Pending, finish: Callable[[], None], buf: torch.Tensor | None) -> None:
         """Track a collective; `finish` runs after it completes, then `buf` (if any) returns to the pool."""
         self._inflight.append((work, finish, buf))

@@ -37,7 +37,7 @@ from zerotrain.runtime.config import Precision, Stage, ZeroConfig
 from zerotrain.runtime.consistency import Event, OrderCheck
 from zerotrain.runtime.errors import ZeroSetupError
 from zerotrain.runtime.hooks import Gatherer, GradReadyHooks
-from zerotrain.runtime.memory import MemoryReport, StorageCounter, predict
+from zerotrain.runtime.memory import MemoryReport, memory_report
 from zerotrain.runtime.partition import ParamClass, UnitLayout, build_units
 from zerotrain.runtime.precision import DTYPES, LossScaler
 from zerotrain.runtime.saved import SavedActivations
@@ -103,6 +103,8 @@ class ZeroEngine:
         )
         self.units = self._build_units(layouts, device)
         self.strategy.size_pool(layouts)
+        if config.contiguous_gradients and config.stage >= Stage.GRADIENTS:
+            self.strategy.enable_arenas(layouts, device)
         self.root = next((u for u in self.units if u.layout.module is None), None)
         self.optimizer = self._build_optimizer(optimizer)
         self._zero_grads()  # views exist now; buffers a stage holds only during a step can go
@@ -144,6 +146,10 @@ class ZeroEngine:
         if self.config.activation_checkpointing:
             apply_checkpointing(modules, offload=self.config.offload_activation_checkpoints)
         self._grad_hooks = GradReadyHooks(self.units, self._on_grads_ready)
+        if getattr(self.strategy, "arenas", None) is not None:
+            for u in self.units:
+                if u.layout.module is not None:
+                    u.layout.module.register_forward_hook(lambda _m, _i, out, u=u: self._bind_arena_on_grad(u, out))
         for u in self.units:
             if u.layout.module is not None:
                 u.layout.module.register_forward_pre_hook(lambda *_, i=u.index: self._on_forward(i))
@@ -168,6 +174,14 @@ class ZeroEngine:
         # what lets a checkpoint be loaded at another world size or stage.
         self.optimizer_segments = [where.get(id(p), (-1, 0, 0)) for g in opt.param_groups for p in g["params"]]
         return opt
+
+    def _bind_arena_on_grad(self, u: UnitState, output: Any) -> None:
+        """When the first gradient reaches the unit's output, before its backward, bind its arena. A hook on the
+        output, not a wrapper around it, so code may still modify the output in place."""
+        leaves = [t for t in pytree.tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad]
+        arenas = self.strategy.arenas
+        if arenas is not None and leaves and torch.is_grad_enabled():
+            torch.autograd.graph.register_multi_grad_hook(leaves, lambda _g: arenas.bind(u), mode="any")
 
     def master_range(self, u: UnitState) -> tuple[int, int]:
         """The unit-coordinate range of `u` whose fp32 master this rank holds."""
@@ -353,47 +367,4 @@ class ZeroEngine:
 
     def memory_report(self) -> MemoryReport:
         """Bytes per category held by this rank now, next to the ZeRO formula's prediction."""
-        c = StorageCounter()
-        units = self.units
-        params = c.count(u.shard if u.shard is not None else u.full.data for u in units)
-        gathered = c.count(u.full.data for u in units) if self.gatherer else 0
-        grads = c.count([*(u.grad_full.data for u in units if u.grad_full), *(u.grad_shard for u in units)])
-        grads += c.count(p.grad for u in units for p in u.params)
-        state = [t for st in self.optimizer.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
-        opt_bytes = c.count(state) + c.count(u.master for u in units)
-        mixed = self.dtypes.compute != torch.float32
-        # K from the configuration, never from what is allocated (a prediction that measured itself would always
-        # agree); an optimizer kind we do not know is measured, and assumed Adam's 8 before its first step.
-        k = opt_mod.configured_state_bytes(self.optimizer)
-        if k is None:
-            k = opt_mod.state_bytes_per_element(self.optimizer)
-        k = (8.0 if k is None else k) + (4.0 if mixed else 0.0)
-        w = float(torch.empty(0, dtype=self.dtypes.compute).element_size())
-        g = w if self.config.stage < Stage.GRADIENTS else 4.0
-        psi = sum(u.layout.numel for u in units)
-        pp, pg, po = predict(self.config.stage, psi, self.world_size, w, g, k)
-        stats = self.comm.stats
-        return MemoryReport(
-            rank=self.rank,
-            stage=self.config.stage,
-            parameters=psi,
-            world_size=self.world_size,
-            padding_elements=sum(u.layout.padded - u.layout.numel for u in units),
-            parameter_bytes=params,
-            gathered_bytes=gathered,
-            gathered_peak_bytes=self.gatherer.peak_bytes if self.gatherer else 0,
-            gradient_bytes=grads,
-            optimizer_bytes=opt_bytes,
-            activation_bytes=self.activations.last_bytes,
-            activation_peak_bytes=self.activations.peak_bytes,
-            comm_buffer_bytes=stats.buffer_bytes,
-            comm_buffer_peak_bytes=stats.peak_buffer_bytes,
-            model_state_bytes=params + grads + opt_bytes,
-            bytes_per_weight=w,
-            bytes_per_gradient=g,
-            optimizer_multiplier=k,
-            predicted_parameter_bytes=pp,
-            predicted_gradient_bytes=pg,
-            predicted_optimizer_bytes=po,
-            predicted_model_state_bytes=pp + pg + po,
-        )
+        return memory_report(self)

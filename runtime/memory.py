@@ -9,7 +9,8 @@ holds it, so a view aliasing another buffer is never double counted):
 - gradients: flat gradient buffers, fp32 gradient shards and any unsharded `.grad` still alive.
 - optimizer: every tensor in the optimizer's state plus a separate fp32 master (mixed precision only).
 - activations: tensors autograd saved for backward in the last forward, and the peak (`saved`).
-- communication buffers: temporaries allocated only to send or receive, now and at peak.
+- communication buffers: the pool's fixed buffers for sending and receiving, now and at peak.
+- gradient arenas: with contiguous gradients (stages 2/3), the reused buffers unsharded gradients land in.
 
 Predicted: `zerotrain.planner.stage_bytes` with Ψ = the model's real elements, N = world size,
 w = compute element size, g = element size of the gradients the stage holds between steps (the
@@ -24,12 +25,17 @@ to a multiple of N is real memory, reported apart so a comparison can allow for 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import torch
 
 from zerotrain._model import SpecModel
 from zerotrain.planner import PlanInput, stage_bytes
+from zerotrain.runtime import optimizer as opt_mod
 from zerotrain.runtime.config import Stage
+
+if TYPE_CHECKING:
+    from zerotrain.runtime.engine import ZeroEngine
 
 
 class MemoryReport(SpecModel):
@@ -63,6 +69,9 @@ class MemoryReport(SpecModel):
     """Communication-only temporaries alive now."""
     comm_buffer_peak_bytes: int
     """Most communication-only bytes alive at once since construction."""
+    gradient_arena_bytes: int = 0
+    """Contiguous gradients: the arenas unsharded gradients land in during backward (stages 2 and 3), held for
+    the whole run and reused; not part of the model states."""
     model_state_bytes: int
     """parameter + gradient + optimizer bytes (the ZeRO paper's model states)."""
     bytes_per_weight: float
@@ -108,3 +117,52 @@ def predict(stage: Stage, psi: int, n: int, w: float, g: float, k: float) -> tup
         PlanInput(parameters=psi, data_parallel=n, optimizer_multiplier=k, bytes_per_weight=w, bytes_per_gradient=g),
     )
     return round(pb), round(gb), round(ob)
+
+
+def memory_report(engine: ZeroEngine) -> MemoryReport:
+    """Bytes per category the engine's rank holds now, next to the ZeRO formula's prediction."""
+    c = StorageCounter()
+    units = engine.units
+    params = c.count(u.shard if u.shard is not None else u.full.data for u in units)
+    gathered = c.count(u.full.data for u in units) if engine.gatherer else 0
+    grads = c.count([*(u.grad_full.data for u in units if u.grad_full), *(u.grad_shard for u in units)])
+    grads += c.count(p.grad for u in units for p in u.params)
+    state = [t for st in engine.optimizer.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
+    opt_bytes = c.count(state) + c.count(u.master for u in units)
+    mixed = engine.dtypes.compute != torch.float32
+    # K from the configuration, never from what is allocated (a prediction that measured itself would always
+    # agree); an optimizer kind we do not know is measured, and assumed Adam's 8 before its first step.
+    k = opt_mod.configured_state_bytes(engine.optimizer)
+    if k is None:
+        k = opt_mod.state_bytes_per_element(engine.optimizer)
+    k = (8.0 if k is None else k) + (4.0 if mixed else 0.0)
+    w = float(torch.empty(0, dtype=engine.dtypes.compute).element_size())
+    g = w if engine.config.stage < Stage.GRADIENTS else 4.0
+    psi = sum(u.layout.numel for u in units)
+    pp, pg, po = predict(engine.config.stage, psi, engine.world_size, w, g, k)
+    stats = engine.comm.stats
+    return MemoryReport(
+        rank=engine.rank,
+        stage=engine.config.stage,
+        parameters=psi,
+        world_size=engine.world_size,
+        padding_elements=sum(u.layout.padded - u.layout.numel for u in units),
+        parameter_bytes=params,
+        gathered_bytes=gathered,
+        gathered_peak_bytes=engine.gatherer.peak_bytes if engine.gatherer else 0,
+        gradient_bytes=grads,
+        optimizer_bytes=opt_bytes,
+        activation_bytes=engine.activations.last_bytes,
+        activation_peak_bytes=engine.activations.peak_bytes,
+        comm_buffer_bytes=stats.buffer_bytes,
+        comm_buffer_peak_bytes=stats.peak_buffer_bytes,
+        gradient_arena_bytes=engine.strategy.arenas.nbytes if engine.strategy.arenas is not None else 0,
+        model_state_bytes=params + grads + opt_bytes,
+        bytes_per_weight=w,
+        bytes_per_gradient=g,
+        optimizer_multiplier=k,
+        predicted_parameter_bytes=pp,
+        predicted_gradient_bytes=pg,
+        predicted_optimizer_bytes=po,
+        predicted_model_state_bytes=pp + pg + po,
+    )

@@ -69,6 +69,7 @@ MEMORY_CATEGORIES: tuple[tuple[str, str, str | None, str | None], ...] = (
     ("gathered_parameters", "gathered_bytes", "gathered_peak_bytes", None),
     ("communication_buffers", "comm_buffer_bytes", "comm_buffer_peak_bytes", None),
     ("activations", "activation_bytes", "activation_peak_bytes", None),
+    ("gradient_arenas", "gradient_arena_bytes", None, None),
 )
 
 

@@ -35,6 +35,7 @@ from zerotrain.runtime.buckets import BucketPool, chunk_capacity, chunks
 from zerotrain.runtime.collectives import Comm, Pending
 from zerotrain.runtime.config import Stage
 from zerotrain.runtime.flat_buffer import FlatBuffer, fill_rows
+from zerotrain.runtime.grad_arena import GradArenas
 from zerotrain.runtime.partition import UnitLayout
 
 
@@ -62,6 +63,8 @@ class UnitState:
     gather: Pending | None = None
     grads_left: int = 0
     reduced: bool = False
+    arena: torch.Tensor | None = None
+    """Contiguous gradients: the arena slice this unit's `.grad` views point into during its backward."""
 
     @property
     def name(self) -> str:
@@ -82,6 +85,8 @@ class Strategy:
     stage = Stage.DATA_PARALLEL
     shards_optimizer = False
     reduce_every_micro_batch = False
+    arenas: GradArenas | None = None
+    """Contiguous gradients' arenas (stages 2 and 3 with contiguousGradients)."""
 
     def __init__(self, comm: Comm, dtypes: Dtypes, reduce_bucket: int, allgather_bucket: int) -> None:
         self.comm, self.dtypes = comm, dtypes
@@ -124,6 +129,10 @@ class Strategy:
     def _post(self, t: torch.Tensor) -> None:
         if self.dtypes.reduce != torch.float16 and self.n > 1:
             t.div_(self.n)
+
+    def enable_arenas(self, layouts: list[UnitLayout], device: torch.device) -> None:
+        """Contiguous gradients: unsharded gradients in reused arenas (see `grad_arena`)."""
+        self.arenas = GradArenas(layouts, self.dtypes.compute, device, self.pool)
 
     def size_pool(self, layouts: list[UnitLayout]) -> None:
         """Fix the pooled buffers' size: the largest chunk any unit asks for, never more than a bucket needs."""
@@ -209,11 +218,13 @@ class OptimizerStatesStrategy(Strategy):
         direct: torch.Tensor | None,
         accumulate: bool,
         async_op: bool,
-    ) -> None:
+        then: Callable[[], None] | None = None,
+    ) -> bool:
         """Reduce-scatter the unit chunk by chunk; `fill(rows, a, b)` writes every rank's columns [a, b).
 
         `direct`, a flat buffer already holding the whole unit in the reduce dtype, is sent as it is
-        when one chunk covers the unit (no copy, no bucket).
+        when one chunk covers the unit (no copy, no bucket); then it is read until the collective finishes,
+        after which `then` runs. Returns whether `direct` was sent.
         """
         shard = u.layout.shard_numel
         ranges = chunks(shard, self.n, self.reduce_bucket)
@@ -230,7 +241,11 @@ class OptimizerStatesStrategy(Strategy):
                 fill(bucket.view(self.n, width), a, b)
             self._pre(bucket)
             work = self.comm.reduce_scatter(out, bucket, u.name, async_op=async_op)
-            self.pool.submit(work, self._apply(u, out, a, b, accumulate), lent)
+            finish = self._apply(u, out, a, b, accumulate)
+            if bucket is direct and then is not None:
+                finish = _chain(finish, then)
+            self.pool.submit(work, finish, lent)
+        return direct is not None and len(ranges) == 1
 
     def _apply(self, u: UnitState, out: torch.Tensor, a: int, b: int, accumulate: bool) -> Callable[[], None]:
         def finish() -> None:
@@ -274,7 +289,15 @@ class GradientsStrategy(OptimizerStatesStrategy):
         master = init[lo:hi].clone() if self._mixed else full.data[lo:hi]
         return UnitState(index, layout, params, full, master, torch.zeros(hi - lo, device=init.device))
 
+    def prepare_backward(self, u: UnitState) -> None:
+        # The root unit's gradients accumulate over the whole backward: its arena is bound from the start.
+        if self.arenas is not None and u.layout.module is None:
+            self.arenas.bind(u)
+
     def reduce(self, u: UnitState, async_op: bool) -> None:
+        if self.arenas is not None:
+            self._reduce_arena(u, self.arenas, async_op)
+            return
         pairs = zip(u.layout.slots, u.params, strict=True)
         grads = [(slot, p.grad.reshape(-1)) for slot, p in pairs if p.grad is not None]
         shard = u.layout.shard_numel
@@ -285,6 +308,18 @@ class GradientsStrategy(OptimizerStatesStrategy):
         self._reduce_scatter(u, fill, None, accumulate=True, async_op=async_op)
         for p in u.params:
             p.grad = None  # the unsharded gradients are in the buckets now: free them
+
+    def _reduce_arena(self, u: UnitState, arenas: GradArenas, async_op: bool) -> None:
+        arenas.bind(u)  # a unit whose backward did not run sends zeros from a fresh arena
+        assert u.arena is not None
+        rows_of = u.arena.view(self.n, -1)
+
+        def fill(rows: torch.Tensor, a: int, b: int) -> None:
+            rows.copy_(rows_of[:, a:b])
+
+        direct = u.arena if u.arena.dtype == self.dtypes.reduce else None
+        if not self._reduce_scatter(u, fill, direct, True, async_op, then=lambda: arenas.release(u)):
+            arenas.release(u)  # every chunk was copied into a bucket already
 
 
 class ParametersStrategy(GradientsStrategy):
@@ -308,6 +343,14 @@ class ParametersStrategy(GradientsStrategy):
             u.shard.copy_(u.master)
         if u.resident and u.full.allocated:
             self.comm.all_gather(u.full.data, u.shard, u.name)
+
+
+def _chain(first: Callable[[], None], second: Callable[[], None]) -> Callable[[], None]:
+    def both() -> None:
+        first()
+        second()
+
+    return both
 
 
 STRATEGIES: dict[Stage, type[Strategy]] = {

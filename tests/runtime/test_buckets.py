@@ -70,3 +70,48 @@ def test_a_bucket_smaller_than_the_world_size_is_refused(monkeypatch: pytest.Mon
     cfg = ZeroConfig(stage=2, reduce_bucket_elements=3)
     with pytest.raises(ZeroSetupError, match=r"zero.reduceBucketElements: got 3; .*4 ranks.*use at least 4"):
         ZeroEngine(nn.Linear(8, 8), cfg, optimizer=lambda g: torch.optim.SGD(g, lr=0.1))
+
+
+def gradient_storages(rank: int, world: int, stage: int, contiguous: bool) -> dict[str, Any]:
+    from zerotrain.runtime import ZeroConfig, ZeroEngine
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(WIDTH, WIDTH), *(Block() for _ in range(4)))
+    cfg = ZeroConfig(
+        stage=stage, unit_modules=["Block"], contiguous_gradients=contiguous, gradient_accumulation_steps=2
+    )
+    seen: list[set[int]] = []
+    for p in model.parameters():  # before the engine's own hooks, which reduce and drop the gradient
+        p.register_post_accumulate_grad_hook(lambda q: seen[-1].add(q.grad.untyped_storage()._cdata))
+    engine = ZeroEngine(model, cfg, optimizer=lambda g: torch.optim.AdamW(g, lr=1e-3))
+    for step in range(3):
+        seen.append(set())
+        for micro in range(2):
+            x = torch.randn(4, WIDTH, generator=torch.Generator().manual_seed(10 * step + micro))
+            engine.backward(engine(x).square().mean())
+        engine.step()
+    arenas = engine.strategy.arenas
+    return {
+        "seen": seen,
+        "arena_bytes": engine.memory_report().gradient_arena_bytes,
+        "allocations": None if arenas is None else arenas.allocations,
+        "grad_bytes": engine.memory_report().gradient_bytes,
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [2, 3])
+def test_contiguous_gradients_land_in_reused_arenas_and_allocate_nothing_after_the_first_step(stage: int) -> None:
+    on = run_ranks(gradient_storages, 2, stage, True)[0]
+    off = run_ranks(gradient_storages, 2, stage, False)[0]
+    # On: every gradient, every micro-batch, lives in one of the arenas made at construction (2 + the root's).
+    assert on["allocations"] == 3 and len(set().union(*on["seen"])) <= 3, on
+    assert on["seen"][1] <= on["seen"][0] and on["seen"][2] <= on["seen"][0]
+    block = (WIDTH * WIDTH + WIDTH) * 4  # one Block's flat buffer (even: no padding on 2 ranks)
+    root = block
+    assert on["arena_bytes"] == 2 * block + root
+    # Off: autograd allocates fresh gradients every micro-batch; no arenas are held.
+    assert off["arena_bytes"] == 0 and off["allocations"] is None
+    assert len(set().union(*off["seen"])) > 3
+    # Between steps the same gradient bytes are held either way (the fp32 shards).
+    assert on["grad_bytes"] == off["grad_bytes"]

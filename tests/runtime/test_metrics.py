@@ -32,6 +32,7 @@ MEASURED = {
     "gathered_parameters": "gathered_bytes",
     "communication_buffers": "comm_buffer_bytes",
     "activations": "activation_bytes",
+    "gradient_arenas": "gradient_arena_bytes",
 }
 PEAKS = {
     "gathered_parameters": "gathered_peak_bytes",

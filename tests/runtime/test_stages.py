@@ -39,6 +39,7 @@ class Case:
     bucket: int = 50_000_000
     units: tuple[str, ...] = ("Block",)
     overlap: bool = True
+    contiguous: bool = True
     extra: dict = field(default_factory=dict, hash=False)
 
 
@@ -74,6 +75,7 @@ def run_case(rank: int, world: int, case: Case) -> dict:
         activation_checkpointing=case.checkpointing,
         reduce_bucket_elements=case.bucket,
         allgather_bucket_elements=case.bucket,
+        contiguous_gradients=case.contiguous,
     )
     engine = ZeroEngine(_model(case), cfg, optimizer=_opt(case.optimizer))
     data = batches(STEPS, world, micro=case.accum)
@@ -143,6 +145,7 @@ def test_every_stage_matches_adamw_on_two_ranks_with_tied_weights_and_uneven_siz
     cases += [Case(stage=s, bucket=BUCKET) for s in (1, 2, 3)]
     cases += [Case(stage=3, units=())]  # no unit classes: one root unit, gathered for forward and backward
     cases += [Case(stage=s, overlap=False) for s in (1, 3)]  # reductions blocking instead of async
+    cases += [Case(stage=s, contiguous=False) for s in (2, 3)]  # autograd's own gradients, not the arenas
     per_rank = run_ranks(run_cases, 2, cases)
     for rank_results in per_rank:
         for case, r in zip(cases, rank_results, strict=True):

@@ -1,0 +1,78 @@
+"""Contiguous gradients (ZeRO-R's memory defragmentation): a unit's unsharded gradients land in a pre-allocated
+arena, as views set as the parameters' `.grad` just before the unit's backward, and are reduce-scattered from it.
+
+Stages 2 and 3 drop unsharded gradients after every micro-batch's reduction. Left to autograd, each parameter's
+gradient is a fresh allocation every micro-batch, freed moments later: the churn that fragments a caching
+allocator. Here two arenas, each the size of the largest unit's flat buffer, serve every unit in turn (a third is
+made only if a schedule ever needs it), and the root unit, whose gradients accumulate over the whole backward,
+has one of its own. An arena goes back once the reduction reading it has its data. Nothing is allocated for
+gradients after the first step; the arenas' bytes are reported apart from the model states, as buffers.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from zerotrain.runtime.buckets import BucketPool
+    from zerotrain.runtime.partition import UnitLayout
+    from zerotrain.runtime.strategies import UnitState
+
+
+class GradArenas:
+    """The arenas, and which unit holds which."""
+
+    def __init__(
+        self, layouts: list[UnitLayout], dtype: torch.dtype, device: torch.device, pool: BucketPool, depth: int = 2
+    ) -> None:
+        self.dtype, self.device, self.pool = dtype, device, pool
+        self.block_elements = max((la.padded for la in layouts if la.module is not None), default=0)
+        root = next((la for la in layouts if la.module is None), None)
+        self._root = torch.zeros(root.padded, dtype=dtype, device=device) if root is not None else None
+        self._every: list[torch.Tensor] = []
+        self._free = [self._new() for _ in range(depth)] if self.block_elements else []
+        self.allocations = len(self._free) + (self._root is not None)
+
+    def _new(self) -> torch.Tensor:
+        arena = torch.zeros(self.block_elements, dtype=self.dtype, device=self.device)
+        self._every.append(arena)
+        return arena
+
+    @property
+    def nbytes(self) -> int:
+        held = [*self._every, *([self._root] if self._root is not None else [])]
+        return sum(t.numel() * t.element_size() for t in held)
+
+    def bind(self, u: UnitState) -> None:
+        """Point the unit's trainable parameters' `.grad` at a zeroed arena (once per backward)."""
+        if u.arena is not None:
+            return
+        if u.layout.module is None:
+            assert self._root is not None
+            base = self._root
+        else:
+            while not self._free and self.pool.inflight:
+                self.pool.finish_oldest()  # a reduction still reading an arena: let it finish
+            if not self._free:
+                self._free.append(self._new())
+                self.allocations += 1
+            base = self._free.pop()
+        arena = base[: u.layout.padded]
+        arena.zero_()
+        u.arena = arena
+        for slot, p in zip(u.layout.slots, u.params, strict=True):
+            if p.requires_grad:
+                p.grad = arena[slot.offset : slot.offset + slot.numel].view(slot.shape)
+
+    def release(self, u: UnitState) -> None:
+        """The unit's reduction has read its arena: unbind the `.grad` views and lend the arena again."""
+        if u.arena is None:
+            return
+        base: Any = u.arena._base if u.arena._base is not None else u.arena
+        if base is not self._root:
+            self._free.append(base)
+        u.arena = None
+        for p in u.params:
+            p.grad = None
