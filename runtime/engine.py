@@ -103,6 +103,8 @@ class ZeroEngine:
         )
         self.units = self._build_units(layouts, device)
         self.strategy.size_pool(layouts)
+        mixed = self.dtypes.compute != torch.float32
+        self.strategy.accumulate_fp32 = mixed and config.gradient_accumulation_steps > 1
         if config.contiguous_gradients and config.stage >= Stage.GRADIENTS:
             self.strategy.enable_arenas(layouts, device)
         self.root = next((u for u in self.units if u.layout.module is None), None)
@@ -268,6 +270,9 @@ class ZeroEngine:
         if self.gatherer is not None:
             for u in self.units:
                 self.gatherer.free(u)
+        if self.strategy.accumulate_fp32 and not self._boundary and not self.strategy.reduce_every_micro_batch:
+            for u in self.units:
+                self.strategy.fold(u)  # stages 0/1: micro-batches sum in fp32, as in stages 2/3
         self.micro_steps += 1
 
     def train(self, mode: bool = True) -> ZeroEngine:

@@ -65,6 +65,8 @@ class UnitState:
     reduced: bool = False
     arena: torch.Tensor | None = None
     """Contiguous gradients: the arena slice this unit's `.grad` views point into during its backward."""
+    accum: torch.Tensor | None = None
+    """Stage 1, mixed precision, several micro-batches: the fp32 sum of the full gradients until the step."""
 
     @property
     def name(self) -> str:
@@ -139,11 +141,31 @@ class Strategy:
         bucket = max(self.reduce_bucket, self.allgather_bucket)
         self.pool.capacity = max(chunk_capacity(la.shard_numel, self.n, bucket) for la in layouts)
 
+    # Mixed precision with several micro-batches per step: accumulate them in fp32 (as stages 2/3 do), set by
+    # the engine from the configuration.
+    accumulate_fp32 = False
+
+    def fold(self, u: UnitState) -> torch.Tensor:
+        """Add this micro-batch's compute-dtype gradients into the fp32 accumulator and clear them; the
+        accumulator (stage 0: the fp32 gradient buffer itself, reduced in place at the boundary)."""
+        assert u.grad_full is not None
+        acc = self._accumulator(u)
+        acc.add_(u.grad_full.data)
+        u.grad_full.data.zero_()
+        return acc
+
+    def _accumulator(self, u: UnitState) -> torch.Tensor:
+        return self._fp32_grads(u)
+
+    def _reduce_source(self, u: UnitState) -> torch.Tensor:
+        """What the boundary reduction sends: the flat gradients, or their fp32 accumulation."""
+        assert u.grad_full is not None
+        return self.fold(u) if self.accumulate_fp32 else u.grad_full.data
+
     def reduce(self, u: UnitState, async_op: bool) -> None:
         """Launch the unit's gradient all-reduce (at the accumulation boundary only): in place when the
         gradients already have the reduce dtype, else chunk by chunk through the pool's fixed buffers."""
-        assert u.grad_full is not None
-        src = u.grad_full.data
+        src = self._reduce_source(u)
         if src.dtype == self.dtypes.reduce:
             self._pre(src)
             work = self.comm.all_reduce(src, u.name, async_op=async_op)
@@ -201,14 +223,28 @@ class OptimizerStatesStrategy(Strategy):
     stage = Stage.OPTIMIZER_STATES
     shards_optimizer = True
 
+    def _accumulator(self, u: UnitState) -> torch.Tensor:
+        # Full-size fp32, only from the first micro-batch to the step (the fp32 gradients kept are the shard).
+        if u.accum is None:
+            u.accum = torch.zeros(u.layout.padded, dtype=torch.float32, device=u.grad_shard.device)
+        elif u.accum.untyped_storage().nbytes() == 0:
+            u.accum.untyped_storage().resize_(u.layout.padded * 4)
+            u.accum.zero_()
+        return u.accum
+
+    def zero_grads(self, u: UnitState) -> None:
+        super().zero_grads(u)
+        if u.accum is not None:
+            u.accum.untyped_storage().resize_(0)
+
     def reduce(self, u: UnitState, async_op: bool) -> None:
-        assert u.grad_full is not None
-        rows_of = u.grad_full.data.view(self.n, -1)
+        src = self._reduce_source(u)
+        rows_of = src.view(self.n, -1)
 
         def fill(rows: torch.Tensor, a: int, b: int) -> None:
             rows.copy_(rows_of[:, a:b])
 
-        direct = u.grad_full.data if u.grad_full.data.dtype == self.dtypes.reduce else None
+        direct = src if src.dtype == self.dtypes.reduce else None
         self._reduce_scatter(u, fill, direct, accumulate=False, async_op=async_op)
 
     def _reduce_scatter(
