@@ -120,7 +120,7 @@ def model_difference(saved: list[dict[str, Any]], mine: list[dict[str, Any]]) ->
         return f"parameter {name!r} is in the checkpoint but not in this model"
     for name in sorted(new.keys() - old.keys()):
         return f"parameter {name!r} of this model is not in the checkpoint"
-    for name, (unit, shape, offset) in old.items():
+    for name, (unit, shape, offset) in sorted(old.items()):
         if shape != new[name][1]:
             return f"parameter {name!r} has shape {shape} in the checkpoint but {new[name][1]} in this model"
         if (unit, offset) != (new[name][0], new[name][2]):

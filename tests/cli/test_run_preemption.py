@@ -18,8 +18,6 @@ import yaml
 from safetensors.torch import load_file
 from test_run_resume import by_step, tiny_job
 
-from zerotrain.runtime.launch import free_port
-
 STEPS = 300
 
 
@@ -30,6 +28,24 @@ def job(tmp_path: Path) -> Path:
     doc["spec"]["training"]["logEvery"] = 50
     path.write_text(yaml.safe_dump(doc))
     return path
+
+
+def metrics_port() -> int:
+    """A first metrics port with the next one free too, below the ephemeral range: the ranks' own connections
+    (gloo, the rendezvous store) take ephemeral ports, and could take one between the check and the bind."""
+    import random
+    import socket
+
+    for _ in range(200):
+        port = random.randrange(20000, 32000)
+        try:
+            for p in (port, port + 1):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free pair of ports below 32000")
 
 
 def start(tmp_path: Path, manifest: Path, ckpt: Path, port: int) -> subprocess.Popen[str]:
@@ -78,7 +94,7 @@ def masters(checkpoint: Path) -> dict[str, torch.Tensor]:
 @pytest.mark.slow
 @pytest.mark.parametrize("target", ["launcher", "ranks"])
 def test_sigterm_commits_the_current_step_and_a_rerun_continues_exactly(tmp_path: Path, target: str) -> None:
-    manifest, ckpt, port = job(tmp_path), tmp_path / "ckpt", free_port()
+    manifest, ckpt, port = job(tmp_path), tmp_path / "ckpt", metrics_port()
     proc = start(tmp_path, manifest, ckpt, port)
     wait_for_step(proc, port, 3)
     # The kubelet signals the pod's PID 1 (the launcher), which forwards; SIGTERM straight to the ranks counts too.
@@ -93,11 +109,11 @@ def test_sigterm_commits_the_current_step_and_a_rerun_continues_exactly(tmp_path
     assert 3 <= stopped_at < STEPS and (path / "COMMITTED").is_file()
     assert json.loads((path / "COMMITTED").read_text())["micro_batches"] == stopped_at
 
-    rerun = start(tmp_path, manifest, ckpt, free_port())
+    rerun = start(tmp_path, manifest, ckpt, metrics_port())
     output, _ = rerun.communicate(timeout=240)
     assert rerun.returncode == 0 and f"resumed from {path} at step {stopped_at}" in output, output
 
-    straight = start(tmp_path, manifest, tmp_path / "straight", free_port())
+    straight = start(tmp_path, manifest, tmp_path / "straight", metrics_port())
     assert straight.wait(timeout=240) == 0
     got, want = masters(by_step(ckpt)[STEPS]), masters(by_step(tmp_path / "straight")[STEPS])
     assert got.keys() == want.keys() and len(got) > 0

@@ -74,7 +74,7 @@ def reference(world: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tens
 def test_bf16_micro_batches_accumulate_in_fp32_in_every_stage(stage: int) -> None:
     world = 2
     want, bf16_sum = reference(world)
-    for rank, got in enumerate(run_ranks(accumulated, world, stage)):
+    for got in run_ranks(accumulated, world, stage):
         for name, ((lo, hi), grads) in got.items():
             expected = want[name][lo:hi]
             torch.testing.assert_close(grads[: expected.numel()], expected, rtol=1e-6, atol=1e-7)

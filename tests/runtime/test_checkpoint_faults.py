@@ -147,8 +147,8 @@ def save_two_ranks(rank: int, world: int, root: str) -> None:
         ("not-a-checkpoint", "neither a committed checkpoint"),
         (
             "other-model",
-            "saved from another model: parameter 'blocks.0.up.weight' has shape [21, 10] in the "
-            "checkpoint but [25, 12] in this model",
+            "saved from another model: parameter 'blocks.0.down.bias' has shape [10] in the checkpoint but [12] in "
+            "this model",
         ),
         ("missing", "rank-00001.safetensors is missing"),
         ("truncated", "rank-00001.safetensors"),
