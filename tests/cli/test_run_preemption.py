@@ -77,10 +77,13 @@ def rank_pids(pid: int) -> list[int]:
     found, todo = [], [pid]
     while todo:
         p = todo.pop()
-        for task in Path(f"/proc/{p}/task").iterdir():
-            todo += [int(c) for c in (task / "children").read_text().split()]
-        if p != pid and b"zerotrain.runtime.train" in Path(f"/proc/{p}/cmdline").read_bytes():
-            found.append(p)
+        try:  # a short-lived helper may exit while we look
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+            if p != pid and b"zerotrain.runtime.train" in Path(f"/proc/{p}/cmdline").read_bytes():
+                found.append(p)
+        except OSError:
+            continue
     return found
 
 
