@@ -37,7 +37,7 @@ from zerotrain.runtime.config import Precision, Stage, ZeroConfig
 from zerotrain.runtime.consistency import Event, OrderCheck
 from zerotrain.runtime.errors import ZeroSetupError
 from zerotrain.runtime.hooks import Gatherer, GradReadyHooks
-from zerotrain.runtime.memory import MemoryReport, memory_report
+from zerotrain.runtime.memory import MemoryReport, UnshardedGradients, memory_report
 from zerotrain.runtime.partition import ParamClass, UnitLayout, build_units
 from zerotrain.runtime.precision import DTYPES, LossScaler
 from zerotrain.runtime.saved import SavedActivations
@@ -117,6 +117,7 @@ class ZeroEngine:
         self._schedule = ReductionSchedule(len(self.units), self._reduce)
         self._install_hooks()
         self.activations = SavedActivations()
+        self.unsharded_gradients = UnshardedGradients()
         self.micro_steps = 0
         self.steps = 0
         self.last_grad_norm: float | None = None
@@ -235,7 +236,16 @@ class ZeroEngine:
 
     def _on_grads_ready(self, u: UnitState) -> None:
         self._note(Event.GRADS_READY, u.index)
+        u.unsharded_bytes = self._unsharded_bytes(u)
+        self.unsharded_gradients.add(u.unsharded_bytes)
         self._schedule.mark_ready(u.index)
+
+    def _unsharded_bytes(self, u: UnitState) -> int:
+        if u.arena is not None:
+            return u.arena.numel() * u.arena.element_size()
+        if u.grad_full is not None:
+            return u.grad_full.nbytes()
+        return sum(p.grad.numel() * p.grad.element_size() for p in u.params if p.grad is not None)
 
     def _replay_pre_backward(self, index: int) -> None:
         if self.gatherer is not None and index not in self.gatherer.backward_seen:
@@ -247,6 +257,9 @@ class ZeroEngine:
             return
         u.reduced = True
         self.strategy.reduce(u, async_op=self.config.overlap_comm)
+        if self.strategy.reduce_every_micro_batch:  # stages 2/3 drop them once reduced
+            self.unsharded_gradients.drop(u.unsharded_bytes)
+            u.unsharded_bytes = 0
         if self.gatherer is not None and not u.has_frozen:
             self.gatherer.free(u)
 
@@ -255,6 +268,7 @@ class ZeroEngine:
         self._boundary = (self.micro_steps + 1) % self.config.gradient_accumulation_steps == 0
         GradReadyHooks.arm(self.units)
         self._schedule.begin(self._forward_order)
+        self.unsharded_gradients.live = 0  # a new backward: stages 0/1 count their flat buffers again as ready
         if self.gatherer is not None:
             self.gatherer.backward_seen = set()
         for u in self.units:

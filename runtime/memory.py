@@ -69,6 +69,17 @@ class MemoryReport(SpecModel):
     """Communication-only temporaries alive now."""
     comm_buffer_peak_bytes: int
     """Most communication-only bytes alive at once since construction."""
+    unsharded_gradient_peak_bytes: int = 0
+    """Most bytes of unsharded gradients alive at once in a backward: the flat gradient buffers (stages 0/1), the
+    arenas (stages 2/3 with contiguous gradients), or autograd's own gradients awaiting their reduction."""
+    cuda_allocated_bytes: int | None = None
+    """CUDA only: bytes the caching allocator has handed out now (None on CPU)."""
+    cuda_reserved_bytes: int | None = None
+    """CUDA only: bytes the caching allocator holds from the device; reserved minus allocated is fragmentation."""
+    cuda_peak_allocated_bytes: int | None = None
+    """CUDA only: most bytes allocated at once since the process started."""
+    cuda_alloc_retries: int | None = None
+    """CUDA only: allocations that had to free cached blocks and retry (a sign of fragmentation)."""
     gradient_arena_bytes: int = 0
     """Contiguous gradients: the arenas unsharded gradients land in during backward (stages 2 and 3), held for
     the whole run and reused; not part of the model states."""
@@ -157,6 +168,8 @@ def memory_report(engine: ZeroEngine) -> MemoryReport:
         comm_buffer_bytes=stats.buffer_bytes,
         comm_buffer_peak_bytes=stats.peak_buffer_bytes,
         gradient_arena_bytes=engine.strategy.arenas.nbytes if engine.strategy.arenas is not None else 0,
+        unsharded_gradient_peak_bytes=engine.unsharded_gradients.peak_bytes,
+        **cuda_allocator(units[0].master.device),
         model_state_bytes=params + grads + opt_bytes,
         bytes_per_weight=w,
         bytes_per_gradient=g,
@@ -166,3 +179,32 @@ def memory_report(engine: ZeroEngine) -> MemoryReport:
         predicted_optimizer_bytes=po,
         predicted_model_state_bytes=pp + pg + po,
     )
+
+
+def cuda_allocator(device: torch.device) -> dict[str, int | None]:
+    """The caching allocator's figures for the report's cuda_* fields (all None on CPU)."""
+    if device.type != "cuda":
+        return {}
+    stats = torch.cuda.memory_stats(device)
+    return {
+        "cuda_allocated_bytes": int(stats.get("allocated_bytes.all.current", 0)),
+        "cuda_reserved_bytes": int(stats.get("reserved_bytes.all.current", 0)),
+        "cuda_peak_allocated_bytes": int(stats.get("allocated_bytes.all.peak", 0)),
+        "cuda_alloc_retries": int(stats.get("num_alloc_retries", 0)),
+    }
+
+
+class UnshardedGradients:
+    """Bytes of unsharded gradients alive during backward: each unit's from when its gradients are ready until its
+    reduction has dropped them (stages 2/3), or held throughout (stages 0/1, and the arenas)."""
+
+    def __init__(self) -> None:
+        self.live = 0
+        self.peak_bytes = 0
+
+    def add(self, nbytes: int) -> None:
+        self.live += nbytes
+        self.peak_bytes = max(self.peak_bytes, self.live)
+
+    def drop(self, nbytes: int) -> None:
+        self.live -= nbytes

@@ -65,6 +65,8 @@ class UnitState:
     reduced: bool = False
     arena: torch.Tensor | None = None
     """Contiguous gradients: the arena slice this unit's `.grad` views point into during its backward."""
+    unsharded_bytes: int = 0
+    """Bytes of this unit's unsharded gradients counted live in the current backward."""
     accum: torch.Tensor | None = None
     """Stage 1, mixed precision, several micro-batches: the fp32 sum of the full gradients until the step."""
 

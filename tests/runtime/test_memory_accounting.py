@@ -54,6 +54,10 @@ def test_every_category_matches_its_closed_form(stage: int) -> None:
                 assert m[f"predicted_{cat}_bytes"] == want, (cat, m)
             assert m["parameter_bytes"] == m["predicted_parameter_bytes"]
             assert m["gradient_bytes"] == m["predicted_gradient_bytes"], m
+            # Stages 0/1 hold every unit's flat gradients at the end of backward; stages 2/3 one unit's at a time,
+            # each dropped as soon as it is reduced.
+            assert m["unsharded_gradient_peak_bytes"] == (K if stage < 2 else 1) * D * D * 4, m
+            assert m["cuda_allocated_bytes"] is None  # CPU: no allocator figures
             # Adam's 0-dim `step`: 4 bytes per optimizer parameter (one per unit here), outside the formula.
             scalars = 4 * K if optimizer == "adamw" else 0
             assert m["optimizer_bytes"] == m["predicted_optimizer_bytes"] + scalars
