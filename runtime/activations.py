@@ -25,20 +25,39 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 
-def _checkpointed(forward: Callable[..., Any], offload: bool) -> Callable[..., Any]:
+class _CountedOffload(torch.autograd.graph.save_on_cpu):
+    """torch's offload to host memory, telling `observe` what it keeps (it takes those tensors before any outer
+    hook, such as the engine's activation counter, would see them)."""
+
+    def __init__(self, observe: Callable[[torch.Tensor], None]) -> None:
+        super().__init__(pin_memory=torch.cuda.is_available())
+        pack = self.pack_hook
+
+        def counted(t: torch.Tensor) -> Any:
+            packed = pack(t)
+            observe(packed[1])
+            return packed
+
+        self.pack_hook = counted
+
+
+def _checkpointed(
+    forward: Callable[..., Any], offload: bool, observe: Callable[[torch.Tensor], None]
+) -> Callable[..., Any]:
     @functools.wraps(forward)
     def run(*args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled():
             return forward(*args, **kwargs)
         if offload:
-            with torch.autograd.graph.save_on_cpu(pin_memory=torch.cuda.is_available()):
+            with _CountedOffload(observe):
                 return checkpoint(forward, *args, use_reentrant=False, **kwargs)
         return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
     return run
 
 
-def apply_checkpointing(modules: list[nn.Module], offload: bool) -> None:
-    """Recompute each module's activations in backward instead of keeping them."""
+def apply_checkpointing(modules: list[nn.Module], offload: bool, observe: Callable[[torch.Tensor], None]) -> None:
+    """Recompute each module's activations in backward instead of keeping them; `observe` counts what the offload
+    keeps in host memory."""
     for module in modules:
-        module.forward = _checkpointed(module.forward, offload)
+        module.forward = _checkpointed(module.forward, offload, observe)

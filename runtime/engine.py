@@ -115,8 +115,8 @@ class ZeroEngine:
         self.order_check = OrderCheck(self.comm, [u.name for u in self.units]) if self.world_size > 1 else None
         self._forward_order: list[int] = []
         self._schedule = ReductionSchedule(len(self.units), self._reduce)
-        self._install_hooks()
         self.activations = SavedActivations()
+        self._install_hooks()
         self.unsharded_gradients = UnshardedGradients()
         self.micro_steps = 0
         self.steps = 0
@@ -147,7 +147,7 @@ class ZeroEngine:
             self.gatherer.install()
         modules = [u.layout.module for u in self.units if u.layout.module is not None]
         if self.config.activation_checkpointing:
-            apply_checkpointing(modules, offload=self.config.offload_activation_checkpoints)
+            apply_checkpointing(modules, self.config.offload_activation_checkpoints, self.activations.observe)
         self._grad_hooks = GradReadyHooks(self.units, self._on_grads_ready)
         if getattr(self.strategy, "arenas", None) is not None:
             for u in self.units:

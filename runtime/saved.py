@@ -28,13 +28,18 @@ class SavedActivations:
         self._seen, self._exclude, self.last_bytes = set(), parameter_storages, 0
 
         def pack(t: torch.Tensor) -> torch.Tensor:
-            st = t.untyped_storage()
-            key = st._cdata
-            if key not in self._seen and key not in self._exclude and not isinstance(t, torch.nn.Parameter):
-                self._seen.add(key)
-                self.last_bytes += st.nbytes()
+            self.observe(t)
             return t
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             yield
         self.peak_bytes = max(self.peak_bytes, self.last_bytes)
+
+    def observe(self, t: torch.Tensor) -> None:
+        """Count a tensor saved for backward (once per storage; parameters never). Also called by the activation
+        offload, whose own hooks take the checkpointed inputs before the measuring hook would see them."""
+        st = t.untyped_storage()
+        key = st._cdata
+        if key not in self._seen and key not in self._exclude and not isinstance(t, torch.nn.Parameter):
+            self._seen.add(key)
+            self.last_bytes += st.nbytes()

@@ -117,22 +117,21 @@ def test_offloaded_activation_checkpoints_live_in_host_memory_and_train_identica
         monkeypatch.delenv(var, raising=False)
     packed: list[tuple[str, bool]] = []
 
-    class Recording(torch.autograd.graph.save_on_cpu):
-        def __init__(self, pin_memory: bool = False) -> None:
-            super().__init__(pin_memory=pin_memory)
-            pack, unpack = self.pack_hook, self.unpack_hook
+    class Recording(activations._CountedOffload):
+        def __init__(self, observe: Any) -> None:
+            super().__init__(observe)
+            pack = self.pack_hook
 
             def recording_pack(t: torch.Tensor) -> Any:
                 out = pack(t)
-                stored = out[1] if isinstance(out, tuple) else out
-                packed.append((stored.device.type, stored.is_pinned() == torch.cuda.is_available()))
+                packed.append((out[1].device.type, out[1].is_pinned() == torch.cuda.is_available()))
                 return out
 
-            self.pack_hook, self.unpack_hook = recording_pack, unpack
+            self.pack_hook = recording_pack
 
-    monkeypatch.setattr(activations.torch.autograd.graph, "save_on_cpu", Recording)
+    monkeypatch.setattr(activations, "_CountedOffload", Recording)
     tokens = batches(1, 1)[0][0][0]
-    results = {}
+    results, counted = {}, {}
     for offload in (False, True):
         packed.clear()
         cfg = ZeroConfig(
@@ -142,9 +141,12 @@ def test_offloaded_activation_checkpoints_live_in_host_memory_and_train_identica
         engine.backward(lm_loss(engine(tokens), tokens))
         engine.step()
         results[offload] = engine.full_state_dict()
+        counted[offload] = engine.memory_report().activation_bytes
         # Three checkpointed blocks each keep their input in host memory (pinned when CUDA is there).
         assert (len(packed) >= 3 and all(p == ("cpu", True) for p in packed)) if offload else packed == []
     assert all(torch.equal(results[True][n], results[False][n]) for n in results[False])
+    # What the offload keeps is still counted (on CPU it is the same memory either way).
+    assert counted[True] == counted[False] > 0, counted
 
 
 def test_partitioned_activations_are_refused_with_the_reason() -> None:
