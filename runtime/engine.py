@@ -42,7 +42,8 @@ from zerotrain.runtime.partition import ParamClass, UnitLayout, build_units
 from zerotrain.runtime.precision import DTYPES, LossScaler
 from zerotrain.runtime.saved import SavedActivations
 from zerotrain.runtime.schedule import ReductionSchedule
-from zerotrain.runtime.strategies import STRATEGIES, Dtypes, UnitState
+from zerotrain.runtime.strategies import STRATEGIES, Dtypes
+from zerotrain.runtime.unit import GradState, UnitState
 
 if TYPE_CHECKING:
     from zerotrain.runtime.checkpoint import Loaded
@@ -253,9 +254,9 @@ class ZeroEngine:
 
     def _reduce(self, index: int) -> None:
         u = self.units[index]
-        if not (self._boundary or self.strategy.reduce_every_micro_batch) or u.reduced:
+        if not (self._boundary or self.strategy.reduce_every_micro_batch) or u.grads_state is GradState.REDUCING:
             return
-        u.reduced = True
+        u.move_grads(GradState.REDUCING)
         self.strategy.reduce(u, async_op=self.config.overlap_comm)
         if self.strategy.reduce_every_micro_batch:  # stages 2/3 drop them once reduced
             self.unsharded_gradients.drop(u.unsharded_bytes)
@@ -343,6 +344,7 @@ class ZeroEngine:
     def _zero_grads(self) -> None:
         for u in self.units:
             self.strategy.zero_grads(u)
+            u.move_grads(GradState.IDLE)
 
     # ----------------------------------------------------------------- checkpoints
 

@@ -18,7 +18,7 @@ import torch
 if TYPE_CHECKING:
     from zerotrain.runtime.buckets import BucketPool
     from zerotrain.runtime.partition import UnitLayout
-    from zerotrain.runtime.strategies import UnitState
+    from zerotrain.runtime.unit import UnitState
 
 
 class GradArenas:

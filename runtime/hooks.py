@@ -24,7 +24,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from zerotrain.runtime.collectives import Comm
-from zerotrain.runtime.strategies import UnitState
+from zerotrain.runtime.unit import GradState, ParamState, UnitState
 
 
 class GradReadyHooks:
@@ -42,6 +42,7 @@ class GradReadyHooks:
         def fired(_: torch.Tensor) -> None:
             u.grads_left -= 1
             if u.grads_left == 0:
+                u.move_grads(GradState.READY)
                 self.on_ready(u)
 
         return fired
@@ -49,7 +50,8 @@ class GradReadyHooks:
     @staticmethod
     def arm(units: list[UnitState]) -> None:
         for u in units:
-            u.grads_left, u.reduced = u.trainable_count, False
+            u.grads_left = u.trainable_count
+            u.move_grads(GradState.ACCUMULATING)
 
 
 class _PreBackward(torch.autograd.Function):
@@ -98,27 +100,29 @@ class Gatherer:
 
     def start(self, u: UnitState) -> bool:
         """Issue the unit's async all-gather unless it is gathered or in flight; True if issued."""
-        if u.full.allocated or u.gather is not None:
+        if u.params_state is not ParamState.SHARDED:
             return False
         u.full.allocate()
         self.peak_bytes = max(self.peak_bytes, self.gathered_bytes())
         assert u.shard is not None
         u.gather = self.comm.all_gather(u.full.data, u.shard, u.name, async_op=True)
+        u.move_params(ParamState.GATHERING)
         return True
 
     def wait(self, u: UnitState) -> None:
         self.start(u)
-        if u.gather is not None:
+        if u.params_state is ParamState.GATHERING:
+            assert u.gather is not None
             u.gather.wait()
             u.gather = None
+            u.move_params(ParamState.GATHERED)
 
     def free(self, u: UnitState) -> None:
-        if u.resident or not u.full.allocated:
+        if u.resident or u.params_state is ParamState.SHARDED:
             return
-        if u.gather is not None:
-            u.gather.wait()
-            u.gather = None
+        self.wait(u)  # a gather still in flight writes into the buffer: finish it first
         u.full.free()
+        u.move_params(ParamState.SHARDED)
 
     def prefetch_after(self, order: list[int], pos: int, step: int) -> None:
         """Start gathering the next `prefetch` units after position `pos` of `order`, walking by `step`."""

@@ -134,12 +134,11 @@ def memory_report(engine: ZeroEngine) -> MemoryReport:
     """Bytes per category the engine's rank holds now, next to the ZeRO formula's prediction."""
     c = StorageCounter()
     units = engine.units
-    params = c.count(u.shard if u.shard is not None else u.full.data for u in units)
-    gathered = c.count(u.full.data for u in units) if engine.gatherer else 0
-    grads = c.count([*(u.grad_full.data for u in units if u.grad_full), *(u.grad_shard for u in units)])
-    grads += c.count(p.grad for u in units for p in u.params)
+    params = c.count(t for u in units for t in u.parameter_tensors())
+    gathered = c.count(t for u in units for t in u.gathered_tensors())
+    grads = c.count(t for u in units for t in u.gradient_tensors())
     state = [t for st in engine.optimizer.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
-    opt_bytes = c.count(state) + c.count(u.master for u in units)
+    opt_bytes = c.count(state) + c.count(t for u in units for t in u.master_tensors())
     mixed = engine.dtypes.compute != torch.float32
     # K from the configuration, never from what is allocated (a prediction that measured itself would always
     # agree); an optimizer kind we do not know is measured, and assumed Adam's 8 before its first step.

@@ -32,11 +32,12 @@ import torch
 from torch import nn
 
 from zerotrain.runtime.buckets import BucketPool, chunk_capacity, chunks
-from zerotrain.runtime.collectives import Comm, Pending
+from zerotrain.runtime.collectives import Comm
 from zerotrain.runtime.config import Stage
 from zerotrain.runtime.flat_buffer import FlatBuffer, fill_rows
 from zerotrain.runtime.grad_arena import GradArenas
 from zerotrain.runtime.partition import UnitLayout
+from zerotrain.runtime.unit import ParamState, UnitState
 
 
 @dataclass
@@ -47,48 +48,16 @@ class Dtypes:
     reduce: torch.dtype
 
 
-@dataclass
-class UnitState:
-    """Buffers and per-backward bookkeeping of one unit."""
-
-    index: int
-    layout: UnitLayout
-    params: list[nn.Parameter]
-    full: FlatBuffer
-    master: torch.Tensor
-    grad_shard: torch.Tensor
-    shard: torch.Tensor | None = None
-    grad_full: FlatBuffer | None = None
-    resident: bool = True
-    gather: Pending | None = None
-    grads_left: int = 0
-    reduced: bool = False
-    arena: torch.Tensor | None = None
-    """Contiguous gradients: the arena slice this unit's `.grad` views point into during its backward."""
-    unsharded_bytes: int = 0
-    """Bytes of this unit's unsharded gradients counted live in the current backward."""
-    accum: torch.Tensor | None = None
-    """Stage 1, mixed precision, several micro-batches: the fp32 sum of the full gradients until the step."""
-
-    @property
-    def name(self) -> str:
-        return self.layout.name
-
-    @property
-    def trainable_count(self) -> int:
-        return sum(1 for p in self.params if p.requires_grad)
-
-    @property
-    def has_frozen(self) -> bool:
-        return any(not p.requires_grad for p in self.params)
-
-
 class Strategy:
     """Stage 0: plain data parallelism."""
 
     stage = Stage.DATA_PARALLEL
     shards_optimizer = False
     reduce_every_micro_batch = False
+    keeps_full_params = True
+    """Full parameters stay allocated between steps (stages 0-2)."""
+    keeps_full_grads = True
+    """Full gradients stay in a flat buffer until the step (stages 0/1)."""
     arenas: GradArenas | None = None
     """Contiguous gradients' arenas (stages 2 and 3 with contiguousGradients)."""
 
@@ -103,16 +72,28 @@ class Strategy:
         return self.dtypes.compute != torch.float32
 
     def build(self, index: int, layout: UnitLayout, params: list[nn.Parameter], init: torch.Tensor) -> UnitState:
-        """Buffers of one unit, from `init` (its fp32 flat values, identical on every rank)."""
+        """Buffers of one unit, from `init` (its fp32 flat values, identical on every rank); what differs by stage
+        is read from the class's two facts: whether it keeps full parameters and full gradients between steps."""
         full = FlatBuffer(layout, self.dtypes.compute, init.device)
-        full.data.copy_(init)
         full.bind(params)
-        grad_full = FlatBuffer(layout, self.dtypes.compute, init.device)
-        grad_full.bind_grads(params)
         lo, hi = self.master_range(layout)
-        master = init[lo:hi].clone() if self._mixed else full.data[lo:hi]
-        grad_shard = torch.zeros_like(master) if self._mixed else grad_full.data[lo:hi]
-        return UnitState(index, layout, params, full, master, grad_shard, grad_full=grad_full)
+        shard = None
+        if self.keeps_full_params:
+            full.data.copy_(init)
+            held = full.data[lo:hi]
+        else:
+            shard = held = init[lo:hi].to(self.dtypes.compute, copy=True)
+            full.free()
+        grad_full = None
+        if self.keeps_full_grads:
+            grad_full = FlatBuffer(layout, self.dtypes.compute, init.device)
+            grad_full.bind_grads(params)
+        master = init[lo:hi].clone() if self._mixed else held
+        grad_shard = grad_full.data[lo:hi] if grad_full is not None and not self._mixed else torch.zeros_like(master)
+        state = ParamState.GATHERED if self.keeps_full_params else ParamState.SHARDED
+        return UnitState(
+            index, layout, params, full, master, grad_shard, shard, grad_full, self.keeps_full_params, state
+        )
 
     def _fp32_grads(self, u: UnitState) -> torch.Tensor:
         """The fp32 gradient shard, its storage allocated (stages 0/1 in mixed precision free it between steps)."""
@@ -318,14 +299,7 @@ class GradientsStrategy(OptimizerStatesStrategy):
 
     stage = Stage.GRADIENTS
     reduce_every_micro_batch = True
-
-    def build(self, index: int, layout: UnitLayout, params: list[nn.Parameter], init: torch.Tensor) -> UnitState:
-        full = FlatBuffer(layout, self.dtypes.compute, init.device)
-        full.data.copy_(init)
-        full.bind(params)
-        lo, hi = layout.shard_range(self.comm.rank)
-        master = init[lo:hi].clone() if self._mixed else full.data[lo:hi]
-        return UnitState(index, layout, params, full, master, torch.zeros(hi - lo, device=init.device))
+    keeps_full_grads = False
 
     def prepare_backward(self, u: UnitState) -> None:
         # The root unit's gradients accumulate over the whole backward: its arena is bound from the start.
@@ -364,22 +338,13 @@ class ParametersStrategy(GradientsStrategy):
     """Stage 3: only the shard is held; the full buffer is allocated while a unit is gathered."""
 
     stage = Stage.PARAMETERS
-
-    def build(self, index: int, layout: UnitLayout, params: list[nn.Parameter], init: torch.Tensor) -> UnitState:
-        full = FlatBuffer(layout, self.dtypes.compute, init.device)
-        full.bind(params)
-        lo, hi = layout.shard_range(self.comm.rank)
-        shard = init[lo:hi].to(self.dtypes.compute, copy=True)
-        master = init[lo:hi].clone() if self._mixed else shard
-        full.free()
-        grad_shard = torch.zeros(hi - lo, device=init.device)
-        return UnitState(index, layout, params, full, master, grad_shard, shard=shard, resident=False)
+    keeps_full_params = False
 
     def after_step(self, u: UnitState) -> None:
         assert u.shard is not None
         if self._mixed:
             u.shard.copy_(u.master)
-        if u.resident and u.full.allocated:
+        if u.resident and u.gathered:
             self.comm.all_gather(u.full.data, u.shard, u.name)
 
 
