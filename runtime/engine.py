@@ -36,7 +36,7 @@ from zerotrain.runtime.collectives import Comm, init_from_env
 from zerotrain.runtime.config import Precision, Stage, ZeroConfig
 from zerotrain.runtime.consistency import Event, OrderCheck
 from zerotrain.runtime.errors import ZeroSetupError
-from zerotrain.runtime.hooks import Gatherer, GradReadyHooks
+from zerotrain.runtime.hooks import Gatherer, GradReadyHooks, on_output_grad
 from zerotrain.runtime.memory import MemoryReport, UnshardedGradients, memory_report
 from zerotrain.runtime.partition import ParamClass, UnitLayout, build_units
 from zerotrain.runtime.precision import DTYPES, LossScaler
@@ -180,12 +180,10 @@ class ZeroEngine:
         return opt
 
     def _bind_arena_on_grad(self, u: UnitState, output: Any) -> None:
-        """When the first gradient reaches the unit's output, before its backward, bind its arena. A hook on the
-        output, not a wrapper around it, so code may still modify the output in place."""
-        leaves = [t for t in pytree.tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad]
+        """Bind the unit's gradient arena when backward reaches its output, before its backward."""
         arenas = self.strategy.arenas
-        if arenas is not None and leaves and torch.is_grad_enabled():
-            torch.autograd.graph.register_multi_grad_hook(leaves, lambda _g: arenas.bind(u), mode="any")
+        if arenas is not None:
+            on_output_grad(output, lambda: arenas.bind(u))
 
     def master_range(self, u: UnitState) -> tuple[int, int]:
         """The unit-coordinate range of `u` whose fp32 master this rank holds."""

@@ -8,11 +8,11 @@ the end of backward by the engine, in unit order, so every rank still issues the
 
 Stage 3: a forward pre-hook gathers the unit (waiting for its prefetch if one is in flight) and
 starts gathering the next `prefetch_units` units of the previous iteration's forward order
-asynchronously; a forward hook frees it and wraps its outputs in `_PreBackward`, an identity
-autograd Function whose backward gathers the unit again (and prefetches the unit backward reaches
-next) before any of the unit's backward runs. The unit is freed again when its gradients are
-complete, unless it holds frozen parameters: nothing tells when autograd is done with those, so
-such units are freed at the end of backward.
+asynchronously; a forward hook frees it and hooks its outputs' gradients (`on_output_grad`), so the unit is
+gathered again (and the unit backward reaches next prefetched) before any of the unit's backward runs. The
+outputs themselves are left as they are, so code may modify them in place. The unit is freed again when its
+gradients are complete, unless it holds frozen parameters: nothing tells when autograd is done with those,
+so such units are freed at the end of backward.
 """
 
 from __future__ import annotations
@@ -54,32 +54,15 @@ class GradReadyHooks:
             u.move_grads(GradState.ACCUMULATING)
 
 
-class _PreBackward(torch.autograd.Function):
-    """Identity whose backward runs `hook` first: the gather-before-backward trigger."""
-
-    @staticmethod
-    def forward(ctx: Any, hook: Callable[[], None], *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        ctx.hook = hook
-        return tuple(t.view_as(t) for t in tensors)
-
-    @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
-        ctx.hook()
-        return (None, *grads)
-
-
-def attach_pre_backward(output: Any, hook: Callable[[], None]) -> Any:
-    """`output` (any pytree) with its grad-requiring tensors routed through `_PreBackward(hook)`."""
+def on_output_grad(output: Any, hook: Callable[[], None]) -> None:
+    """Run `hook` when backward first reaches any grad-requiring tensor of `output` (any pytree): before the
+    module that made it runs its backward. A hook on the tensors, not a wrapper around them, so the caller may go
+    on to modify the output in place (`y += block(x)`)."""
     if not torch.is_grad_enabled():
-        return output
-    leaves, spec = pytree.tree_flatten(output)
-    idx = [i for i, t in enumerate(leaves) if isinstance(t, torch.Tensor) and t.requires_grad]
-    if not idx:
-        return output
-    wrapped = _PreBackward.apply(hook, *(leaves[i] for i in idx))
-    for i, t in zip(idx, wrapped, strict=True):
-        leaves[i] = t
-    return pytree.tree_unflatten(leaves, spec)
+        return
+    leaves = [t for t in pytree.tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad]
+    if leaves:
+        torch.autograd.graph.register_multi_grad_hook(leaves, lambda _grads: hook(), mode="any")
 
 
 class Gatherer:
@@ -156,7 +139,8 @@ class Gatherer:
     def _post_forward(self, u: UnitState) -> Callable[..., Any]:
         def hook(_m: Any, _i: Any, output: Any) -> Any:
             self.free(u)
-            return attach_pre_backward(output, lambda: self.pre_backward(u))
+            on_output_grad(output, lambda: self.pre_backward(u))
+            return output
 
         return hook
 
@@ -181,4 +165,5 @@ class Gatherer:
             self.free(u)  # including units scheduled (so gathered) but not run
         if root is None:
             return output
-        return attach_pre_backward(output, lambda: self.pre_backward(root))
+        on_output_grad(output, lambda: self.pre_backward(root))
+        return output

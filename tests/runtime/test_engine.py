@@ -152,3 +152,38 @@ def test_offloaded_activation_checkpoints_live_in_host_memory_and_train_identica
 def test_partitioned_activations_are_refused_with_the_reason() -> None:
     with pytest.raises(ValueError, match=r"data parallel only .* nothing to partition"):
         ZeroConfig(partition_activations=True)
+
+
+class InPlaceLM(nn.Module):
+    """Residual blocks applied with `x += block(x)`, modifying each unit's output in place."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = make_model(seed=0)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.inner.embed(tokens)
+        for b in self.inner.blocks:
+            y = b(x)
+            y += x  # in place on the unit's output
+            x = y
+        return self.inner.head(self.inner.norm_f(x))
+
+
+def test_in_place_ops_on_a_units_output_work_in_stage_3_and_match_plain_torch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    tokens = batches(1, 1)[0][0][0]
+    reference = InPlaceLM()
+    opt = adamw([{"params": list(reference.parameters())}])
+    reference(tokens)  # the same graph in plain torch
+    lm_loss(reference(tokens), tokens).backward()
+    opt.step()
+    engine = ZeroEngine(InPlaceLM(), ZeroConfig(stage=3, unit_modules=["Block"]), optimizer=adamw)
+    engine.backward(lm_loss(engine(tokens), tokens))
+    assert engine.step().applied
+    got = engine.full_state_dict()
+    for name, p in reference.named_parameters():
+        torch.testing.assert_close(got[name], p.detach(), rtol=1e-5, atol=1e-6)
