@@ -205,7 +205,20 @@ def init_from_env(timeout_seconds: float) -> None:
     """
     if dist.is_initialized() or (int(os.environ.get("WORLD_SIZE", "1")) <= 1 and "MASTER_ADDR" not in os.environ):
         return
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if backend == "nccl":
+    backend = process_group_backend(torch.cuda.is_available())
+    if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_seconds))
+
+
+def process_group_backend(cuda: bool) -> str:
+    """gloo on CPU; with CUDA, NCCL for CUDA tensors *and* gloo for CPU ones: the small control collectives (the
+    divergence check's counts, votes) use CPU tensors, which a NCCL-only group cannot serve."""
+    return "cpu:gloo,cuda:nccl" if cuda else "gloo"
+
+
+def served_devices(backend: str) -> set[str]:
+    """Device types a process group created with `backend` serves."""
+    if ":" not in backend:
+        return {"cuda"} if backend == "nccl" else {"cpu"}
+    return {part.split(":")[0] for part in backend.split(",")}

@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from zerotrain.errors import UserError
+from zerotrain.runtime.collectives import process_group_backend
 from zerotrain.runtime.failures import DEBUG_ENV, FailureKind, classify, write_failure_record
 from zerotrain.runtime.launch import PROGRESS_ENV, SUMMARY_ENV
 from zerotrain.runtime.metrics import Phase, RankMetrics, StepValues, metrics_endpoint
@@ -355,10 +356,10 @@ def start_metrics(job: str, spec: ZeroTrainingJobSpec, ctx: RankContext) -> Rank
 
 
 def init_process_group(spec: ZeroTrainingJobSpec) -> None:
-    """gloo on CPU, NCCL on CUDA, from the torchrun environment; collectives time out per spec.zero."""
+    """gloo on CPU; on CUDA, NCCL for CUDA tensors and gloo for CPU ones (see `process_group_backend`)."""
     if dist.is_initialized():
         return
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    backend = process_group_backend(torch.cuda.is_available())
     dist.init_process_group(backend, timeout=timedelta(seconds=spec.zero.collective_timeout_seconds))
 
 

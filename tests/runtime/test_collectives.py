@@ -32,3 +32,48 @@ def test_a_dead_peer_is_reported_as_lost_not_as_divergence() -> None:
     message, _ = run_ranks(lose_peer, 2)
     assert message.startswith("rank 0: all_gather for unit '<root>' failed because a peer rank is gone"), message
     assert "rank-divergent" not in message and "look for the first rank that failed" in message
+
+
+def record_devices(rank: int, world: int) -> list[tuple[str, str]]:
+    """Every tensor any collective of a training step carries, as (op, device type)."""
+    import torch.distributed as dist
+    from tiny_models import batches, lm_loss, make_model
+
+    from zerotrain.runtime import ZeroConfig, ZeroEngine, collectives
+
+    seen: list[tuple[str, str]] = []
+
+    def wrap(owner: object, name: str, op: str) -> None:
+        original = getattr(owner, name)
+
+        def recording(*args: object, **kwargs: object) -> object:
+            for t in [*args, *kwargs.values()]:
+                for x in t if isinstance(t, list) else [t]:
+                    if isinstance(x, torch.Tensor):
+                        seen.append((op, x.device.type))
+            return original(*args, **kwargs)
+
+        setattr(owner, name, recording)
+
+    for name in ("all_reduce", "broadcast", "all_gather", "gather"):
+        wrap(dist, name, name)
+    wrap(collectives, "_all_gather_flat", "all_gather_into_tensor")
+    wrap(collectives, "_reduce_scatter_flat", "reduce_scatter_tensor")
+    engine = ZeroEngine(make_model(), ZeroConfig(stage=3, unit_modules=["Block"]), lambda g: torch.optim.AdamW(g))
+    tokens = batches(1, world)[0][0][rank]
+    engine.backward(lm_loss(engine(tokens), tokens))
+    engine.step()
+    return seen
+
+
+def test_every_collective_tensor_is_on_a_device_the_group_serves() -> None:
+    from zerotrain.runtime.collectives import process_group_backend, served_devices
+
+    # With CUDA, CPU control tensors (the divergence check) would hang or fail on a NCCL-only group.
+    assert served_devices(process_group_backend(cuda=True)) == {"cpu", "cuda"}
+    assert served_devices("nccl") == {"cuda"} and served_devices(process_group_backend(cuda=False)) == {"cpu"}
+    served = served_devices(process_group_backend(torch.cuda.is_available()))
+    seen = run_ranks(record_devices, 2)[0]
+    ops = {op for op, _ in seen}
+    assert {"all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor"} <= ops, ops  # the step was recorded
+    assert {device for _, device in seen} <= served, seen
