@@ -5,6 +5,8 @@ this process tree, configurations alternated and repeated, medians reported.
 Memory is counted from the tensors each rank holds (`memory_report()`; RSS under glibc hides what sharding
 frees): model states, plus the peaks of gathered parameters, saved activations and communication buffers, plus
 the gradient arenas. Step time is the median over the measured steps (the first is left out: it allocates).
+"New grad storages/step" counts the gradient tensors of the last step that live in storage no earlier step used:
+the allocations contiguous gradients remove (on CUDA, `torch.cuda.memory_stats()` would show the fragmentation).
 
     python bench/bench_zero_r.py --d-model 384 --layers 4 --steps 6 --repeats 2 --plot docs/zero-r.svg
 """
@@ -69,10 +71,16 @@ def _rank(rank: int, world: int, port: int, setup: Setup, args: argparse.Namespa
         activation_checkpointing=setup.checkpointing,
         offload_activation_checkpoints=setup.offload,
     )
+    # New gradient storages per step (on CPU the allocation count the arenas are there to bring to zero): a hook
+    # ahead of the engine's own sees each `.grad` before its reduction drops it.
+    storages: list[set[int]] = []
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(lambda q: storages[-1].add(q.grad.untyped_storage()._cdata))
     engine = ZeroEngine(model, cfg, optimizer=lambda g: torch.optim.AdamW(g, lr=1e-3))
     g = torch.Generator().manual_seed(rank)
     times = []
     for _ in range(args.steps):
+        storages.append(set())
         batch = torch.randint(0, 256, (args.batch, args.seq_len + 1), generator=g)
         t0 = time.perf_counter()
         engine.backward(next_byte_loss(engine(batch[:, :-1]), batch))
@@ -86,8 +94,10 @@ def _rank(rank: int, world: int, port: int, setup: Setup, args: argparse.Namespa
         + m.comm_buffer_peak_bytes
         + m.gradient_arena_bytes
     )
+    seen_before = set().union(*storages[:-1])
+    new_grads = len(storages[-1] - seen_before)  # the last step's gradients in storages no earlier step used
     if rank == 0:
-        out.put({"step_s": statistics.median(times[1:]), "peak": peak, **m.model_dump(mode="json")})
+        out.put({"step_s": statistics.median(times[1:]), "peak": peak, "grad_allocs": new_grads, **m.model_dump()})
     del engine
     gc.collect()
     torch.distributed.destroy_process_group()
@@ -136,6 +146,7 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
                 "comm": last["comm_buffer_peak_bytes"],
                 "arenas": last["gradient_arena_bytes"],
                 "gathered": last["gathered_peak_bytes"],
+                "grad_allocs": last["grad_allocs"],
             }
         )
     return rows
@@ -143,7 +154,8 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
 
 def render(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     table = Table(title=f"ZeRO-R, GPT d={args.d_model} × {args.layers} layers, {args.world} gloo ranks, per rank")
-    for col in ("configuration", "step", "× default", "peak", "activations", "comm buffers", "arenas", "gathered"):
+    columns = ("configuration", "step", "× default", "peak", "activations", "comm buffers", "arenas", "gathered")
+    for col in (*columns, "new grad storages/step"):
         table.add_column(col, justify="left" if col == "configuration" else "right")
     for r in rows:
         table.add_row(
@@ -151,6 +163,7 @@ def render(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
             f"{r['step_s'] * 1000:.0f} ms",
             f"{r['vs_default']:.2f}",
             *(format_bytes(r[k]) for k in ("peak", "activations", "comm", "arenas", "gathered")),
+            str(r["grad_allocs"]),
         )
     Console().print(table)
 
