@@ -40,7 +40,6 @@ class BucketPool:
 
     def __init__(self, comm: Comm, capacity: int = 0, depth: int = 2) -> None:
         self.comm, self.capacity, self.depth = comm, capacity, depth
-        self._buffers: dict[torch.dtype, list[torch.Tensor]] = {}
         self._free: dict[torch.dtype, list[torch.Tensor]] = {}
         self._lent = 0
         self._inflight: deque[tuple[Pending, Callable[[], None], torch.Tensor | None]] = deque()
@@ -55,7 +54,6 @@ class BucketPool:
         if not free:
             buf = torch.empty(self.capacity, dtype=dtype, device=device)
             self.comm.stats.hold(buf)
-            self._buffers.setdefault(dtype, []).append(buf)
             free.append(buf)
         self._lent += 1
         return free.pop()[:numel]

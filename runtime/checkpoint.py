@@ -27,6 +27,7 @@ import os
 import secrets
 import shutil
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -93,6 +94,17 @@ def sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def unverified(path: Path, digests: dict[str, str], names: Iterable[str]) -> tuple[str, str] | None:
+    """The first of `names` in checkpoint `path` that is missing or no longer matches its committed digest:
+    (name, what is wrong), or None when all verify."""
+    for name in sorted(names):
+        if not (path / name).is_file():
+            return name, "is missing"
+        if sha256(path / name) != digests[name]:
+            return name, "does not match the SHA-256 recorded when it was committed"
+    return None
 
 
 def describe_model(engine: ZeroEngine) -> list[dict[str, Any]]:
@@ -290,9 +302,10 @@ def prepare(engine: ZeroEngine, path: Path) -> Prepared | str:
         plan = reshard.plan_load(readers, engine.rank, units, engine.optimizer_segments)
     except (ShardFileError, reshard.ReshardError, KeyError) as e:
         return str(e)
-    for f in sorted(plan.files()):
-        if sha256(readers[f].path) != files[readers[f].path.name]:
-            return f"{readers[f].path.name} does not match the SHA-256 recorded when it was committed"
+    # Only the files this rank reads are hashed: the cost is spread like the checkpoint itself.
+    bad = unverified(path, files, (readers[f].path.name for f in plan.files()))
+    if bad is not None:
+        return " ".join(bad)
     return Prepared(path, marker, readers, plan, stats)
 
 

@@ -59,14 +59,9 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Opened:
     """The committed checkpoint at `path` (or the newest under a root), every file verified against its digest."""
     target = checkpoint.resolve(path)
     marker = checkpoint.read_marker(target)
-    for name, digest in sorted(marker["files"].items()):
-        f = target / name
-        if not f.is_file():
-            raise ZeroSetupError("checkpoint", str(target), f"{name} is missing", "export a complete checkpoint")
-        if checkpoint.sha256(f) != digest:
-            raise ZeroSetupError(
-                "checkpoint", str(f), "does not match the SHA-256 recorded at commit", "export an intact checkpoint"
-            )
+    bad = checkpoint.unverified(target, marker["files"], marker["files"])
+    if bad is not None:
+        raise ZeroSetupError("checkpoint", str(target / bad[0]), bad[1], "export a complete, intact checkpoint")
     try:
         readers = [ShardReader(target / n) for n in sorted(marker["files"])]
     except ShardFileError as e:
@@ -79,15 +74,8 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Opened:
 
 def read_param(ck: Opened, p: Param) -> torch.Tensor:
     """One parameter's fp32 values, assembled from the rank files that hold its range."""
-    sources = [
-        reshard.Source(f, f"master.{p.unit}", *r.record["master_ranges"][p.unit]) for f, r in enumerate(ck.readers)
-    ]
-    target = reshard.TargetPlan(
-        reshard.cover(sources, p.offset, p.offset + p.numel, p.offset + p.numel, p.name), p.numel
-    )
-    out = torch.empty(p.numel, dtype=torch.float32)
-    reshard.fill(ck.readers, target, out)
-    return out.view(p.shape)
+    sources = reshard.master_sources(ck.readers, range(len(ck.readers)), p.unit)
+    return reshard.read_range(ck.readers, sources, p.offset, p.offset + p.numel, p.name).view(p.shape)
 
 
 def _header(ck: Opened) -> bytes:
@@ -121,27 +109,16 @@ def export_safetensors(path: str | os.PathLike[str], out: Path, force: bool = Fa
 
 def _optimizer_entries(ck: Opened) -> Iterator[tuple[str, dict[str, torch.Tensor]]]:
     """Per-parameter optimizer state (FQN -> key -> tensor) for every parameter the optimizer updated."""
-    element: dict[tuple[int, str], list[reshard.Source]] = {}
-    scalars: dict[str, torch.Tensor] = {}
-    for f, r in enumerate(ck.readers):
-        for idx, (unit, a, b) in enumerate(r.record["optimizer_segments"]):
-            for key in r.record["optimizer_keys"].get(str(idx), []):
-                name = f"optim.{idx}.{key}"
-                if r.shape(name) == [b - a] and b > a:
-                    element.setdefault((unit, key), []).append(reshard.Source(f, name, a, b))
-                else:
-                    scalars.setdefault(key, r.tensor(name))
+    saved = reshard.optimizer_sources(ck.readers, range(len(ck.readers)))
+    scalars = {k: v for k, v in saved.scalar_values(ck.readers).items() if isinstance(v, torch.Tensor)}
     for p in ck.params:
-        keys = sorted(k for (u, k), srcs in element.items() if u == p.unit and _covers(srcs, p))
+        keys = sorted(k for (u, k), srcs in saved.elements.items() if u == p.unit and _covers(srcs, p))
         if not keys:
             continue  # frozen: the optimizer never held it
         entry = {k: v.clone() for k, v in scalars.items()}
         for key in keys:
-            pieces = reshard.cover(element[(p.unit, key)], p.offset, p.offset + p.numel, p.offset + p.numel, p.name)
-            plan = reshard.TargetPlan(pieces, p.numel)
-            buf = torch.empty(p.numel, dtype=torch.float32)
-            reshard.fill(ck.readers, plan, buf)
-            entry[key] = buf.view(p.shape)
+            values = reshard.read_range(ck.readers, saved.elements[(p.unit, key)], p.offset, p.offset + p.numel, p.name)
+            entry[key] = values.view(p.shape)
         yield p.name, entry
 
 
@@ -215,7 +192,7 @@ def _row(d: Path) -> dict[str, Any]:
         marker = checkpoint.read_marker(d)
     except (OSError, ValueError) as e:
         return {**row, "complete": False, "problem": f"unreadable {checkpoint.COMMITTED} marker ({e})"}
-    bad = [n for n, digest in sorted(marker["files"].items()) if n not in files or checkpoint.sha256(d / n) != digest]
+    bad = checkpoint.unverified(d, marker["files"], marker["files"])
     row |= {
         "step": marker.get("step"),
         "micro_batches": marker.get("micro_batches"),
@@ -225,9 +202,9 @@ def _row(d: Path) -> dict[str, Any]:
         "stage": marker.get("stage"),
         "precision": marker.get("precision"),
         "parameters": sum(int(torch.Size(p[1]).numel()) for u in marker.get("model", []) for p in u["params"]),
-        "digests_verified": not bad,
-        "complete": not bad,
+        "digests_verified": bad is None,
+        "complete": bad is None,
     }
-    if bad:
+    if bad is not None:
         row["problem"] = f"{bad[0]} is missing or does not match its SHA-256"
     return row

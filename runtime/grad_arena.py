@@ -33,12 +33,16 @@ class GradArenas:
         self._root = torch.zeros(root.padded, dtype=dtype, device=device) if root is not None else None
         self._every: list[torch.Tensor] = []
         self._free = [self._new() for _ in range(depth)] if self.block_elements else []
-        self.allocations = len(self._free) + (self._root is not None)
 
     def _new(self) -> torch.Tensor:
         arena = torch.zeros(self.block_elements, dtype=self.dtype, device=self.device)
         self._every.append(arena)
         return arena
+
+    @property
+    def allocations(self) -> int:
+        """Arenas made so far (the root's included)."""
+        return len(self._every) + (self._root is not None)
 
     @property
     def nbytes(self) -> int:
@@ -57,7 +61,6 @@ class GradArenas:
                 self.pool.finish_oldest()  # a reduction still reading an arena: let it finish
             if not self._free:
                 self._free.append(self._new())
-                self.allocations += 1
             base = self._free.pop()
         arena = base[: u.layout.padded]
         arena.zero_()

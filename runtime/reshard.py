@@ -89,6 +89,40 @@ def _prefer(readers: Sequence[ShardReader], own: int) -> list[int]:
     return sorted(range(len(readers)), key=lambda i: (readers[i].record["rank"] != own, i))
 
 
+def master_sources(readers: Sequence[ShardReader], order: Sequence[int], unit: int) -> list[Source]:
+    """Every file's fp32 master range of `unit`, in preference order."""
+    return [Source(f, f"master.{unit}", *readers[f].record["master_ranges"][unit]) for f in order]
+
+
+@dataclass
+class OptimizerSources:
+    """Where the saved optimizer state lies: per (unit, key) the ranges of its per-element tensors, and the scalar
+    state (key -> (file, tensor name), or a JSON value), which is the same for every parameter."""
+
+    elements: dict[tuple[int, str], list[Source]] = field(default_factory=dict)
+    scalars: dict[str, Any] = field(default_factory=dict)
+
+    def scalar_values(self, readers: Sequence[ShardReader]) -> dict[str, Any]:
+        return {k: readers[v[0]].tensor(v[1]) if isinstance(v, tuple) else v for k, v in self.scalars.items()}
+
+
+def optimizer_sources(readers: Sequence[ShardReader], order: Sequence[int]) -> OptimizerSources:
+    """Scan every file's record (headers only) for its optimizer state, files in preference order."""
+    found = OptimizerSources()
+    for f in order:
+        r = readers[f]
+        for idx, (unit, a, b) in enumerate(r.record["optimizer_segments"]):
+            for key in r.record["optimizer_keys"].get(str(idx), []):
+                name = f"optim.{idx}.{key}"
+                if r.shape(name) == [b - a] and b > a:
+                    found.elements.setdefault((unit, key), []).append(Source(f, name, a, b))
+                else:
+                    found.scalars.setdefault(key, (f, name))
+            for key, value in r.record["optimizer_scalars"].get(str(idx), {}).items():
+                found.scalars.setdefault(key, value)
+    return found
+
+
 def plan_load(
     readers: Sequence[ShardReader],
     own_rank: int,
@@ -99,33 +133,29 @@ def plan_load(
     order = _prefer(readers, own_rank)
     plan = LoadPlan(masters=[])
     for ui, (uname, numel, (lo, hi)) in enumerate(units):
-        sources = [Source(f, f"master.{ui}", *readers[f].record["master_ranges"][ui]) for f in order]
+        sources = master_sources(readers, order, ui)
         plan.masters.append(TargetPlan(cover(sources, lo, hi, numel, f"unit {uname} master"), hi - lo))
-    element_sources: dict[tuple[int, str], list[Source]] = {}
-    for f in order:
-        r = readers[f]
-        for idx, (unit, a, b) in enumerate(r.record["optimizer_segments"]):
-            for key in r.record["optimizer_keys"].get(str(idx), []):
-                name = f"optim.{idx}.{key}"
-                if r.shape(name) == [b - a] and b > a:
-                    element_sources.setdefault((unit, key), []).append(Source(f, name, a, b))
-                else:
-                    plan.scalars.setdefault(key, (f, name))
-            for key, value in r.record["optimizer_scalars"].get(str(idx), {}).items():
-                plan.scalars.setdefault(key, value)
-    keys = sorted({key for _, key in element_sources})
+    saved = optimizer_sources(readers, order)
+    plan.scalars = saved.scalars
+    keys = sorted({key for _, key in saved.elements})
     for idx, (unit, a, b) in enumerate(segments):
         if unit < 0 or not keys:
             continue
         uname, numel, _ = units[unit]
         per: dict[str, TargetPlan] = {}
         for key in keys:
-            sources = element_sources.get((unit, key), [])
-            first = readers[sources[0].file] if sources else None
-            dtype = first.dtype(sources[0].name) if first is not None and sources else torch.float32
+            sources = saved.elements.get((unit, key), [])
+            dtype = readers[sources[0].file].dtype(sources[0].name) if sources else torch.float32
             per[key] = TargetPlan(cover(sources, a, b, numel, f"unit {uname} optimizer {key!r}"), b - a, dtype)
         plan.optimizer[idx] = per
     return plan
+
+
+def read_range(readers: Sequence[ShardReader], sources: Sequence[Source], lo: int, hi: int, what: str) -> torch.Tensor:
+    """Elements [lo, hi) of a unit, assembled from `sources` into a new fp32 tensor (every element must be saved)."""
+    out = torch.empty(hi - lo, dtype=torch.float32)
+    fill(readers, TargetPlan(cover(sources, lo, hi, hi, what), hi - lo), out)
+    return out
 
 
 def fill(readers: Sequence[ShardReader], target: TargetPlan, out: torch.Tensor) -> None:
@@ -137,9 +167,7 @@ def fill(readers: Sequence[ShardReader], target: TargetPlan, out: torch.Tensor) 
 
 def optimizer_state(readers: Sequence[ShardReader], plan: LoadPlan, device: torch.device) -> dict[int, dict[str, Any]]:
     """This rank's optimizer state by parameter index, read as planned."""
-    scalars: dict[str, Any] = {}
-    for key, value in plan.scalars.items():
-        scalars[key] = readers[value[0]].tensor(value[1]) if isinstance(value, tuple) else value
+    scalars = OptimizerSources(scalars=plan.scalars).scalar_values(readers)
     state: dict[int, dict[str, Any]] = {}
     for idx, per in plan.optimizer.items():
         entry: dict[str, Any] = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in scalars.items()}

@@ -189,15 +189,11 @@ def agree_step(engine: Any, loss: torch.Tensor, stop: bool, world_size: int) -> 
 
 @dataclass
 class Loop:
-    """What the step loop needs besides the engine and the task."""
+    """What recording a step needs besides the engine and the task."""
 
     spec: ZeroTrainingJobSpec
     ctx: RankContext
-    device: torch.device
-    log: ProgressLog | None = None
-    policy: CheckpointPolicy | None = None
     metrics: RankMetrics | None = None
-    preemption: Preemption | None = None
 
 
 def run_steps(
@@ -216,7 +212,7 @@ def run_steps(
 
     Raises Preempted after the step at which any rank got SIGTERM, once that step's checkpoint is committed.
     """
-    loop = Loop(spec, ctx, device, log, policy, metrics, preemption)
+    loop = Loop(spec, ctx, metrics)
     accumulation, steps = spec.zero.gradient_accumulation_steps, spec.training.steps
     result = TrainResult()
     start = time.perf_counter()
