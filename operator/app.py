@@ -156,7 +156,13 @@ def main(settings: OperatorSettings, kubeconfig: str | None = None) -> int:
     log.info("zerotrain operator: watching %s; /healthz on :%d", scope, settings.health_port)
     try:
         if settings.leader_election:
-            return lead_then_operate(kube, settings, threading.Event(), metrics)
+            # kopf handles SIGTERM only once it runs; a standby waiting for the Lease must stop cleanly too.
+            stop = threading.Event()
+            previous = _stop_on_signals(stop)
+            try:
+                return lead_then_operate(kube, settings, stop, metrics)
+            finally:
+                _restore_signals(previous)
         asyncio.run(operate(kube, settings, metrics=metrics))
     finally:
         metrics.stop()
