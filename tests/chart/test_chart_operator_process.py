@@ -21,7 +21,7 @@ import pytest
 from chart_util import Obj, one, render
 from e2e.emulator import ZeroEmulator
 
-from zerotrain.operator.kube import Kube, path_of
+from zerotrain.operator.kube import Kube, KubeError, path_of
 from zerotrain.operator.leader import LEASE_API
 from zerotrain.runtime.launch import free_port
 
@@ -92,21 +92,40 @@ async def _terminate(proc: subprocess.Popen[bytes]) -> str:
     return str((await asyncio.to_thread(proc.communicate, None, 30))[0].decode(errors="replace")[-3000:])
 
 
+async def _until_holder(kube: Kube, env: dict[str, str], identity: str, proc: subprocess.Popen[bytes]) -> bool:
+    path = path_of(LEASE_API, "leases", env["ZEROTRAIN_LEASE_NAMESPACE"], env["ZEROTRAIN_LEASE_NAME"])
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            lease = await asyncio.to_thread(kube.request, "GET", path, retry=False)
+            if lease["spec"].get("holderIdentity") == identity:
+                return True
+        except KubeError:
+            pass  # not created yet
+        await asyncio.sleep(0.2)
+    return False
+
+
 async def test_operator_started_as_the_chart_starts_it(tmp_path: Path) -> None:
     container, service = _container(free_port(), free_port())
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     # The e2e tests' emulator: it keeps resourceVersions, which the Lease's writes are guarded by.
     async with ZeroEmulator() as emulator, kmock.Server(emulator):
-        proc = _start(container, _env(container, tmp_path, str(emulator.url).rstrip("/")), tmp_path)
+        env = _env(container, tmp_path, str(emulator.url).rstrip("/"))
+        proc = _start(container, env, tmp_path)
         probes = [container["livenessProbe"]["httpGet"], container["readinessProbe"]["httpGet"]]
         urls = [f"http://127.0.0.1:{ports[p['port']]}{p['path']}" for p in probes]
         urls.append(f"http://127.0.0.1:{ports[service['spec']['ports'][0]['targetPort']]}/metrics")
+        kube = Kube.connect(env["KUBECONFIG"])
         try:
+            # A standby serves /healthz too: the probes are kopf's only once this replica leads.
+            leads = await _until_holder(kube, env, "zt-op-0", proc)
             answers = await _until_served(proc, urls)
             running = proc.poll() is None
         finally:
+            kube.close()
             out = await _terminate(proc)
-    assert running, f"the operator exited with {proc.returncode}:\n{out}"
+    assert running and leads, f"the operator exited with {proc.returncode} or never led:\n{out}"
     assert all(status == 200 for status, _ in answers.values()), f"{answers}\n{out}"
     assert "zerotrain_operator_reconcile" in answers[urls[-1]][1]
     assert proc.returncode == 0, f"no clean stop on SIGTERM (exit {proc.returncode}):\n{out}"
