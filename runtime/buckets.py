@@ -21,6 +21,7 @@ from collections.abc import Callable
 import torch
 
 from zerotrain.runtime.collectives import Comm, Pending
+from zerotrain.runtime.streams import CommStreams
 
 
 def chunks(shard_numel: int, world_size: int, bucket_elements: int) -> list[tuple[int, int]]:
@@ -40,6 +41,8 @@ class BucketPool:
 
     def __init__(self, comm: Comm, capacity: int = 0, depth: int = 2) -> None:
         self.comm, self.capacity, self.depth = comm, capacity, depth
+        self.streams = CommStreams(torch.device("cpu"))
+        """Set to the device's streams by the engine: collectives finish on the compute stream."""
         self._free: dict[torch.dtype, list[torch.Tensor]] = {}
         self._lent = 0
         self._inflight: deque[tuple[Pending, Callable[[], None], torch.Tensor | None]] = deque()
@@ -73,8 +76,9 @@ class BucketPool:
 
     def finish_oldest(self) -> None:
         work, finish, buf = self._inflight.popleft()
-        work.wait()
-        finish()
+        with self.streams.on_compute():
+            work.wait()
+            finish()
         if buf is not None:
             self.give_back(buf)
 

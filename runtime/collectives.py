@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from zerotrain.runtime.errors import CollectiveError, CollectiveTimeoutError, PeerLostError
+from zerotrain.runtime.errors import CollectiveError, CollectiveTimeoutError, PeerLostError, ZeroSetupError
 
 # torch 2.13 renamed the flat collectives (the old names warn); older torch has only the old names.
 _all_gather_flat = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
@@ -59,6 +59,9 @@ class CommStats:
         s.payload_bytes += payload
         s.seconds += seconds
 
+    def add_seconds(self, op: str, seconds: float) -> None:
+        self.ops[op].seconds += seconds
+
     def total_bytes(self) -> int:
         return sum(s.bytes for s in self.ops.values())
 
@@ -72,11 +75,14 @@ class CommStats:
 
 
 class Pending:
-    """An async collective; `wait()` blocks (bounded by the timeout) and records the time spent."""
+    """An async collective, counted when launched; `wait()` blocks (bounded by the timeout) and adds the time spent.
+
+    Counting at launch keeps a step's bytes in that step, also for the post-step gathers the next forward waits for.
+    """
 
     def __init__(self, comm: Comm, work: dist.Work | None, op: str, unit: str, nbytes: tuple[int, int], t0: float):
         self._comm, self._work, self.op, self.unit = comm, work, op, unit
-        self._nbytes, self._spent = nbytes, time.perf_counter() - t0
+        comm.stats.record(op, *nbytes, time.perf_counter() - t0)
         self.done = work is None
 
     def wait(self) -> None:
@@ -89,7 +95,7 @@ class Pending:
         except RuntimeError as e:
             raise collective_failure(self._comm.rank, self.unit, self.op, e) from e
         self.done = True
-        self._comm.stats.record(self.op, *self._nbytes, self._spent + time.perf_counter() - t0)
+        self._comm.stats.add_seconds(self.op, time.perf_counter() - t0)
 
 
 # What gloo and NCCL say when the other end of a connection has died, as opposed to a timeout.
@@ -138,9 +144,7 @@ class Comm:
             except RuntimeError as e:
                 raise collective_failure(self.rank, unit, op, e) from e
         pending = Pending(self, work, op, unit, nbytes, t0)
-        if work is None:
-            self.stats.record(op, *nbytes, time.perf_counter() - t0)
-        elif not async_op:
+        if work is not None and not async_op:
             pending.wait()
         return pending
 
@@ -174,11 +178,13 @@ class Comm:
             lambda: _reduce_scatter_flat(out, full, op=dist.ReduceOp.SUM, group=self.group, async_op=True),
         )
 
-    def all_reduce(self, t: torch.Tensor, unit: str, async_op: bool = False, op: str = "sum") -> Pending:
-        """In-place SUM (or MAX) over ranks."""
+    def all_reduce(
+        self, t: torch.Tensor, unit: str, async_op: bool = False, op: str = "sum", label: str = "all_reduce"
+    ) -> Pending:
+        """In-place SUM (or MAX) over ranks, counted under `label`."""
         reduce_op = dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX
         return self._run(
-            "all_reduce",
+            label,
             unit,
             (2 * self._ring(_nbytes(t)), _nbytes(t)),
             async_op,
@@ -222,3 +228,14 @@ def served_devices(backend: str) -> set[str]:
     if ":" not in backend:
         return {"cuda"} if backend == "nccl" else {"cpu"}
     return {part.split(":")[0] for part in backend.split(",")}
+
+
+def check_backend_serves(backend: str, device: torch.device) -> None:
+    """Refuse, before the first collective, a process group that cannot carry this rank's tensors."""
+    if device.type not in served_devices(backend):
+        raise ZeroSetupError(
+            "process group backend",
+            backend,
+            f"it does not serve {device.type} tensors, and the model's parameters are on {device}",
+            "create it with 'cpu:gloo,cuda:nccl' (as zerotrain does), or move the model to a device the group serves",
+        )

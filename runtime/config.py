@@ -29,6 +29,30 @@ class Precision(str, Enum):
     FP16 = "fp16"
 
 
+class DivergenceCheck(str, Enum):
+    """When the ranks compare which units they ran (ZeRO's collectives are matched by issue order)."""
+
+    STEP = "step"
+    """Once per optimizer step, inside the step's control all-reduce that runs anyway: no extra collective; a
+    divergence is caught before the update is applied."""
+    EVERY_PASS = "every_pass"
+    """Also at the end of every forward and backward (two small all-gathers per micro-batch): a divergence is
+    caught before any gradient collective mixes up units."""
+    OFF = "off"
+    """Never (a divergence then shows as a collective timeout or a wrong result)."""
+
+
+class GradientSync(str, Enum):
+    """When stages 2 and 3 reduce-scatter gradients during gradient accumulation."""
+
+    EVERY_MICRO_BATCH = "every_micro_batch"
+    """After each micro-batch's backward, then free the unsharded gradients (least memory)."""
+    BOUNDARY = "boundary"
+    """Only at the accumulation boundary: unsharded gradients are kept and summed across micro-batches (as FSDP2's
+    `set_requires_gradient_sync(False)`): one reduce-scatter per step instead of one per micro-batch, for the
+    memory of the full gradients in the compute dtype."""
+
+
 class LossScaleConfig(SpecModel):
     """Dynamic loss scaling, used only when `precision` is fp16."""
 
@@ -52,6 +76,11 @@ class ZeroConfig(SpecModel):
             "!has(self.offloadActivationCheckpoints) || !self.offloadActivationCheckpoints "
             "|| (has(self.activationCheckpointing) && self.activationCheckpointing)",
             "offloadActivationCheckpoints needs activationCheckpointing; enable it or turn the offload off",
+        ),
+        (
+            "!has(self.gradientSync) || self.gradientSync != 'boundary' || !has(self.precision) "
+            "|| self.precision == 'fp32'",
+            "gradientSync: boundary sums unsharded gradients in the compute dtype; use every_micro_batch with bf16",
         ),
         (
             "!has(self.partitionActivations) || !self.partitionActivations",
@@ -100,6 +129,10 @@ class ZeroConfig(SpecModel):
     """Parameter-name glob patterns that get no weight decay; none by default, as the wrapped optimizer would do.
     Recipes name their model's norms and biases (e.g. ["*.bias", "*norm*"]); check the patterns match the model's
     names (GPT-2 calls its norms ln_1, which "*norm*" misses)."""
+    divergence_check: DivergenceCheck = DivergenceCheck.STEP
+    """When the ranks check that they ran the same units in the same order (see DivergenceCheck)."""
+    gradient_sync: GradientSync = GradientSync.EVERY_MICRO_BATCH
+    """Stages 2/3 with gradientAccumulationSteps > 1: reduce every micro-batch, or only at the boundary."""
     collective_timeout_seconds: int = Field(default=300, ge=1)
     """A collective not finished in this time fails with an error naming the rank and unit, never hangs."""
 
@@ -111,6 +144,16 @@ class ZeroConfig(SpecModel):
                 "group, and this runtime is data parallel only (each rank holds its own micro-batch's activations: "
                 "nothing to partition); remove it, and use activationCheckpointing (and offloadActivationCheckpoints) "
                 "to save activation memory"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _boundary_sync_in_fp32(self) -> ZeroConfig:
+        if self.gradient_sync is GradientSync.BOUNDARY and self.precision is not Precision.FP32:
+            raise ValueError(
+                f"gradientSync=boundary with precision={self.precision.value}: the unsharded gradients would be summed "
+                "across micro-batches in the compute dtype, where every stage sums them in fp32; use "
+                "gradientSync: every_micro_batch, or precision: fp32"
             )
         return self
 

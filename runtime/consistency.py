@@ -3,18 +3,19 @@
 ZeRO's collectives are matched by issue order, so ranks that run different units would silently
 exchange the wrong units' data (same-size units) or wait on each other forever (different sizes).
 Each rank keeps a running hash of the unit events it saw - forward of a unit, a unit's gradients
-completing during backward - and a count per unit and event. At fixed points (end of every forward,
-before any gradient collective; end of every backward that reduces) the ranks all-gather their
-one-int64 hash: 8·N bytes, counted like any collective (as op `order_check`). On a mismatch they
-all-gather the counts (every rank now knows, so the second collective is matched too) and raise
-`RankDivergenceError` naming the rank and unit that differ. Stage-3 gathers follow a schedule
-(`hooks.Gatherer`), so a rank that skips a unit still issues the same gathers until the check.
-Gradient reductions follow a schedule too (`schedule`), and a rank whose backward never reached
-some units issues their gathers and reductions at its end, before the end-of-backward check: so
-a rank that skips a unit's forward, or whose loss does not reach a unit, gets a
-`RankDivergenceError` on every rank instead of a hang. Anything else that leaves a collective
-unmatched fails after `collectiveTimeoutSeconds` (`CollectiveTimeoutError`, naming the unit); gloo
-itself aborts the process when mismatched collectives of different sizes meet.
+completing during backward - and a count per unit and event. By default (`divergenceCheck: step`) the hash
+rides the optimizer step's control all-reduce (`control`), which runs anyway: no collective of its own, and a
+divergence is caught before the optimizer applies anything. With `every_pass` the ranks also all-gather their
+one-int64 hash at the end of every forward (before any gradient collective) and every backward that reduces:
+8·N bytes each, counted as op `order_check`. On a mismatch they all-gather the counts (every rank now knows, so
+the second collective is matched too) and raise `RankDivergenceError` naming the rank and unit that differ.
+Stage-3 gathers follow a schedule (`hooks.Gatherer`), so a rank that skips a unit still issues the same gathers
+until the check. Gradient reductions follow a schedule too (`schedule`), and a rank whose backward never reached
+some units issues their gathers and reductions at its end, before the check: so a rank that skips a unit's
+forward, or whose loss does not reach a unit, gets a `RankDivergenceError` on every rank instead of a hang.
+Anything else that leaves a collective unmatched fails after `collectiveTimeoutSeconds`
+(`CollectiveTimeoutError`, naming the unit); gloo itself aborts the process when mismatched collectives of
+different sizes meet.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from enum import IntEnum
 
 import torch
 
-from zerotrain.runtime.collectives import Comm
+from zerotrain.runtime.collectives import Comm, Pending
 from zerotrain.runtime.errors import RankDivergenceError
 
 _MOD = (1 << 61) - 1
@@ -53,16 +54,28 @@ class OrderCheck:
 
     def verify(self, where: str) -> None:
         """All ranks compare their fingerprints since the last check; raise on any difference."""
+        self.launch(where).finish()
+
+    def launch(self, where: str) -> PendingCheck:
+        """Start comparing the fingerprints since the last check without waiting; the next interval starts now."""
         mine = torch.tensor([self.hash], dtype=torch.int64)
         every = torch.empty(self.comm.world_size, dtype=torch.int64)
-        self.comm.all_gather(every, mine, CHECK_UNIT, label=CHECK_OP)
-        if bool((every == every[0]).all()):
-            self.counts.zero_()
-            self.hash = 0
-            return
-        table = torch.empty(self.comm.world_size * self.counts.numel(), dtype=torch.int64)
-        self.comm.all_gather(table, self.counts, CHECK_UNIT, label=CHECK_OP)
-        raise self._explain(table.view(self.comm.world_size, -1), where)
+        work = self.comm.all_gather(every, mine, CHECK_UNIT, async_op=True, label=CHECK_OP)
+        pending = PendingCheck(self, every, work, self.counts.clone(), where)
+        self.reset()
+        return pending
+
+    def reset(self) -> None:
+        """The ranks agreed up to here: start the next interval."""
+        self.counts.zero_()
+        self.hash = 0
+
+    def explain(self, where: str, counts: torch.Tensor | None = None) -> RankDivergenceError:
+        """Every rank saw a mismatch: all-gather the counts (matched on every rank) and name the odd rank and unit."""
+        mine = self.counts if counts is None else counts
+        table = torch.empty(self.comm.world_size * mine.numel(), dtype=torch.int64)
+        self.comm.all_gather(table, mine, CHECK_UNIT, label=CHECK_OP)
+        return self._explain(table.view(self.comm.world_size, -1), where)
 
     def _explain(self, table: torch.Tensor, where: str) -> RankDivergenceError:
         n_units = len(self.names)
@@ -81,3 +94,15 @@ class OrderCheck:
         return RankDivergenceError(
             self.comm.rank, "?", f"the ranks ran the same units but in different orders up to the {where}"
         )
+
+
+class PendingCheck:
+    """A fingerprint comparison in flight; `finish()` waits and raises on a difference."""
+
+    def __init__(self, check: OrderCheck, every: torch.Tensor, work: Pending, counts: torch.Tensor, where: str):
+        self.check, self.every, self.work, self.counts, self.where = check, every, work, counts, where
+
+    def finish(self) -> None:
+        self.work.wait()
+        if not bool((self.every == self.every[0]).all()):
+            raise self.check.explain(self.where, self.counts)

@@ -9,8 +9,11 @@ Contract for callers:
 - `backward` divides the loss by `gradient_accumulation_steps`, and gradients are averaged over
   ranks: with equal per-rank batch sizes the update uses exactly the gradient of the mean loss over
   the global batch.
-- Collectives, so call them on every rank: forward (an 8·N-byte order check even in stages 0-2),
-  backward, step, `full_state_dict()`, `save_checkpoint()`, `load_checkpoint()`.
+- Collectives, so call them on every rank: forward (stage 3), backward, step (one small control all-reduce
+  that also carries the loss mean, votes and the divergence check), `full_state_dict()`, `save_checkpoint()`,
+  `load_checkpoint()`.
+- Stages 1/2 gather the updated parameters after the step asynchronously; forward waits for each unit before
+  it runs. Call `synchronize()` before reading the module's parameters directly between a step and a forward.
 - The model's parameters become views into the engine's flat buffers: do not move or re-create
   them after wrapping, and in stage 3 read weights through `full_state_dict()` (outside a unit's
   forward or backward its parameters hold no storage).
@@ -28,21 +31,22 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils import _pytree as pytree
 
+from zerotrain.runtime import control
 from zerotrain.runtime import optimizer as opt_mod
 from zerotrain.runtime.activations import apply_checkpointing
-from zerotrain.runtime.collectives import Comm, init_from_env
-from zerotrain.runtime.config import Precision, Stage, ZeroConfig
-from zerotrain.runtime.consistency import Event, OrderCheck
-from zerotrain.runtime.errors import ZeroSetupError
+from zerotrain.runtime.collectives import Comm, check_backend_serves, init_from_env
+from zerotrain.runtime.config import DivergenceCheck, GradientSync, Precision, Stage, ZeroConfig
+from zerotrain.runtime.consistency import Event, OrderCheck, PendingCheck
 from zerotrain.runtime.hooks import Gatherer, GradReadyHooks, on_output_grad
 from zerotrain.runtime.memory import MemoryReport, UnshardedGradients, memory_report
 from zerotrain.runtime.partition import ParamClass, UnitLayout, build_units
-from zerotrain.runtime.precision import DTYPES, LossScaler
+from zerotrain.runtime.precision import DTYPES, LossScaler, cast_inputs
 from zerotrain.runtime.saved import SavedActivations
 from zerotrain.runtime.schedule import ReductionSchedule
+from zerotrain.runtime.setup_checks import check_buckets, model_device, world_size_before_init
 from zerotrain.runtime.strategies import STRATEGIES, Dtypes
+from zerotrain.runtime.streams import CommStreams
 from zerotrain.runtime.unit import GradState, UnitState
 
 if TYPE_CHECKING:
@@ -58,30 +62,16 @@ class StepResult:
     applied: bool
     """The optimizer stepped (False between accumulation boundaries and on fp16 overflow)."""
     grad_norm: float | None = None
-    """Global gradient norm over all shards before clipping (None between boundaries)."""
+    """Global gradient norm over all shards before clipping; computed only when clipping, fp16 loss scaling or
+    `report_grad_norm` needs it (None otherwise and between boundaries)."""
     overflow: bool = False
     """fp16 gradients overflowed; the step was skipped and the loss scale lowered."""
     loss_scale: float = 1.0
     """Loss scale used for this step's gradients."""
-
-
-def _world_size_before_init() -> int:
-    return dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
-
-
-def _check_buckets(config: ZeroConfig, world_size: int) -> None:
-    """A chunk holds at least one element per rank: a bucket smaller than the world size cannot be kept."""
-    for field, value in (
-        ("zero.reduceBucketElements", config.reduce_bucket_elements),
-        ("zero.allgatherBucketElements", config.allgather_bucket_elements),
-    ):
-        if value < world_size:
-            raise ZeroSetupError(
-                field,
-                value,
-                f"a bucket holds at least one element per rank ({world_size} ranks)",
-                f"use at least {world_size}",
-            )
+    loss: float | None = None
+    """The loss of this step's micro-batches averaged over them and over ranks (None between boundaries)."""
+    votes: int = 0
+    """How many ranks passed `vote=True` to this step."""
 
 
 class ZeroEngine:
@@ -91,29 +81,41 @@ class ZeroEngine:
         self.config, self.module = config, model
         # Everything that can be wrong with the input is checked before the first collective.
         opt_mod.check_factory(optimizer)
-        _check_buckets(config, _world_size_before_init())
-        layouts = build_units(model, config.unit_modules, config.no_weight_decay, _world_size_before_init())
+        check_buckets(config, world_size_before_init())
+        layouts = build_units(model, config.unit_modules, config.no_weight_decay, world_size_before_init())
+        device = model_device(model, config)
         init_from_env(config.collective_timeout_seconds)
+        if dist.is_initialized():
+            check_backend_serves(str(dist.get_backend()), device)
         self.comm = Comm(config.collective_timeout_seconds)
         self.rank, self.world_size = self.comm.rank, self.comm.world_size
-        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-        model.to(device)
         self.dtypes = Dtypes(DTYPES[config.precision], DTYPES[config.reduce_dtype])
         self.strategy = STRATEGIES[config.stage](
             self.comm, self.dtypes, config.reduce_bucket_elements, config.allgather_bucket_elements
         )
         self.units = self._build_units(layouts, device)
+        self.strategy.pool.streams = CommStreams(device)
         self.strategy.size_pool(layouts)
         mixed = self.dtypes.compute != torch.float32
         self.strategy.accumulate_fp32 = mixed and config.gradient_accumulation_steps > 1
         if config.contiguous_gradients and config.stage >= Stage.GRADIENTS:
             self.strategy.enable_arenas(layouts, device)
         self.root = next((u for u in self.units if u.layout.module is None), None)
+        each = config.gradient_sync is GradientSync.EVERY_MICRO_BATCH
+        self._reduce_each = self.strategy.reduce_every_micro_batch and each
+        """Stages 2/3 reduce (and free) every micro-batch's gradients, unless told to sync only at the boundary."""
         self.optimizer = self._build_optimizer(optimizer)
         self._zero_grads()  # views exist now; buffers a stage holds only during a step can go
         self.scaler = LossScaler(config.loss_scale, enabled=config.precision is Precision.FP16)
         self.gatherer: Gatherer | None = None
-        self.order_check = OrderCheck(self.comm, [u.name for u in self.units]) if self.world_size > 1 else None
+        checks = self.world_size > 1 and config.divergence_check is not DivergenceCheck.OFF
+        self.order_check = OrderCheck(self.comm, [u.name for u in self.units]) if checks else None
+        self._check_passes = config.divergence_check is DivergenceCheck.EVERY_PASS
+        # Stage 3's backward gathers follow its forward: a divergent forward must be caught before backward.
+        self._check_forward = self._check_passes or config.stage is Stage.PARAMETERS
+        self._forward_check: PendingCheck | None = None
+        shards = self.strategy.shards_optimizer
+        self.control = control.StepControl(self.comm, self.order_check, config.gradient_accumulation_steps, shards)
         self._forward_order: list[int] = []
         self._schedule = ReductionSchedule(len(self.units), self._reduce)
         self.activations = SavedActivations()
@@ -196,15 +198,19 @@ class ZeroEngine:
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """The model's forward; in stage 3 each unit is gathered just before it runs and freed after."""
-        args, kwargs = self._cast_inputs(args, kwargs)
+        args, kwargs = cast_inputs(args, kwargs, self.dtypes.compute)
         self._forward_order = []
+        if self.root is not None:
+            self.root.finish_gather()  # stages 1/2: the post-step gather; block units wait in their pre-hook
         if self.gatherer is not None:
             self.gatherer.begin_forward(self.root)
         with self.activations.measure(self._parameter_storages()):
             out = self.module(*args, **kwargs)
         # Before any gradient collective: a rank that ran other units fails here, naming them.
-        if self.order_check is not None:
-            self.order_check.verify("end of forward")
+        if self.order_check is not None and self._check_forward:
+            self._finish_forward_check()  # a forward without backward (evaluation) left one in flight
+            # Waited for as backward starts: the loss computation in between hides its latency.
+            self._forward_check = self.order_check.launch("end of forward")
         return out if self.gatherer is None else self.gatherer.end_forward(self.root, out)
 
     def _parameter_storages(self) -> set[int]:
@@ -214,22 +220,17 @@ class ZeroEngine:
             t.untyped_storage()._cdata for u in self.units for t in (u.full.data, u.shard, u.master) if t is not None
         }
 
-    def _cast_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """Floating-point inputs in the compute dtype (as FSDP's mixed precision does); others untouched."""
-        dtype = self.dtypes.compute
-        if dtype == torch.float32:
-            return args, kwargs
-
-        def cast(t: Any) -> Any:
-            return t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
-
-        return pytree.tree_map(cast, args), pytree.tree_map(cast, kwargs)
+    def _finish_forward_check(self) -> None:
+        pending, self._forward_check = self._forward_check, None
+        if pending is not None:
+            pending.finish()
 
     def _note(self, event: Event, unit: int) -> None:
         if self.order_check is not None:
             self.order_check.note(event, unit)
 
     def _on_forward(self, unit: int) -> None:
+        self.units[unit].finish_gather()
         self._forward_order.append(unit)
         self._note(Event.FORWARD, unit)
 
@@ -252,10 +253,15 @@ class ZeroEngine:
 
     def _reduce(self, index: int) -> None:
         u = self.units[index]
-        if not (self._boundary or self.strategy.reduce_every_micro_batch) or u.grads_state is GradState.REDUCING:
+        if u.grads_state is GradState.REDUCING:
+            return
+        if not (self._boundary or self._reduce_each):
+            if self.gatherer is not None and not u.has_frozen:
+                self.gatherer.free(u)  # gradients stay unsharded until the boundary; parameters need not
             return
         u.move_grads(GradState.REDUCING)
-        self.strategy.reduce(u, async_op=self.config.overlap_comm)
+        with self.strategy.pool.streams.copy_in():
+            self.strategy.reduce(u, async_op=self.config.overlap_comm)
         if self.strategy.reduce_every_micro_batch:  # stages 2/3 drop them once reduced
             self.unsharded_gradients.drop(u.unsharded_bytes)
             u.unsharded_bytes = 0
@@ -265,6 +271,7 @@ class ZeroEngine:
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of `loss / gradient_accumulation_steps` (times the fp16 loss scale) and gradient reduction."""
         self._boundary = (self.micro_steps + 1) % self.config.gradient_accumulation_steps == 0
+        self._finish_forward_check()
         GradReadyHooks.arm(self.units)
         self._schedule.begin(self._forward_order)
         self.unsharded_gradients.live = 0  # a new backward: stages 0/1 count their flat buffers again as ready
@@ -273,13 +280,16 @@ class ZeroEngine:
         for u in self.units:
             self.strategy.prepare_backward(u)
         scale = self.scaler.scale / self.config.gradient_accumulation_steps
+        self.control.note_loss(loss)
         (loss * scale).backward()
         # Units some parameters of which got no gradient: reduce them now, in schedule order. The check
         # comes after, so a rank whose backward skipped units still issues every collective the others did.
         self._schedule.finish(before=self._replay_pre_backward)
-        if self.order_check is not None and (self._boundary or self.strategy.reduce_every_micro_batch):
+        reduced = self._boundary or self._reduce_each
+        if self.order_check is not None and self._check_passes and reduced:
             self.order_check.verify("end of backward")
         self.strategy.drain()
+        self.strategy.pool.streams.join()
         if self.gatherer is not None:
             for u in self.units:
                 self.gatherer.free(u)
@@ -303,39 +313,51 @@ class ZeroEngine:
 
     # ----------------------------------------------------------------- step
 
-    def _global_norm(self) -> float:
-        sq = torch.zeros(1, dtype=torch.float64, device=self.units[0].grad_shard.device)
-        for u in self.units:
-            sq += torch.linalg.vector_norm(u.grad_shard).double() ** 2  # fp32 shard: no copy
-        if self.strategy.shards_optimizer:
-            self.comm.all_reduce(sq, "<grad-norm>")
-        return math.sqrt(sq.item())
-
-    def step(self) -> StepResult:
-        """At the accumulation boundary: unscale, global norm, clip, optimizer step on the shard, re-gather."""
+    def step(self, vote: bool = False, report_grad_norm: bool = False) -> StepResult:
+        """At the accumulation boundary: unscale, agree (loss, votes, norm, divergence check), clip, optimizer step
+        on the shard, start gathering the updated parameters. `vote` is counted over ranks in `StepResult.votes`;
+        the gradient norm is computed when clipping or fp16 needs it, or `report_grad_norm` asks."""
         if not self.is_accumulation_boundary() or self._stepped_at == self.micro_steps:
             return StepResult(applied=False, loss_scale=self.scaler.scale)
         self._stepped_at = self.micro_steps
+        self.synchronize()  # a unit no forward reached may still be gathering into its buffer
+        self._finish_forward_check()
         scale = self.scaler.scale
         if scale != 1.0:
             for u in self.units:
                 u.grad_shard.div_(scale)
-        norm = self._global_norm()
-        self.last_grad_norm = norm
-        if self.scaler.update(overflow=not math.isfinite(norm)):
-            self._zero_grads()
-            return StepResult(applied=False, grad_norm=norm, overflow=True, loss_scale=scale)
         clip = self.config.gradient_clipping
-        if clip is not None:
+        need_norm = report_grad_norm or clip is not None or self.scaler.enabled
+        agreed, norm = self.control.agree(self.units, vote, need_norm)
+        self.last_grad_norm = norm
+        done = StepResult(applied=False, grad_norm=norm, loss_scale=scale, loss=agreed.loss, votes=agreed.votes)
+        if self.scaler.update(overflow=norm is not None and not math.isfinite(norm)):
+            self._zero_grads()
+            done.overflow = True
+            return done
+        if clip is not None and norm is not None:
             coef = min(1.0, clip / (norm + 1e-6))
             for u in self.units:
                 u.grad_shard.mul_(coef)
         self.optimizer.step()
         self._zero_grads()
-        for u in self.units:
-            self.strategy.after_step(u)
+        for i in self._gather_order():
+            self.strategy.after_step(self.units[i], async_op=self.config.overlap_comm)
         self.steps += 1
-        return StepResult(applied=True, grad_norm=norm, loss_scale=scale)
+        done.applied = True
+        return done
+
+    def _gather_order(self) -> list[int]:
+        """Units in the order the next forward needs them: the root, then the last forward's order, then the rest."""
+        first = ([self.root.index] if self.root is not None else []) + self._forward_order
+        seen = list(dict.fromkeys(first))
+        return seen + [u.index for u in self.units if u.index not in set(seen)]
+
+    def synchronize(self) -> None:
+        """Wait for parameter gathers still in flight (stages 1/2 after a step), e.g. before reading the module's
+        parameters directly; forward, checkpoints and `full_state_dict` do it themselves."""
+        for u in self.units:
+            u.finish_gather()
 
     _stepped_at = -1
 
@@ -352,6 +374,7 @@ class ZeroEngine:
         Returns the directory written (see `checkpoint`)."""
         from zerotrain.runtime import checkpoint
 
+        self.synchronize()
         return str(checkpoint.save(self, root))
 
     def load_checkpoint(self, path: str | os.PathLike[str]) -> Loaded:
@@ -359,6 +382,7 @@ class ZeroEngine:
         world size or stage; call on every rank. On refusal it raises, naming why, with the engine unchanged."""
         from zerotrain.runtime import checkpoint
 
+        self.synchronize()  # a gather in flight would overwrite what the load writes
         return checkpoint.load(self, path)
 
     # ----------------------------------------------------------------- reports
@@ -366,6 +390,7 @@ class ZeroEngine:
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Unsharded fp32 parameters by name (tied parameters under every name); a collective on every rank."""
         out: dict[str, torch.Tensor] = {}
+        self.synchronize()
         for u in self.units:
             if self.strategy.shards_optimizer:
                 full = torch.empty(u.layout.padded, dtype=torch.float32, device=u.master.device)

@@ -96,11 +96,7 @@ class Gatherer:
 
     def wait(self, u: UnitState) -> None:
         self.start(u)
-        if u.params_state is ParamState.GATHERING:
-            assert u.gather is not None
-            u.gather.wait()
-            u.gather = None
-            u.move_params(ParamState.GATHERED)
+        u.finish_gather()
 
     def free(self, u: UnitState) -> None:
         if u.resident or u.params_state is ParamState.SHARDED:

@@ -83,8 +83,8 @@ class StepValues:
     """Wall time of the step: micro-batches, optimizer, checkpoint."""
     loss: float
     """Mean loss over the global batch."""
-    grad_norm: float
-    """Global gradient norm (NaN when not computed)."""
+    grad_norm: float | None
+    """Global gradient norm (None when the step did not compute it)."""
     learning_rate: float
     """Learning rate of the first parameter group after the step."""
     loss_scale: float
@@ -105,6 +105,8 @@ class Snapshot:
     comm: Mapping[str, tuple[int, int, int, float]] = field(default_factory=dict)
     device: DeviceMemory | None = None
     step: StepValues | None = None
+    grad_norm: float | None = None
+    """The last gradient norm a step computed (logged steps, or every step when clipping or in fp16)."""
     steps_applied: int = 0
     steps_skipped: int = 0
     tokens: int = 0
@@ -258,7 +260,7 @@ class SnapshotCollector(Collector):
             st.tokens / st.seconds if st.seconds > 0 else 0.0,
         )
         yield f.gauge("zerotrain_loss", "Loss of the last step (mean over the global batch).", st.loss)
-        yield f.gauge("zerotrain_grad_norm", "Global gradient norm of the last step.", st.grad_norm)
+        yield f.gauge("zerotrain_grad_norm", "Global gradient norm of the last step that computed it.", s.grad_norm)
         yield f.gauge("zerotrain_learning_rate", "Learning rate after the last step.", st.learning_rate)
         yield f.gauge("zerotrain_loss_scale", "fp16 loss scale of the last step (1 otherwise).", st.loss_scale)
 
@@ -348,6 +350,7 @@ class RankMetrics:
             comm=comm,
             device=self.probe.read(),
             step=values,
+            grad_norm=values.grad_norm if values.grad_norm is not None else s.grad_norm,
             steps_applied=s.steps_applied + int(values.applied),
             steps_skipped=s.steps_skipped + int(values.skipped),
             tokens=s.tokens + values.tokens,

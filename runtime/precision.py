@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+from torch.utils import _pytree as pytree
 
 from zerotrain.runtime.config import LossScaleConfig, Precision
 
@@ -48,3 +51,16 @@ class LossScaler:
         self.scale = float(state["scale"])
         self.skipped_steps = int(state["skipped_steps"])
         self._clean = int(state["clean_steps"])
+
+
+def cast_inputs(
+    args: tuple[Any, ...], kwargs: dict[str, Any], dtype: torch.dtype
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Floating-point inputs in the compute dtype (as FSDP's mixed precision does); others untouched."""
+    if dtype == torch.float32:
+        return args, kwargs
+
+    def cast(t: Any) -> Any:
+        return t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+
+    return pytree.tree_map(cast, args), pytree.tree_map(cast, kwargs)

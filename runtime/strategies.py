@@ -8,6 +8,10 @@ and how updated parameters get back to every rank.
 | 2     | params, grads / N, opt state / N   | reduce-scatter every micro-batch, free      | all-gather params |
 | 3     | params / N, grads / N, opt st. / N | reduce-scatter every micro-batch, free      | nothing           |
 
+The stage 1/2 all-gather after the step runs in place (each rank's shard is its slot of the full buffer) and, with
+`overlapComm`, asynchronously: the next forward waits for each unit just before running it, so the gathers of
+later units overlap the compute of earlier ones.
+
 Stages 0 and 1 let autograd accumulate straight into a flat gradient buffer (`.grad` are views) and
 communicate once per optimizer step; stages 2 and 3 cannot hold full gradients, so every micro-batch
 is reduce-scattered into the fp32 gradient shard and the unsharded gradients are dropped.
@@ -194,7 +198,7 @@ class Strategy:
                 return
         u.grad_shard.zero_()
 
-    def after_step(self, u: UnitState) -> None:
+    def after_step(self, u: UnitState, async_op: bool = False) -> None:
         """Bring the updated master values back into the compute parameters."""
         if self._mixed:
             u.full.data.copy_(u.master)
@@ -276,20 +280,30 @@ class OptimizerStatesStrategy(Strategy):
 
         return finish
 
-    def after_step(self, u: UnitState) -> None:
-        """All-gather the updated shards, in chunks of at most `allgather_bucket` elements."""
+    def after_step(self, u: UnitState, async_op: bool = False) -> None:
+        """All-gather the updated shards: a unit within `allgather_bucket` elements in place (its shard is already
+        its slot of the full buffer), asynchronously when asked (the next forward waits for it); a larger one in
+        chunks through the pool's constant-size buffers."""
         shard = u.layout.shard_numel
         ranges = chunks(shard, self.n, self.allgather_bucket)
+        if len(ranges) == 1:
+            lo, hi = self.master_range(u.layout)
+            mine = u.full.data[lo:hi]
+            if self._mixed:
+                mine.copy_(u.master)
+            u.move_params(ParamState.SHARDED)
+            u.gather = self.comm.all_gather(u.full.data, mine, u.name, async_op=async_op)
+            u.move_params(ParamState.GATHERING)
+            if not async_op:
+                u.finish_gather()
+            return
         for a, b in ranges:
             width = b - a
             lent = self.pool.acquire((self.n + 1) * width, self.dtypes.compute, u.master.device)
             recv, send = lent[: self.n * width], lent[self.n * width :]
             send.copy_(u.master[a:b])
-            if len(ranges) == 1:
-                self.comm.all_gather(u.full.data, send, u.name)
-            else:
-                self.comm.all_gather(recv, send, u.name)
-                u.full.data.view(self.n, shard)[:, a:b].copy_(recv.view(self.n, width))
+            self.comm.all_gather(recv, send, u.name)
+            u.full.data.view(self.n, shard)[:, a:b].copy_(recv.view(self.n, width))
             self.pool.give_back(lent)
         self.pool.drain()
 
@@ -319,6 +333,7 @@ class GradientsStrategy(OptimizerStatesStrategy):
 
         self._reduce_scatter(u, fill, None, accumulate=True, async_op=async_op)
         for p in u.params:
+            self.pool.streams.keep(p.grad)  # copied in on the side stream (CUDA): not reused before that
             p.grad = None  # the unsharded gradients are in the buckets now: free them
 
     def _reduce_arena(self, u: UnitState, arenas: GradArenas, async_op: bool) -> None:
@@ -340,12 +355,16 @@ class ParametersStrategy(GradientsStrategy):
     stage = Stage.PARAMETERS
     keeps_full_params = False
 
-    def after_step(self, u: UnitState) -> None:
+    def after_step(self, u: UnitState, async_op: bool = False) -> None:
         assert u.shard is not None
         if self._mixed:
             u.shard.copy_(u.master)
         if u.resident and u.gathered:
-            self.comm.all_gather(u.full.data, u.shard, u.name)
+            u.move_params(ParamState.SHARDED)
+            u.gather = self.comm.all_gather(u.full.data, u.shard, u.name, async_op=async_op)
+            u.move_params(ParamState.GATHERING)
+            if not async_op:
+                u.finish_gather()
 
 
 def _chain(first: Callable[[], None], second: Callable[[], None]) -> Callable[[], None]:

@@ -68,12 +68,25 @@ def optimizer_factory(opt: OptimizerSpec) -> OptimizerFactory:
     raise ConfigError(f"spec.training.optimizer.name: got {opt.name!r}; use one of {[o.value for o in OptimizerName]}")
 
 
-def device_for(local_rank: int) -> torch.device:
-    """One GPU per rank when CUDA is present, else the CPU."""
-    if torch.cuda.is_available():
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")
+def device_for(spec: ZeroTrainingJobSpec, local_rank: int) -> torch.device:
+    """One GPU per rank when the job asks for GPUs (spec.resources.gpu > 0), else the CPU; a job that asks for GPUs
+    on a rank that has none is refused before the process group forms, naming the setting."""
+    if spec.resources.gpu == 0:
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        build = "a CPU-only torch build" if torch.version.cuda is None else f"torch built for CUDA {torch.version.cuda}"
+        raise ConfigError(
+            f"spec.resources.gpu: got {spec.resources.gpu}, but this rank sees no CUDA device ({build}, "
+            f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}); set resources.gpu: 0 to "
+            "train on CPU, or run on GPU nodes with a CUDA build of torch"
+        )
+    if local_rank >= torch.cuda.device_count():
+        raise ConfigError(
+            f"spec.resources.gpu: local rank {local_rank} has no GPU of its own ({torch.cuda.device_count()} "
+            "visible); set nprocPerNode to at most the GPUs per node"
+        )
+    torch.cuda.set_device(local_rank)
+    return torch.device("cuda", local_rank)
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
@@ -150,9 +163,8 @@ def run_micro_batches(
     step: int,
     steps: int,
     metrics: RankMetrics | None = None,
-) -> list[torch.Tensor]:
-    """Forward and backward of one optimizer step's micro-batches; their detached losses."""
-    losses = []
+) -> None:
+    """Forward and backward of one optimizer step's micro-batches (the engine keeps their losses for the step)."""
     for _ in range(accumulation):
         if metrics is not None:
             metrics.phase(Phase.FORWARD)
@@ -169,22 +181,6 @@ def run_micro_batches(
         if metrics is not None:
             metrics.phase(Phase.BACKWARD)
         engine.backward(loss)
-        losses.append(loss.detach())
-    return losses
-
-
-def agree_step(engine: Any, loss: torch.Tensor, stop: bool, world_size: int) -> tuple[float, bool]:
-    """The loss averaged over ranks, and whether any rank was asked to stop (SIGTERM), in one 8-byte all-reduce.
-
-    The loss mean makes what a run reports independent of which slice of the global batch rank 0 got; the stop
-    vote rides along, so every rank stops after the same step at no extra collective.
-    """
-    comm = getattr(engine, "comm", None)
-    if comm is None or world_size == 1:
-        return float(loss), stop
-    both = torch.stack([loss.detach().float().reshape(()), torch.tensor(float(stop), device=loss.device)])
-    comm.all_reduce(both, "<loss>")
-    return float(both[0]) / world_size, bool(both[1].item() > 0)
 
 
 @dataclass
@@ -218,12 +214,15 @@ def run_steps(
     start = time.perf_counter()
     for step in range(first_step, steps + 1):
         step_start = time.perf_counter()
-        losses = run_micro_batches(engine, task, device, accumulation, step, steps, metrics)
+        run_micro_batches(engine, task, device, accumulation, step, steps, metrics)
         if metrics is not None:
             metrics.phase(Phase.OPTIMIZER)
-        outcome = engine.step()
         asked = preemption is not None and preemption.requested
-        step_loss, stop = agree_step(engine, torch.stack(losses).float().mean(), asked, ctx.world_size)
+        logged = step % spec.training.log_every == 0 or step in (1, steps)
+        # The loss mean, the stop vote (every rank stops after the same step) and the norm ride the step's one
+        # control all-reduce; the norm is computed only for the steps that are logged (or clipped).
+        outcome = engine.step(vote=asked, report_grad_norm=logged)
+        step_loss, stop = outcome.loss, outcome.votes > 0
         if not outcome.applied and not outcome.overflow:
             raise RuntimeError(
                 f"step {step}: the engine did not step after {accumulation} micro-batches; its accumulation "
@@ -235,7 +234,7 @@ def run_steps(
             if log is not None:
                 log.checkpoint(step, str(saved))
         record_step(engine, task, loop, result, step, step_loss, outcome, time.perf_counter() - step_start)
-        if log is not None and (step % spec.training.log_every == 0 or step in (1, steps)):
+        if log is not None and logged:
             log.write({**result.last_log, "elapsed_s": time.perf_counter() - start})
         if stop:
             result.elapsed_s = time.perf_counter() - start
@@ -256,7 +255,7 @@ def record_step(
 ) -> None:
     """One finished step into the result, the metrics and the progress record."""
     accumulation = loop.spec.zero.gradient_accumulation_steps
-    grad_norm = outcome.grad_norm if outcome.grad_norm is not None else float("nan")
+    grad_norm = outcome.grad_norm if outcome.grad_norm is not None else float("nan")  # the record's lists
     step_tokens = task.tokens_per_batch * accumulation * loop.ctx.world_size
     step_samples = task.samples_per_batch * accumulation * loop.ctx.world_size
     if loop.metrics is not None:
@@ -266,7 +265,7 @@ def record_step(
                 step=step,
                 seconds=step_s,
                 loss=step_loss,
-                grad_norm=grad_norm,
+                grad_norm=outcome.grad_norm,
                 learning_rate=float(engine.optimizer.param_groups[0]["lr"]),
                 loss_scale=float(outcome.loss_scale),
                 applied=bool(outcome.applied),
@@ -309,7 +308,7 @@ def train(
         engine_factory = ZeroEngine
     torch.manual_seed(spec.training.seed)
     task = build_task(spec.entrypoint, rank=ctx.rank, world_size=ctx.world_size, args=spec.entrypoint_args)
-    device = device_for(ctx.local_rank)
+    device = device_for(spec, ctx.local_rank)
     engine = make_engine(task, spec, device, engine_factory)
     policy = CheckpointPolicy.from_env(spec.checkpoint)
     loaded = resume(engine, task, policy, metrics)
@@ -351,11 +350,13 @@ def start_metrics(job: str, spec: ZeroTrainingJobSpec, ctx: RankContext) -> Rank
     return metrics
 
 
-def init_process_group(spec: ZeroTrainingJobSpec) -> None:
-    """gloo on CPU; on CUDA, NCCL for CUDA tensors and gloo for CPU ones (see `process_group_backend`)."""
+def init_process_group(spec: ZeroTrainingJobSpec, ctx: RankContext) -> None:
+    """gloo on CPU; on CUDA, NCCL for CUDA tensors and gloo for CPU ones (see `process_group_backend`). The device
+    is checked first: a job that cannot run here fails before any rank waits for the others."""
     if dist.is_initialized():
         return
-    backend = process_group_backend(torch.cuda.is_available())
+    device = device_for(spec, ctx.local_rank)
+    backend = process_group_backend(device.type == "cuda")
     dist.init_process_group(backend, timeout=timedelta(seconds=spec.zero.collective_timeout_seconds))
 
 
@@ -377,7 +378,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             preemption = Preemption(spec.checkpoint.termination_budget_seconds, exit_preempted)
             preemption.install()
         metrics = start_metrics(str(job.metadata.get("name") or "zerotrain"), spec, ctx)
-        init_process_group(spec)
+        init_process_group(spec, ctx)
         train(spec, ctx, metrics=metrics, preemption=preemption)
         metrics.stop()
     except Preempted as e:

@@ -4,7 +4,8 @@ Two explicit states, as FSDP2 keeps a sharded state apart from its training stat
 `move_*`, which refuses a transition the lifecycle does not have (a bug, named, instead of a silent wrong buffer):
 
     parameters   SHARDED ──gather issued──▶ GATHERING ──gather done──▶ GATHERED ──freed──▶ SHARDED
-                 (stages 0-2 and resident stage-3 units stay GATHERED once they are)
+                 (stages 1/2 and resident stage-3 units: the step updates the shard, so GATHERED ──step──▶
+                 SHARDED, and the post-step gather runs while the next forward reaches the unit)
 
     gradients    IDLE ──backward starts──▶ ACCUMULATING ──all .grad in──▶ READY ──reduction issued──▶ REDUCING
                  REDUCING ──next backward──▶ ACCUMULATING;  any ──step (grads consumed)──▶ IDLE
@@ -117,6 +118,14 @@ class UnitState:
             was = self.params_state.value
             raise LifecycleError(f"unit {self.name!r}: parameters cannot go from {was} to {to.value}")
         self.params_state = to
+
+    def finish_gather(self) -> None:
+        """Wait for the unit's all-gather if one is in flight; its parameters are usable afterwards."""
+        if self.params_state is ParamState.GATHERING:
+            assert self.gather is not None
+            self.gather.wait()
+            self.gather = None
+            self.move_params(ParamState.GATHERED)
 
     def move_grads(self, to: GradState) -> None:
         if to not in _GRAD_MOVES[self.grads_state]:

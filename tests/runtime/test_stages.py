@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 import torch
@@ -61,6 +62,11 @@ def _opt(name: str):  # type: ignore[no-untyped-def]
     return lambda groups: torch.optim.AdamW(groups, lr=1e-3, weight_decay=0.1, eps=1e-6)
 
 
+def _model_bytes(engine: Any) -> int:
+    """Bytes moved for the model's tensors: the step's fixed-size control all-reduce (56 bytes) is not one."""
+    return sum(s.bytes for op, s in engine.comm.stats.ops.items() if op != "control")
+
+
 def run_case(rank: int, world: int, case: Case) -> dict:
     from zerotrain.runtime import ZeroConfig, ZeroEngine
 
@@ -76,17 +82,18 @@ def run_case(rank: int, world: int, case: Case) -> dict:
         reduce_bucket_elements=case.bucket,
         allgather_bucket_elements=case.bucket,
         contiguous_gradients=case.contiguous,
+        **case.extra,
     )
     engine = ZeroEngine(_model(case), cfg, optimizer=_opt(case.optimizer))
     data = batches(STEPS, world, micro=case.accum)
     norms, step_bytes = [], []
     for step in data:
-        before = engine.comm.stats.total_bytes()
+        before = _model_bytes(engine)
         for micro in step:
             tokens = micro[rank]
             engine.backward(lm_loss(engine(tokens), tokens))
-            result = engine.step()
-        step_bytes.append(engine.comm.stats.total_bytes() - before)
+            result = engine.step(report_grad_norm=True)
+        step_bytes.append(_model_bytes(engine) - before)
         norms.append(result.grad_norm)
     mem = engine.memory_report()
     got = engine.full_state_dict()
@@ -105,6 +112,7 @@ def run_case(rank: int, world: int, case: Case) -> dict:
         "memory": mem.model_dump(),
         "unit_bytes": unit_bytes,
         "prefetches": engine.gatherer.prefetches if engine.gatherer else 0,
+        "reduce_scatters": engine.comm_report().get("reduce_scatter", {}).get("calls", 0) / len(data),
     }
 
 
@@ -184,6 +192,8 @@ def test_four_ranks_with_accumulation_clipping_frozen_and_untied_params() -> Non
     cases.append(Case(stage=2, optimizer="sgd", clip=None))
     # Recomputed activations: the same numbers, and stage 3 still moves 3Ψ (one gather serves both).
     cases.append(Case(stage=3, checkpointing=True))
+    cases += [Case(stage=s, tied=False, accum=3) for s in (2, 3)]
+    cases += [Case(stage=s, tied=False, accum=3, extra={"gradient_sync": "boundary"}) for s in (2, 3)]
     for rank_results in run_ranks(run_cases, 4, cases):
         for r in rank_results:
             _check_parity(r)
@@ -198,3 +208,7 @@ def test_four_ranks_with_accumulation_clipping_frozen_and_untied_params() -> Non
         assert resident["memory"]["gathered_bytes"] == sum(resident["unit_bytes"].values())
         _check_comm(resident, stage=2, world=4, skip_first=True)
         _check_comm(rank_results[6], stage=3, world=4)
+        # Gradient sync at the boundary only: one reduce-scatter per unit and step instead of one per micro-batch.
+        every, boundary = rank_results[0 + 7 : 2 + 7], rank_results[2 + 7 :]
+        for e, b in zip(every, boundary, strict=True):
+            assert b["reduce_scatters"] * 3 == e["reduce_scatters"] == 3 * len(b["unit_bytes"]), (e, b)

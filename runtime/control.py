@@ -1,0 +1,135 @@
+"""The optimizer step's one control all-reduce: everything the ranks must agree on, in a few float64 numbers.
+
+Per optimizer step the ranks need the loss averaged over them (what a run reports), the global gradient norm
+(for clipping and the fp16 overflow test, when asked for), any vote a caller wants counted (SIGTERM: every rank
+stops after the same step) and the divergence check (did every rank run the same units in the same order?).
+Each used to be its own blocking collective; here they ride one all-reduce of `len(Slot)` float64 values
+(56 bytes), issued once per step before the optimizer applies anything.
+
+The divergence fingerprint rides a SUM: each rank adds two `bits`-bit pieces h of its running order hash and
+their squares. All ranks hold the same h exactly when N·Σh² = (Σh)² (equality in Cauchy-Schwarz); every term is
+an integer below 2^53, so float64 sums them exactly. A mismatch is seen by every rank at once, so the follow-up
+collective that names the culprit (`consistency.OrderCheck.explain`) is matched on every rank.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from zerotrain.runtime.collectives import Comm
+    from zerotrain.runtime.consistency import OrderCheck
+    from zerotrain.runtime.unit import UnitState
+
+_EXACT_BITS = 52  # float64 holds every integer below 2^53: keep each sum under 2^52
+
+
+class Slot(IntEnum):
+    """Positions in the control vector."""
+
+    LOSS = 0
+    VOTES = 1
+    NORM_SQ = 2
+    PRINT_LO = 3
+    PRINT_LO_SQ = 4
+    PRINT_HI = 5
+    PRINT_HI_SQ = 6
+
+
+def fingerprint_bits(world_size: int) -> int:
+    """Bits per fingerprint piece such that N·Σh² (< N²·2^(2b)) stays exact in float64."""
+    log_n = max(1, (world_size - 1).bit_length())
+    return max(1, min(24, (_EXACT_BITS - 2 * log_n) // 2))
+
+
+@dataclass
+class Agreed:
+    """What the ranks agreed on, after the all-reduce."""
+
+    loss: float | None
+    """Mean loss over ranks and micro-batches (None when no loss was seen)."""
+    votes: int
+    """How many ranks voted."""
+    norm_sq: float
+    """Sum over ranks of the squared gradient-norm contributions."""
+    consistent: bool
+    """Every rank sent the same fingerprint."""
+
+
+def pack(
+    loss_sum: torch.Tensor | None,
+    vote: bool,
+    norm_sq: torch.Tensor | None,
+    fingerprint: int | None,
+    world_size: int,
+    device: torch.device,
+) -> torch.Tensor:
+    """This rank's control vector; tensors stay on their device (no sync before the collective)."""
+    out = torch.zeros(len(Slot), dtype=torch.float64, device=device)
+    if loss_sum is not None:
+        out[Slot.LOSS] = loss_sum.detach().to(torch.float64).reshape(())
+    out[Slot.VOTES] = float(vote)
+    if norm_sq is not None:
+        out[Slot.NORM_SQ] = norm_sq.to(torch.float64).reshape(())
+    if fingerprint is not None:
+        bits = fingerprint_bits(world_size)
+        mask = (1 << bits) - 1
+        lo, hi = fingerprint & mask, (fingerprint >> bits) & mask
+        pieces = torch.tensor([lo, lo * lo, hi, hi * hi], dtype=torch.float64)
+        out[Slot.PRINT_LO : Slot.PRINT_HI_SQ + 1] = pieces.to(device)
+    return out
+
+
+def unpack(summed: torch.Tensor, world_size: int, micro_batches: int, had_loss: bool) -> Agreed:
+    """Read the all-reduced vector (one device-to-host copy)."""
+    v = summed.cpu().tolist()
+    consistent = all(
+        world_size * v[sq] == v[s] * v[s]
+        for s, sq in ((Slot.PRINT_LO, Slot.PRINT_LO_SQ), (Slot.PRINT_HI, Slot.PRINT_HI_SQ))
+    )
+    loss = v[Slot.LOSS] / (world_size * micro_batches) if had_loss else None
+    return Agreed(loss=loss, votes=round(v[Slot.VOTES]), norm_sq=v[Slot.NORM_SQ], consistent=consistent)
+
+
+def local_norm_sq(units: list[UnitState]) -> torch.Tensor:
+    """This rank's squared norm of the fp32 gradients the optimizer reads (its shard, or all of them in stage 0)."""
+    sq = torch.zeros(1, dtype=torch.float64, device=units[0].grad_shard.device)
+    for u in units:
+        sq += torch.linalg.vector_norm(u.grad_shard).double() ** 2  # fp32 shard: no copy
+    return sq
+
+
+class StepControl:
+    """One engine's control all-reduce: the losses seen since the last step, and the agreement at the step."""
+
+    def __init__(self, comm: Comm, order_check: OrderCheck | None, accumulation: int, sharded: bool) -> None:
+        self.comm, self.order_check, self.accumulation, self.sharded = comm, order_check, accumulation, sharded
+        self.loss_sum: torch.Tensor | None = None
+
+    def note_loss(self, loss: torch.Tensor) -> None:
+        """A micro-batch's loss, kept on its device (no sync) until the step."""
+        seen = loss.detach().float()
+        self.loss_sum = seen if self.loss_sum is None else self.loss_sum + seen
+
+    def agree(self, units: list[UnitState], vote: bool, need_norm: bool) -> tuple[Agreed, float | None]:
+        """The all-reduce, and the global gradient norm when asked; raises on rank divergence before any update."""
+        local_sq = local_norm_sq(units) if need_norm else None
+        fingerprint = self.order_check.hash if self.order_check is not None else None
+        world, device = self.comm.world_size, units[0].grad_shard.device
+        # Stage 0's gradients are whole on every rank: its norm is local, and summing it would count it N times.
+        vec = pack(self.loss_sum, vote, local_sq if self.sharded else None, fingerprint, world, device)
+        self.comm.all_reduce(vec, "<step>", label="control")
+        agreed = unpack(vec, world, self.accumulation, self.loss_sum is not None)
+        self.loss_sum = None
+        if self.order_check is not None:
+            if not agreed.consistent:
+                raise self.order_check.explain("optimizer step")
+            self.order_check.reset()
+        if local_sq is None:
+            return agreed, None
+        return agreed, math.sqrt(agreed.norm_sq if self.sharded else float(local_sq.item()))

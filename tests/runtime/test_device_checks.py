@@ -1,0 +1,60 @@
+"""Bad device input is refused before the first collective, naming the setting and the fix: GPUs asked for where
+there are none, bf16 on a GPU that cannot compute in it, a process group that cannot carry the model's tensors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from test_train_loop import job_spec
+
+from zerotrain.runtime.collectives import check_backend_serves
+from zerotrain.runtime.config import Precision
+from zerotrain.runtime.errors import ZeroSetupError
+from zerotrain.runtime.setup_checks import check_precision
+from zerotrain.runtime.task import ConfigError
+from zerotrain.runtime.train import RankContext, device_for, init_process_group
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_gpus_asked_for_on_a_rank_without_cuda_fail_before_the_group_forms() -> None:
+    spec = job_spec(resources={"gpu": 1})
+    with pytest.raises(ConfigError) as e:
+        init_process_group(spec, RankContext(0, 1, 0))
+    assert "spec.resources.gpu: got 1" in str(e.value) and "resources.gpu: 0" in str(e.value), e.value
+    assert not dist.is_initialized()
+
+
+def test_a_cpu_job_trains_on_the_cpu_whatever_the_machine_has() -> None:
+    assert device_for(job_spec(), 0) == torch.device("cpu")
+
+
+@pytest.mark.parametrize(
+    ("backend", "device", "refused"),
+    [
+        ("nccl", "cpu", True),
+        ("gloo", "cuda", True),
+        ("cpu:gloo,cuda:nccl", "cpu", False),
+        ("cpu:gloo,cuda:nccl", "cuda", False),
+        ("gloo", "cpu", False),
+    ],
+)
+def test_a_group_that_cannot_carry_the_model_is_refused(backend: str, device: str, refused: bool) -> None:
+    if not refused:
+        check_backend_serves(backend, torch.device(device))
+        return
+    with pytest.raises(ZeroSetupError) as e:
+        check_backend_serves(backend, torch.device(device))
+    message = str(e.value)
+    assert message.startswith(f"process group backend: got {backend!r}") and f"serve {device} tensors" in message
+    assert "cpu:gloo,cuda:nccl" in message
+
+
+def test_bf16_on_a_gpu_without_it_is_refused_naming_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "Tesla V100-SXM2-32GB")
+    with pytest.raises(ZeroSetupError) as e:
+        check_precision(Precision.BF16, torch.device("cuda", 0))
+    assert "zero.precision: got 'bf16'" in str(e.value) and "V100" in str(e.value) and "fp16" in str(e.value)
+    check_precision(Precision.FP16, torch.device("cuda", 0))
+    check_precision(Precision.BF16, torch.device("cpu"))  # the CPU computes in bf16
