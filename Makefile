@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.zerotrain-installed
 
-.PHONY: demo test lint typecheck crd monitoring system-deps clean
+.PHONY: demo test bench lint typecheck crd monitoring system-deps clean
 
 # The repository root has a folder named `operator`; keep the working directory off sys.path so
 # `python -m ...` run from here still finds the standard library's operator module (Python >= 3.11).
@@ -22,6 +22,14 @@ demo: $(STAMP)
 
 test: lint $(STAMP) system-deps
 	$(BIN)/pytest
+
+# zerotrain's stages side by side with DDP, ZeroRedundancyOptimizer, FSDP2 and DeepSpeed (when installed): about
+# 15 min on 2 cores, not part of `make test`. JSON in bench/results/, plots in docs/; BENCH_ARGS=--worlds 2,4 etc.
+bench: $(STAMP)
+	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,bench]'
+	DS_BUILD_OPS=0 $(BIN)/pip install --quiet --disable-pip-version-check --no-build-isolation -c constraints.txt deepspeed \
+		|| echo "DeepSpeed did not install; bench/compare.py skips it and says why"
+	$(BIN)/python bench/compare.py $(BENCH_ARGS)
 
 # The monitoring tests run a real Prometheus and promtool (Debian package `prometheus`); install it when missing.
 system-deps:

@@ -124,7 +124,7 @@ class Gatherer:
             if u.index in self.order[self.pos :]:
                 # Gathers follow the schedule (last iteration's order), not what this rank happens to
                 # run: a rank that skips a unit still issues its gather, so ranks stay matched until
-                # the end-of-forward order check names the divergence instead of gloo mixing up units.
+                # the end-of-forward check names the divergence instead of gloo mixing up units.
                 target = self.order.index(u.index, self.pos)
                 for j in range(self.pos, target + 1):
                     self.start(self.units[self.order[j]])

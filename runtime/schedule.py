@@ -8,7 +8,8 @@ them), then units that did not run, by index - and a unit is reduced once it and
 it in the schedule are ready; the end of backward flushes the rest (in stage 3 first issuing the
 gathers the unit's pre-backward would have issued, had it run). Normally that is exactly autograd's
 order, so reductions still overlap backward; a rank whose backward skipped units issues the same
-collectives at its end, and the end-of-backward order check, which comes after, names it.
+collectives at its end, and the divergence check, which comes after (at the step, or at the end of
+backward with `divergenceCheck: every_pass`), names it.
 """
 
 from __future__ import annotations
