@@ -130,9 +130,13 @@ class ZeroConfig(SpecModel):
     Recipes name their model's norms and biases (e.g. ["*.bias", "*norm*"]); check the patterns match the model's
     names (GPT-2 calls its norms ln_1, which "*norm*" misses)."""
     divergence_check: DivergenceCheck = DivergenceCheck.STEP
-    """When the ranks check that they ran the same units in the same order (see DivergenceCheck)."""
+    """When the ranks check that they ran the same units in the same order: step (in the step's control all-reduce,
+    no collective of its own; stage 3 also after each forward, asynchronously), every_pass (also after every forward
+    and backward, before any gradient collective: two small all-gathers per micro-batch), or off."""
     gradient_sync: GradientSync = GradientSync.EVERY_MICRO_BATCH
-    """Stages 2/3 with gradientAccumulationSteps > 1: reduce every micro-batch, or only at the boundary."""
+    """Stages 2/3 with gradientAccumulationSteps > 1: every_micro_batch reduce-scatters and frees each micro-batch's
+    gradients (least memory); boundary keeps them unsharded and reduce-scatters once per step (fewer collectives,
+    the memory of full gradients; needs precision fp32)."""
     collective_timeout_seconds: int = Field(default=300, ge=1)
     """A collective not finished in this time fails with an error naming the rank and unit, never hangs."""
 

@@ -3,6 +3,7 @@ hooks in `hooks`, collectives in `collectives`, buckets in `buckets`, accounting
 divergence detection in `consistency`, checkpoints in `checkpoint`.
 
 Contract for callers:
+- The engine trains where the model is, as DDP does: move the model to its GPU before wrapping it.
 - Every micro-batch: `out = engine(x)`, `engine.backward(loss)`; then `engine.step()`, which only
   updates at the gradient-accumulation boundary (every `gradient_accumulation_steps` backward
   calls) and returns a `StepResult` saying whether it did. One forward, then its backward.

@@ -83,6 +83,10 @@ CASES = [
     {"scheduling": {"gang": "coscheduling", "schedulerName": "scheduler-plugins"}},
     {"zero": {"offloadActivationCheckpoints": True}},
     {"zero": {"offloadActivationCheckpoints": True, "activationCheckpointing": True}},
+    {"zero": {"gradientSync": "boundary"}},
+    {"zero": {"gradientSync": "boundary", "precision": "bf16"}},
+    {"zero": {"gradientSync": "every_micro_batch", "precision": "bf16"}},
+    {"zero": {"gradientSync": "boundary", "precision": "fp32"}},
     {"nprocPerNode": 4, "resources": {"gpu": 2}},
     {"nprocPerNode": 4, "resources": {"gpu": 4}},
 ]
