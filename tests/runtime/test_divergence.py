@@ -4,6 +4,7 @@ or its backward never reaches a block (activations detached after it)."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 import torch
@@ -11,6 +12,13 @@ from dist_helpers import run_ranks
 from tiny_models import batches, lm_loss, make_model
 
 TIMEOUT_S = 10
+
+
+def train_two_steps(engine: Any, rank: int, world: int) -> None:
+    for step in batches(2, world):
+        tokens = step[0][rank]
+        engine.backward(lm_loss(engine(tokens), tokens))
+        engine.step()
 
 
 def diverge(rank: int, world: int, stage: int, prefetch: int, how: str) -> tuple[str, str, float, int, str]:
@@ -21,10 +29,7 @@ def diverge(rank: int, world: int, stage: int, prefetch: int, how: str) -> tuple
     engine = ZeroEngine(make_model(**odd), cfg, optimizer=lambda g: torch.optim.AdamW(g))
     start = time.monotonic()
     try:
-        for step in batches(2, world):
-            tokens = step[0][rank]
-            engine.backward(lm_loss(engine(tokens), tokens))
-            engine.step()
+        train_two_steps(engine, rank, world)
     except RuntimeError as e:
         return type(e).__name__, str(e), time.monotonic() - start, getattr(e, "rank", -1), getattr(e, "unit", "")
     return "none", "", time.monotonic() - start, -1, ""
@@ -54,10 +59,7 @@ def diverge_with(rank: int, world: int, stage: int, mode: str) -> tuple[str, str
     engine = ZeroEngine(make_model(**({"skip": 1} if rank == 1 else {})), cfg, optimizer=lambda g: torch.optim.AdamW(g))
     before = [p.detach().clone() for p in engine.full_state_dict().values()]
     try:
-        for step in batches(2, world):
-            tokens = step[0][rank]
-            engine.backward(lm_loss(engine(tokens), tokens))
-            engine.step()
+        train_two_steps(engine, rank, world)
     except RuntimeError as e:
         after = engine.full_state_dict().values()
         return type(e).__name__, str(e), [float((a - b).abs().max()) for a, b in zip(after, before, strict=True)]
