@@ -78,10 +78,23 @@ class Pending:
     """An async collective, counted when launched; `wait()` blocks (bounded by the timeout) and adds the time spent.
 
     Counting at launch keeps a step's bytes in that step, also for the post-step gathers the next forward waits for.
+    On CUDA, `wait()` makes the current stream wait and returns at once: a wait with a timeout would block the host
+    until the transfer ends (ProcessGroupNCCL polls for it), so the host could no longer run ahead of the GPU and
+    queue the next unit's compute. There the group's own timeout (NCCL's watchdog, set from
+    collectiveTimeoutSeconds) bounds a stuck collective, and `seconds` is host time only.
     """
 
-    def __init__(self, comm: Comm, work: dist.Work | None, op: str, unit: str, nbytes: tuple[int, int], t0: float):
-        self._comm, self._work, self.op, self.unit = comm, work, op, unit
+    def __init__(
+        self,
+        comm: Comm,
+        work: dist.Work | None,
+        op: str,
+        unit: str,
+        nbytes: tuple[int, int],
+        t0: float,
+        cuda: bool = False,
+    ):
+        self._comm, self._work, self.op, self.unit, self._cuda = comm, work, op, unit, cuda
         comm.stats.record(op, *nbytes, time.perf_counter() - t0)
         self.done = work is None
 
@@ -91,7 +104,10 @@ class Pending:
         t0 = time.perf_counter()
         assert self._work is not None
         try:
-            self._work.wait(timeout=self._comm.timeout)
+            if self._cuda:
+                self._work.wait()
+            else:
+                self._work.wait(timeout=self._comm.timeout)
         except RuntimeError as e:
             raise collective_failure(self._comm.rank, self.unit, self.op, e) from e
         self.done = True
@@ -134,7 +150,15 @@ class Comm:
     def _ring(self, n_bytes: int) -> int:
         return n_bytes * (self.world_size - 1) // self.world_size
 
-    def _run(self, op: str, unit: str, nbytes: tuple[int, int], async_op: bool, launch: Callable[[], Any]) -> Pending:
+    def _run(
+        self,
+        op: str,
+        unit: str,
+        nbytes: tuple[int, int],
+        async_op: bool,
+        launch: Callable[[], Any],
+        cuda: bool = False,
+    ) -> Pending:
         t0 = time.perf_counter()
         if self.world_size == 1:
             work = None
@@ -143,7 +167,7 @@ class Comm:
                 work = launch()
             except RuntimeError as e:
                 raise collective_failure(self.rank, unit, op, e) from e
-        pending = Pending(self, work, op, unit, nbytes, t0)
+        pending = Pending(self, work, op, unit, nbytes, t0, cuda)
         if work is not None and not async_op:
             pending.wait()
         return pending
@@ -162,6 +186,7 @@ class Comm:
             (self._ring(_nbytes(out)), _nbytes(out)),
             async_op,
             lambda: _all_gather_flat(out, shard, group=self.group, async_op=True),
+            out.is_cuda,
         )
 
     def reduce_scatter(self, out: torch.Tensor, full: torch.Tensor, unit: str, async_op: bool = False) -> Pending:
@@ -176,6 +201,7 @@ class Comm:
             (self._ring(_nbytes(full)), _nbytes(full)),
             async_op,
             lambda: _reduce_scatter_flat(out, full, op=dist.ReduceOp.SUM, group=self.group, async_op=True),
+            out.is_cuda,
         )
 
     def all_reduce(
@@ -189,6 +215,7 @@ class Comm:
             (2 * self._ring(_nbytes(t)), _nbytes(t)),
             async_op,
             lambda: dist.all_reduce(t, op=reduce_op, group=self.group, async_op=True),
+            t.is_cuda,
         )
 
     def broadcast(self, t: torch.Tensor, src: int, unit: str) -> None:
@@ -200,6 +227,7 @@ class Comm:
             (sent, _nbytes(t)),
             False,
             lambda: dist.broadcast(t, src=src, group=self.group, async_op=True),
+            t.is_cuda,
         )
 
 

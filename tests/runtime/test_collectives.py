@@ -77,3 +77,26 @@ def test_every_collective_tensor_is_on_a_device_the_group_serves() -> None:
     ops = {op for op, _ in seen}
     assert {"all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor"} <= ops, ops  # the step was recorded
     assert {device for _, device in seen} <= served, seen
+
+
+class _Work:
+    """Records how it was waited for."""
+
+    def __init__(self) -> None:
+        self.waits: list[dict[str, object]] = []
+
+    def wait(self, **kwargs: object) -> bool:
+        self.waits.append(kwargs)
+        return True
+
+
+@pytest.mark.parametrize("cuda", [False, True])
+def test_a_cuda_wait_orders_the_stream_without_blocking_the_host(cuda: bool) -> None:
+    """NCCL's wait with a timeout polls on the host until the transfer ends; without one it only makes the current
+    stream wait. CUDA waits take the second (the group's watchdog bounds them); gloo's keep the timeout."""
+    from zerotrain.runtime.collectives import Comm, Pending
+
+    comm, work = Comm(7), _Work()
+    Pending(comm, work, "all_gather", "blocks.0", (8, 16), time.perf_counter(), cuda).wait()  # type: ignore[arg-type]
+    assert work.waits == ([{}] if cuda else [{"timeout": comm.timeout}])
+    assert comm.stats.ops["all_gather"].calls == 1 and comm.stats.ops["all_gather"].bytes == 8
