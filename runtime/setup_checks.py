@@ -35,7 +35,9 @@ def check_buckets(config: ZeroConfig, world_size: int) -> None:
 def model_device(model: nn.Module, config: ZeroConfig) -> torch.device:
     """Where the model is, as DDP and FSDP take it: the engine trains there (move the model to its GPU first)."""
     devices = {p.device for p in model.parameters()}
-    if len(devices) != 1:
+    if not devices:
+        raise ZeroSetupError("model", type(model).__name__, "it has no parameters", "wrap a model that has some")
+    if len(devices) > 1:
         raise ZeroSetupError(
             "model", sorted(map(str, devices)), "its parameters are on several devices", "move it to one device first"
         )

@@ -58,3 +58,15 @@ def test_bf16_on_a_gpu_without_it_is_refused_naming_the_setting(monkeypatch: pyt
     assert "zero.precision: got 'bf16'" in str(e.value) and "V100" in str(e.value) and "fp16" in str(e.value)
     check_precision(Precision.FP16, torch.device("cuda", 0))
     check_precision(Precision.BF16, torch.device("cpu"))  # the CPU computes in bf16
+
+
+def test_a_model_on_several_devices_or_none_is_refused() -> None:
+    from zerotrain.runtime.config import ZeroConfig
+    from zerotrain.runtime.setup_checks import model_device
+
+    split = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2, device="meta"))
+    with pytest.raises(ZeroSetupError, match="several devices"):
+        model_device(split, ZeroConfig())
+    with pytest.raises(ZeroSetupError, match="no parameters"):
+        model_device(torch.nn.ReLU(), ZeroConfig())
+    assert model_device(torch.nn.Linear(2, 2), ZeroConfig()) == torch.device("cpu")
