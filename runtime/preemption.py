@@ -1,10 +1,10 @@
 """SIGTERM as a request to checkpoint and stop, within a time budget, the same way on every rank.
 
 Kubernetes sends SIGTERM before it evicts, preempts or deletes a pod; the launcher forwards it to every rank. A
-rank only notes it here (a signal handler must not run collectives). The training loop carries the note in the
-per-step loss all-reduce it runs anyway, so all ranks learn of it after the same step, even those whose pod was
-not signalled, with no extra collective; then each finishes that step, commits a checkpoint and exits with
-EXIT_PREEMPTED.
+rank only notes it here (a signal handler must not run collectives). The training loop passes the note as a vote
+to the step's control all-reduce that runs anyway, so all ranks learn of it after the same step, even those whose
+pod was not signalled, with no extra collective; then each finishes that step, commits a checkpoint and exits
+with EXIT_PREEMPTED.
 
 The budget runs from the signal. A watchdog ends the rank when it is spent: the commit marker is written last and
 renamed into place atomically, so an exit at any moment leaves either a committed checkpoint or none, never a
