@@ -1,5 +1,6 @@
-"""The GPU paths in one short run: stages 0-3 against single-device AdamW on NCCL, bf16 training, the CUDA
-allocator figures in `memory_report()`, and stage-3 throughput against FSDP2 on the same GPU.
+"""The GPU paths in one short run: stages 0-3 against single-device AdamW on NCCL, bf16 training and the CUDA
+allocator figures in `memory_report()` (`bench/gpu_check.sh` then measures throughput against FSDP2 with
+`bench/compare.py`).
 
     bash bench/gpu_check.sh                 # on a machine with one or more NVIDIA GPUs
     python bench/gpu_check.py --device cpu  # the same checks on gloo, to try the script itself
@@ -15,8 +16,6 @@ import argparse
 import math
 import os
 import sys
-import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -92,56 +91,6 @@ def bf16_and_allocator(device: torch.device, steps: int = 30) -> bool:
     return trained and present
 
 
-def _timed(step: Callable[[Any], None], data: list[Any], device: torch.device, warmup: int = 3) -> float:
-    for batch in data[:warmup]:
-        step(batch)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    t0 = time.perf_counter()
-    for batch in data[warmup:]:
-        step(batch)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return (time.perf_counter() - t0) / (len(data) - warmup)
-
-
-def throughput(device: torch.device, steps: int = 20) -> bool:
-    """Stage 3 against FSDP2 (`fully_shard` per block, reshard after forward) on the same GPU and data."""
-    from torch.distributed.fsdp import fully_shard
-
-    size = {"d_model": 512, "n_layers": 8, "n_heads": 8, "seq_len": 256}
-    task = _task(device, **size)
-    data = _batches(task, device, steps)
-    engine = ZeroEngine(
-        task.model, ZeroConfig(stage=3, unit_modules=task.unit_modules), optimizer=lambda g: torch.optim.AdamW(g, **OPT)
-    )
-
-    def zero_step(batch: Any) -> None:
-        engine.backward(task.loss(engine(task.inputs(batch)), batch))
-        engine.step()
-
-    zero_s = _timed(zero_step, data, device)
-    peer = _task(device, **size)
-    for block in peer.model.blocks:
-        fully_shard(block)
-    fully_shard(peer.model)
-    opt = torch.optim.AdamW(peer.model.parameters(), **OPT)
-
-    def fsdp_step(batch: Any) -> None:
-        peer.loss(peer.model(peer.inputs(batch)), batch).backward()
-        opt.step()
-        opt.zero_grad()
-
-    fsdp_s = _timed(fsdp_step, data, device)
-    tokens = size["seq_len"] * GPT["batch_size"]
-    print(
-        f"throughput stage 3 / FSDP2: {fsdp_s / zero_s:.2f}x "
-        f"({tokens / zero_s:,.0f} vs {tokens / fsdp_s:,.0f} tokens/s)",
-        flush=True,
-    )
-    return True
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
@@ -160,7 +109,6 @@ def main() -> int:
     try:
         ok = parity(device)
         ok &= bf16_and_allocator(device)
-        ok &= throughput(device)
     finally:
         dist.destroy_process_group()
     return 0 if ok else 1
