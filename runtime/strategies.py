@@ -16,11 +16,11 @@ Stages 0 and 1 let autograd accumulate straight into a flat gradient buffer (`.g
 communicate once per optimizer step; stages 2 and 3 cannot hold full gradients, so every micro-batch
 is reduce-scattered into the fp32 gradient shard and the unsharded gradients are dropped.
 
-Reduce-scatters, the stage 1/2 parameter all-gathers and stage 0's all-reduce under mixed precision run in
-chunks through `buckets` (at most `reduceBucketElements` / `allgatherBucketElements` per chunk, two persistent
-fixed-size buffers per dtype, allocated once); stage 0's all-reduce in the compute dtype works in place on the
-flat gradient buffer, and stage 3 gathers straight into the unit's own parameter buffer (that memory is the
-gathered parameters, not a communication buffer).
+Reduce-scatters, the stage 1/2 all-gathers of units larger than `allgatherBucketElements` and stage 0's
+all-reduce under mixed precision run in chunks through `buckets` (at most `reduceBucketElements` /
+`allgatherBucketElements` per chunk, two persistent fixed-size buffers per dtype, allocated once); stage 0's
+all-reduce in the compute dtype works in place on the flat gradient buffer, and the other gathers go straight into
+the unit's own parameter buffer (that memory is the gathered parameters, not a communication buffer).
 
 Averaging: gloo has no AVG/PREMUL_SUM, so ranks SUM and the result is divided by N afterwards; when
 the reduce dtype is fp16 the division happens before the sum instead, so the sum cannot overflow.
@@ -198,6 +198,15 @@ class Strategy:
                 return
         u.grad_shard.zero_()
 
+    def _gather_again(self, u: UnitState, source: torch.Tensor, async_op: bool) -> None:
+        """The step changed the shard under a gathered unit: gather it whole again from `source` (asynchronously:
+        the unit's next use waits for it)."""
+        u.move_params(ParamState.SHARDED)
+        u.gather = self.comm.all_gather(u.full.data, source, u.name, async_op=async_op)
+        u.move_params(ParamState.GATHERING)
+        if not async_op:
+            u.finish_gather()
+
     def after_step(self, u: UnitState, async_op: bool = False) -> None:
         """Bring the updated master values back into the compute parameters."""
         if self._mixed:
@@ -291,11 +300,7 @@ class OptimizerStatesStrategy(Strategy):
             mine = u.full.data[lo:hi]
             if self._mixed:
                 mine.copy_(u.master)
-            u.move_params(ParamState.SHARDED)
-            u.gather = self.comm.all_gather(u.full.data, mine, u.name, async_op=async_op)
-            u.move_params(ParamState.GATHERING)
-            if not async_op:
-                u.finish_gather()
+            self._gather_again(u, mine, async_op)
             return
         for a, b in ranges:
             width = b - a
@@ -360,11 +365,7 @@ class ParametersStrategy(GradientsStrategy):
         if self._mixed:
             u.shard.copy_(u.master)
         if u.resident and u.gathered:
-            u.move_params(ParamState.SHARDED)
-            u.gather = self.comm.all_gather(u.full.data, u.shard, u.name, async_op=async_op)
-            u.move_params(ParamState.GATHERING)
-            if not async_op:
-                u.finish_gather()
+            self._gather_again(u, u.shard, async_op)
 
 
 def _chain(first: Callable[[], None], second: Callable[[], None]) -> Callable[[], None]:
