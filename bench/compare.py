@@ -7,7 +7,7 @@ medians over repetitions. Per system: tokens/s, step time, model-state bytes per
 it holds, peak RSS per rank, bytes its collectives send per step and rank (counted, ring convention: see
 compare_comm.py) and the loss. The run fails, naming the system and the step, when any system's loss
 trajectory leaves a single-process torch.optim.AdamW reference on the concatenated global batch by more than
---atol. DeepSpeed runs when it imports (pip install '.[bench]' deepspeed, see docs/benchmarks.md).
+--atol. DeepSpeed runs when it imports (`make bench` installs it where it can; see docs/benchmarks.md).
 
     python bench/compare.py                      # worlds 1,2, every system, 3 repetitions
     python bench/compare.py --worlds 2 --systems zero3,fsdp2 --reps 1

@@ -8,6 +8,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from zerotrain.planner import format_bytes
+
 # Each zerotrain stage against the systems that shard the same states (and stage 3 against plain DDP too).
 PEERS = {
     "zero0": ["ddp"],
@@ -16,15 +18,6 @@ PEERS = {
     "zero3": ["fsdp2", "fsdp2-keep", "ds3", "ddp"],
 }
 CATEGORIES = ("parameter", "gradient", "optimizer")
-
-
-def human(n: float) -> str:
-    """Bytes with a decimal unit, as the rest of zerotrain prints them."""
-    for unit in ("B", "kB", "MB", "GB"):
-        if abs(n) < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    raise AssertionError("unreachable")
 
 
 def _by_key(doc: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
@@ -47,10 +40,10 @@ def figures_table(doc: dict[str, Any]) -> Table:
             r["system"],
             f"{r['tokens_per_second']:,.0f}",
             f"{r['step_seconds'] * 1e3:.0f} ms",
-            human(r["memory"]["model_state"]),
-            human(r["predicted"]["model_state"]),
-            human(r["max_rss_bytes"]),
-            human(r["comm_bytes_per_step"]),
+            format_bytes(r["memory"]["model_state"]),
+            format_bytes(r["predicted"]["model_state"]),
+            format_bytes(r["max_rss_bytes"]),
+            format_bytes(r["comm_bytes_per_step"]),
             f"{r['final_loss']:.4f}",
             f"{r['max_loss_diff']:.1e}",
         )
