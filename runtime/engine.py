@@ -256,16 +256,14 @@ class ZeroEngine:
         u = self.units[index]
         if u.grads_state is GradState.REDUCING:
             return
-        if not (self._boundary or self._reduce_each):
-            if self.gatherer is not None and not u.has_frozen:
-                self.gatherer.free(u)  # gradients stay unsharded until the boundary; parameters need not
-            return
-        u.move_grads(GradState.REDUCING)
-        with self.strategy.pool.streams.copy_in():
-            self.strategy.reduce(u, async_op=self.config.overlap_comm)
-        if self.strategy.reduce_every_micro_batch:  # stages 2/3 drop them once reduced
-            self.unsharded_gradients.drop(u.unsharded_bytes)
-            u.unsharded_bytes = 0
+        # Off the boundary with gradientSync: boundary the gradients stay unsharded; the parameters are freed anyway.
+        if self._boundary or self._reduce_each:
+            u.move_grads(GradState.REDUCING)
+            with self.strategy.pool.streams.copy_in():
+                self.strategy.reduce(u, async_op=self.config.overlap_comm)
+            if self.strategy.reduce_every_micro_batch:  # stages 2/3 drop them once reduced
+                self.unsharded_gradients.drop(u.unsharded_bytes)
+                u.unsharded_bytes = 0
         if self.gatherer is not None and not u.has_frozen:
             self.gatherer.free(u)
 
