@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch
 
 from zerotrain.runtime.collectives import Comm, Pending
-from zerotrain.runtime.streams import CommStreams
+from zerotrain.runtime.streams import HostStreams, SideWork
 
 
 def chunks(shard_numel: int, world_size: int, bucket_elements: int) -> list[tuple[int, int]]:
@@ -41,11 +41,12 @@ class BucketPool:
 
     def __init__(self, comm: Comm, capacity: int = 0, depth: int = 2) -> None:
         self.comm, self.capacity, self.depth = comm, capacity, depth
-        self.streams = CommStreams(torch.device("cpu"))
-        """Set to the device's streams by the engine: collectives finish on the compute stream."""
+        self.streams = HostStreams()
+        """Set to the device's streams by the engine: copies and launches run on the side stream, results are
+        applied on the compute stream after it waited for them."""
         self._free: dict[torch.dtype, list[torch.Tensor]] = {}
         self._lent = 0
-        self._inflight: deque[tuple[Pending, Callable[[], None], torch.Tensor | None]] = deque()
+        self._inflight: deque[tuple[SideWork[Pending], Callable[[], None], torch.Tensor | None]] = deque()
 
     def acquire(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """A view of `numel` elements of a pooled buffer; may first finish the oldest collective in flight."""
@@ -70,15 +71,20 @@ class BucketPool:
     def inflight(self) -> bool:
         return bool(self._inflight)
 
-    def submit(self, work: Pending, finish: Callable[[], None], buf: torch.Tensor | None) -> None:
-        """Track a collective; `finish` runs after it completes, then `buf` (if any) returns to the pool."""
-        self._inflight.append((work, finish, buf))
+    def launch(
+        self, fn: Callable[[], Pending], finish: Callable[[], None], buf: torch.Tensor | None
+    ) -> SideWork[Pending]:
+        """Queue `fn` (copy-in and the collective's launch) on the side stream and track it: `finish` runs on the
+        compute stream once compute waited for both the side work and the collective, then `buf` (if any) returns
+        to the pool. The ticket tells when memory `fn` reads may be reused."""
+        ticket = self.streams.side(fn)
+        self._inflight.append((ticket, finish, buf))
+        return ticket
 
     def finish_oldest(self) -> None:
-        work, finish, buf = self._inflight.popleft()
-        with self.streams.on_compute():
-            work.wait()
-            finish()
+        ticket, finish, buf = self._inflight.popleft()
+        self.streams.wait(ticket).wait()
+        finish()
         if buf is not None:
             self.give_back(buf)
 

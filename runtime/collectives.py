@@ -7,8 +7,10 @@ is the plain tensor size (n·e) for reference. Seconds are wall time the caller 
 op: the blocking call, or for an async op its launch plus the time `wait()` blocked. Nothing here
 adds a synchronisation: no barrier, no device sync, no extra collective.
 
-gloo has no PREMUL_SUM and no AVG: reductions are plain SUM and the caller divides (before the sum
-when reducing in fp16, after it otherwise; see `strategies`). gloo has no uneven collectives either:
+Averages: a reduction asked for the mean (`mean=True`) averages on NCCL itself (AVG, or in fp16 a pre-multiplied
+sum: each rank's values times 1/N before adding, so the sum cannot overflow); gloo has neither, so there it is a
+plain SUM and the caller divides (before the sum when reducing in fp16, after it otherwise; `averages(t)` says
+which, see `strategies`). gloo has no uneven collectives either:
 every buffer reaching this module is padded to a multiple of N (`partition`). Both are said here
 rather than emulated: an uneven size raises.
 """
@@ -137,6 +139,11 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+SINGLE_RANK_ENV = "ZEROTRAIN_SINGLE_RANK_COLLECTIVES"
+"""`1`: a one-rank group still runs its collectives (single-rank communicators), so a GPU check on one GPU
+exercises NCCL; by default a world of one copies instead and launches nothing."""
+
+
 class Comm:
     """Counted collectives over one process group (the default group unless given)."""
 
@@ -146,6 +153,21 @@ class Comm:
         self.rank = dist.get_rank(group) if dist.is_initialized() else 0
         self.timeout = timedelta(seconds=timeout_seconds)
         self.stats = CommStats()
+        initialized = dist.is_initialized()
+        self.local = self.world_size == 1 and not (initialized and os.environ.get(SINGLE_RANK_ENV) == "1")
+        """No collective is launched: one rank, no group asked to run them."""
+        self._nccl = initialized and "nccl" in str(dist.get_backend(group))
+
+    def averages(self, t: torch.Tensor) -> bool:
+        """A reduction of `t` with `mean=True` averages in the collective itself (NCCL), not in the caller."""
+        return self._nccl and t.is_cuda and not self.local
+
+    def _mean_op(self, t: torch.Tensor) -> Any:  # a ReduceOp, or the RedOpType members torch's stubs type apart
+        if not self.averages(t):
+            return dist.ReduceOp.SUM
+        if t.dtype == torch.float16:
+            return dist._make_nccl_premul_sum(1.0 / self.world_size)
+        return dist.ReduceOp.AVG
 
     def _ring(self, n_bytes: int) -> int:
         return n_bytes * (self.world_size - 1) // self.world_size
@@ -160,7 +182,7 @@ class Comm:
         cuda: bool = False,
     ) -> Pending:
         t0 = time.perf_counter()
-        if self.world_size == 1:
+        if self.local:
             work = None
         else:
             try:
@@ -178,7 +200,7 @@ class Comm:
         """Concatenate every rank's equal-size `shard` into `out` (n = out.numel()), counted under `label`."""
         if out.numel() != shard.numel() * self.world_size:
             raise ValueError(f"uneven all-gather for unit {unit!r}: {out.numel()} != {shard.numel()}·{self.world_size}")
-        if self.world_size == 1:
+        if self.local:
             out.copy_(shard)
         return self._run(
             label,
@@ -189,26 +211,36 @@ class Comm:
             out.is_cuda,
         )
 
-    def reduce_scatter(self, out: torch.Tensor, full: torch.Tensor, unit: str, async_op: bool = False) -> Pending:
-        """Sum `full` over ranks and keep this rank's equal-size slice in `out` (n = full.numel())."""
+    def reduce_scatter(
+        self, out: torch.Tensor, full: torch.Tensor, unit: str, async_op: bool = False, mean: bool = False
+    ) -> Pending:
+        """Sum `full` over ranks (or average, where `averages` says the collective can) and keep this rank's
+        equal-size slice in `out` (n = full.numel())."""
         if full.numel() != out.numel() * self.world_size:
             raise ValueError(f"uneven reduce-scatter for unit {unit!r}: {full.numel()} != {out.numel()}·N")
-        if self.world_size == 1:
+        if self.local:
             out.copy_(full)
+        op = self._mean_op(full) if mean else dist.ReduceOp.SUM
         return self._run(
             "reduce_scatter",
             unit,
             (self._ring(_nbytes(full)), _nbytes(full)),
             async_op,
-            lambda: _reduce_scatter_flat(out, full, op=dist.ReduceOp.SUM, group=self.group, async_op=True),
+            lambda: _reduce_scatter_flat(out, full, op=op, group=self.group, async_op=True),
             out.is_cuda,
         )
 
     def all_reduce(
-        self, t: torch.Tensor, unit: str, async_op: bool = False, op: str = "sum", label: str = "all_reduce"
+        self,
+        t: torch.Tensor,
+        unit: str,
+        async_op: bool = False,
+        op: str = "sum",
+        label: str = "all_reduce",
+        mean: bool = False,
     ) -> Pending:
-        """In-place SUM (or MAX) over ranks, counted under `label`."""
-        reduce_op = dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX
+        """In-place SUM (or MAX) over ranks, counted under `label`; `mean` as in `reduce_scatter`."""
+        reduce_op = self._mean_op(t) if mean else dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX
         return self._run(
             label,
             unit,
@@ -220,7 +252,7 @@ class Comm:
 
     def broadcast(self, t: torch.Tensor, src: int, unit: str) -> None:
         """Overwrite `t` with rank `src`'s copy."""
-        sent = _nbytes(t) if self.rank == src and self.world_size > 1 else 0
+        sent = _nbytes(t) if self.rank == src and not self.local else 0
         self._run(
             "broadcast",
             unit,

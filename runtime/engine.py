@@ -47,7 +47,7 @@ from zerotrain.runtime.saved import SavedActivations
 from zerotrain.runtime.schedule import ReductionSchedule
 from zerotrain.runtime.setup_checks import check_buckets, model_device, world_size_before_init
 from zerotrain.runtime.strategies import STRATEGIES, Dtypes
-from zerotrain.runtime.streams import CommStreams
+from zerotrain.runtime.streams import streams_for
 from zerotrain.runtime.unit import GradState, UnitState
 
 if TYPE_CHECKING:
@@ -95,7 +95,7 @@ class ZeroEngine:
             self.comm, self.dtypes, config.reduce_bucket_elements, config.allgather_bucket_elements
         )
         self.units = self._build_units(layouts, device)
-        self.strategy.pool.streams = CommStreams(device)
+        self.strategy.pool.streams = streams_for(device)
         self.strategy.size_pool(layouts)
         mixed = self.dtypes.compute != torch.float32
         self.strategy.accumulate_fp32 = mixed and config.gradient_accumulation_steps > 1
@@ -259,8 +259,7 @@ class ZeroEngine:
         # Off the boundary with gradientSync: boundary the gradients stay unsharded; the parameters are freed anyway.
         if self._boundary or self._reduce_each:
             u.move_grads(GradState.REDUCING)
-            with self.strategy.pool.streams.copy_in():
-                self.strategy.reduce(u, async_op=self.config.overlap_comm)
+            self.strategy.reduce(u, async_op=self.config.overlap_comm)
             if self.strategy.reduce_every_micro_batch:  # stages 2/3 drop them once reduced
                 self.unsharded_gradients.drop(u.unsharded_bytes)
                 u.unsharded_bytes = 0

@@ -5,7 +5,10 @@ Stages 2 and 3 drop unsharded gradients after every micro-batch's reduction. Lef
 gradient is a fresh allocation every micro-batch, freed moments later: the churn that fragments a caching
 allocator. Here two arenas, each the size of the largest unit's flat buffer, serve every unit in turn (a third is
 made only if a schedule ever needs it), and the root unit, whose gradients accumulate over the whole backward,
-has one of its own. An arena goes back once the reduction reading it has its data. Nothing is allocated for
+has one of its own. An arena goes back once the reduction reading it has its data: either the collective read it
+directly and finished, or its chunks were queued to be copied into buckets, and then the arena carries the ticket
+of the last copy, which the next unit's `bind` waits for before zeroing it (on CUDA those copies run on the side
+stream, so reusing the arena earlier would send the next unit's gradients, or zeros). Nothing is allocated for
 gradients after the first step; the arenas' bytes are reported apart from the model states, as buffers.
 """
 
@@ -17,7 +20,9 @@ import torch
 
 if TYPE_CHECKING:
     from zerotrain.runtime.buckets import BucketPool
+    from zerotrain.runtime.collectives import Pending
     from zerotrain.runtime.partition import UnitLayout
+    from zerotrain.runtime.streams import SideWork
     from zerotrain.runtime.unit import UnitState
 
 
@@ -32,7 +37,9 @@ class GradArenas:
         root = next((la for la in layouts if la.module is None), None)
         self._root = torch.zeros(root.padded, dtype=dtype, device=device) if root is not None else None
         self._every: list[torch.Tensor] = []
-        self._free = [self._new() for _ in range(depth)] if self.block_elements else []
+        self._free: list[tuple[torch.Tensor, SideWork[Pending] | None]] = (
+            [(self._new(), None) for _ in range(depth)] if self.block_elements else []
+        )
 
     def _new(self) -> torch.Tensor:
         arena = torch.zeros(self.block_elements, dtype=self.dtype, device=self.device)
@@ -60,8 +67,10 @@ class GradArenas:
             while not self._free and self.pool.inflight:
                 self.pool.finish_oldest()  # a reduction still reading an arena: let it finish
             if not self._free:
-                self._free.append(self._new())
-            base = self._free.pop()
+                self._free.append((self._new(), None))
+            base, still_read = self._free.pop()
+            if still_read is not None:
+                self.pool.streams.wait(still_read)  # the last copy out of this arena has run
         arena = base[: u.layout.padded]
         arena.zero_()
         u.arena = arena
@@ -69,13 +78,14 @@ class GradArenas:
             if p.requires_grad:
                 p.grad = arena[slot.offset : slot.offset + slot.numel].view(slot.shape)
 
-    def release(self, u: UnitState) -> None:
-        """The unit's reduction has read its arena: unbind the `.grad` views and lend the arena again."""
+    def release(self, u: UnitState, after: SideWork[Pending] | None = None) -> None:
+        """Unbind the unit's `.grad` views and lend its arena again: at once when its reduction has read it, or
+        (`after`) once that side work has run."""
         if u.arena is None:
             return
         base: Any = u.arena._base if u.arena._base is not None else u.arena
         if base is not self._root:
-            self._free.append(base)
+            self._free.append((base, after))
         u.arena = None
         for p in u.params:
             p.grad = None

@@ -22,8 +22,13 @@ all-reduce under mixed precision run in chunks through `buckets` (at most `reduc
 all-reduce in the compute dtype works in place on the flat gradient buffer, and the other gathers go straight into
 the unit's own parameter buffer (that memory is the gathered parameters, not a communication buffer).
 
-Averaging: gloo has no AVG/PREMUL_SUM, so ranks SUM and the result is divided by N afterwards; when
-the reduce dtype is fp16 the division happens before the sum instead, so the sum cannot overflow.
+Averaging: on NCCL the collective averages itself (AVG; in fp16 a pre-multiplied sum, each rank's values scaled by
+1/N before they are added, so the sum cannot overflow at 65,504). gloo has neither, so there ranks SUM and the
+result is divided by N afterwards, or before the sum when the reduce dtype is fp16.
+
+Streams (`streams`): each chunk's copy into its bucket, the pre-divide and the collective's launch are one piece of
+side-stream work; results are applied on the compute stream after it waited for that work, and memory the copy
+reads (a gradient arena) is zeroed for the next unit only after the same wait.
 With fp32 compute the fp32 master is the parameter storage itself (no second copy is held).
 """
 
@@ -36,11 +41,12 @@ import torch
 from torch import nn
 
 from zerotrain.runtime.buckets import BucketPool, chunk_capacity, chunks
-from zerotrain.runtime.collectives import Comm
+from zerotrain.runtime.collectives import Comm, Pending
 from zerotrain.runtime.config import Stage
 from zerotrain.runtime.flat_buffer import FlatBuffer, fill_rows
 from zerotrain.runtime.grad_arena import GradArenas
 from zerotrain.runtime.partition import UnitLayout
+from zerotrain.runtime.streams import SideWork
 from zerotrain.runtime.unit import ParamState, UnitState
 
 
@@ -112,11 +118,11 @@ class Strategy:
         return (0, layout.padded) if not self.shards_optimizer else layout.shard_range(self.comm.rank)
 
     def _pre(self, t: torch.Tensor) -> None:
-        if self.dtypes.reduce == torch.float16 and self.n > 1:
+        if self.dtypes.reduce == torch.float16 and self.n > 1 and not self.comm.averages(t):
             t.div_(self.n)
 
     def _post(self, t: torch.Tensor) -> None:
-        if self.dtypes.reduce != torch.float16 and self.n > 1:
+        if self.dtypes.reduce != torch.float16 and self.n > 1 and not self.comm.averages(t):
             t.div_(self.n)
 
     def enable_arenas(self, layouts: list[UnitLayout], device: torch.device) -> None:
@@ -154,23 +160,30 @@ class Strategy:
         gradients already have the reduce dtype, else chunk by chunk through the pool's fixed buffers."""
         src = self._reduce_source(u)
         if src.dtype == self.dtypes.reduce:
-            self._pre(src)
-            work = self.comm.all_reduce(src, u.name, async_op=async_op)
+
+            def send() -> Pending:
+                self._pre(src)
+                return self.comm.all_reduce(src, u.name, async_op=True, mean=True)
 
             def finish_in_place() -> None:
                 self._post(src)
                 if src.data_ptr() != u.grad_shard.data_ptr():
                     self._fp32_grads(u).copy_(src)
 
-            self.pool.submit(work, finish_in_place, None)
-            return
-        for a in range(0, src.numel(), self.pool.capacity):
-            b = min(a + self.pool.capacity, src.numel())
-            buf = self.pool.acquire(b - a, self.dtypes.reduce, src.device)
-            buf.copy_(src[a:b])
-            self._pre(buf)
-            work = self.comm.all_reduce(buf, u.name, async_op=async_op)
-            self.pool.submit(work, self._apply_all_reduced(u, buf, a, b), buf)
+            self.pool.launch(send, finish_in_place, None)
+        else:
+            for a in range(0, src.numel(), self.pool.capacity):
+                b = min(a + self.pool.capacity, src.numel())
+                buf = self.pool.acquire(b - a, self.dtypes.reduce, src.device)
+
+                def send_chunk(buf: torch.Tensor = buf, a: int = a, b: int = b) -> Pending:
+                    buf.copy_(src[a:b])
+                    self._pre(buf)
+                    return self.comm.all_reduce(buf, u.name, async_op=True, mean=True)
+
+                self.pool.launch(send_chunk, self._apply_all_reduced(u, buf, a, b), buf)
+        if not async_op:
+            self.pool.drain()
 
     def _apply_all_reduced(self, u: UnitState, buf: torch.Tensor, a: int, b: int) -> Callable[[], None]:
         def finish() -> None:
@@ -251,33 +264,50 @@ class OptimizerStatesStrategy(Strategy):
         accumulate: bool,
         async_op: bool,
         then: Callable[[], None] | None = None,
-    ) -> bool:
+    ) -> SideWork[Pending] | None:
         """Reduce-scatter the unit chunk by chunk; `fill(rows, a, b)` writes every rank's columns [a, b).
 
         `direct`, a flat buffer already holding the whole unit in the reduce dtype, is sent as it is
         when one chunk covers the unit (no copy, no bucket); then it is read until the collective finishes,
-        after which `then` runs. Returns whether `direct` was sent.
+        after which `then` runs, and None is returned. Otherwise the ticket of the last copy-in is returned: the
+        gradients `fill` reads may be overwritten only after the compute stream waited for it.
         """
         shard = u.layout.shard_numel
         ranges = chunks(shard, self.n, self.reduce_bucket)
         device = u.grad_shard.device
+        last: SideWork[Pending] | None = None
         for a, b in ranges:
             width = b - a
             if direct is not None and len(ranges) == 1:
                 lent = self.pool.acquire(width, self.dtypes.reduce, device)
                 bucket, out = direct, lent
+                copy: Callable[[], None] | None = None
             else:
                 # One pooled buffer holds the chunk's bucket (N columns) and its output (one more).
                 lent = self.pool.acquire((self.n + 1) * width, self.dtypes.reduce, device)
                 bucket, out = lent[: self.n * width], lent[self.n * width :]
-                fill(bucket.view(self.n, width), a, b)
-            self._pre(bucket)
-            work = self.comm.reduce_scatter(out, bucket, u.name, async_op=async_op)
+                rows = bucket.view(self.n, width)
+
+                def copy(rows: torch.Tensor = rows, a: int = a, b: int = b) -> None:
+                    fill(rows, a, b)
+
+            def send(
+                bucket: torch.Tensor = bucket, out: torch.Tensor = out, copy: Callable[[], None] | None = copy
+            ) -> Pending:
+                if copy is not None:
+                    copy()
+                self._pre(bucket)
+                return self.comm.reduce_scatter(out, bucket, u.name, async_op=True, mean=True)
+
             finish = self._apply(u, out, a, b, accumulate)
             if bucket is direct and then is not None:
                 finish = _chain(finish, then)
-            self.pool.submit(work, finish, lent)
-        return direct is not None and len(ranges) == 1
+            ticket = self.pool.launch(send, finish, lent)
+            if bucket is not direct:
+                last = ticket
+        if not async_op:
+            self.pool.drain()
+        return last
 
     def _apply(self, u: UnitState, out: torch.Tensor, a: int, b: int, accumulate: bool) -> Callable[[], None]:
         def finish() -> None:
@@ -350,8 +380,11 @@ class GradientsStrategy(OptimizerStatesStrategy):
             rows.copy_(rows_of[:, a:b])
 
         direct = u.arena if u.arena.dtype == self.dtypes.reduce else None
-        if not self._reduce_scatter(u, fill, direct, True, async_op, then=lambda: arenas.release(u)):
-            arenas.release(u)  # every chunk was copied into a bucket already
+        copied = self._reduce_scatter(u, fill, direct, True, async_op, then=lambda: arenas.release(u))
+        if copied is not None:
+            # Every chunk is queued to be copied into a bucket: the arena may be lent again, but the next unit's
+            # zeroing and accumulation into it must wait until the last copy has read it.
+            arenas.release(u, after=copied)
 
 
 class ParametersStrategy(GradientsStrategy):
