@@ -83,7 +83,8 @@ class BucketPool:
 
     def finish_oldest(self) -> None:
         ticket, finish, buf = self._inflight.popleft()
-        self.streams.wait(ticket).wait()
+        if ticket.ran:  # compute waits for the collective only, never for the side stream
+            ticket.result().wait()
         finish()
         if buf is not None:
             self.give_back(buf)
