@@ -83,8 +83,7 @@ class BucketPool:
 
     def finish_oldest(self) -> None:
         ticket, finish, buf = self._inflight.popleft()
-        if ticket.ran:  # compute waits for the collective only, never for the side stream
-            ticket.result().wait()
+        self.streams.wait(ticket).wait()
         finish()
         if buf is not None:
             self.give_back(buf)
