@@ -384,7 +384,7 @@ class GradientsStrategy(OptimizerStatesStrategy):
         if copied is not None:
             # Every chunk is queued to be copied into a bucket: the arena may be lent again, but the next unit's
             # zeroing and accumulation into it must wait until the last copy has read it.
-            arenas.release(u)
+            arenas.release(u, after=copied)
 
 
 class ParametersStrategy(GradientsStrategy):
