@@ -42,8 +42,11 @@ class Event(IntEnum):
 class OrderCheck:
     """Running per-rank fingerprint of unit events, compared across ranks at fixed points."""
 
-    def __init__(self, comm: Comm, unit_names: list[str]) -> None:
+    def __init__(self, comm: Comm, unit_names: list[str], device: torch.device | None = None) -> None:
+        """`device`: where the check's tensors live, one the process group serves (the host, unless the group is
+        NCCL alone); the counts are kept on the host and moved only when compared."""
         self.comm, self.names = comm, unit_names
+        self.device = device or torch.device("cpu")
         self.counts = torch.zeros(len(Event) * len(unit_names), dtype=torch.int64)
         self.hash = 0
 
@@ -58,8 +61,8 @@ class OrderCheck:
 
     def launch(self, where: str) -> PendingCheck:
         """Start comparing the fingerprints since the last check without waiting; the next interval starts now."""
-        mine = torch.tensor([self.hash], dtype=torch.int64)
-        every = torch.empty(self.comm.world_size, dtype=torch.int64)
+        mine = torch.tensor([self.hash], dtype=torch.int64, device=self.device)
+        every = torch.empty(self.comm.world_size, dtype=torch.int64, device=self.device)
         work = self.comm.all_gather(every, mine, CHECK_UNIT, async_op=True, label=CHECK_OP)
         pending = PendingCheck(self, every, work, self.counts.clone(), where)
         self.reset()
@@ -72,10 +75,10 @@ class OrderCheck:
 
     def explain(self, where: str, counts: torch.Tensor | None = None) -> RankDivergenceError:
         """Every rank saw a mismatch: all-gather the counts (matched on every rank) and name the odd rank and unit."""
-        mine = self.counts if counts is None else counts
-        table = torch.empty(self.comm.world_size * mine.numel(), dtype=torch.int64)
+        mine = (self.counts if counts is None else counts).to(self.device)
+        table = torch.empty(self.comm.world_size * mine.numel(), dtype=torch.int64, device=self.device)
         self.comm.all_gather(table, mine, CHECK_UNIT, label=CHECK_OP)
-        return self._explain(table.view(self.comm.world_size, -1), where)
+        return self._explain(table.view(self.comm.world_size, -1).cpu(), where)
 
     def _explain(self, table: torch.Tensor, where: str) -> RankDivergenceError:
         n_units = len(self.names)

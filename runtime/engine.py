@@ -36,7 +36,7 @@ from torch import nn
 from zerotrain.runtime import control
 from zerotrain.runtime import optimizer as opt_mod
 from zerotrain.runtime.activations import apply_checkpointing
-from zerotrain.runtime.collectives import Comm, check_backend_serves, init_from_env
+from zerotrain.runtime.collectives import Comm, check_backend_serves, control_device, init_from_env
 from zerotrain.runtime.config import DivergenceCheck, GradientSync, Precision, Stage, ZeroConfig
 from zerotrain.runtime.consistency import Event, OrderCheck, PendingCheck
 from zerotrain.runtime.hooks import Gatherer, GradReadyHooks, on_output_grad
@@ -85,9 +85,12 @@ class ZeroEngine:
         check_buckets(config, world_size_before_init())
         layouts = build_units(model, config.unit_modules, config.no_weight_decay, world_size_before_init())
         device = model_device(model, config)
-        init_from_env(config.collective_timeout_seconds)
+        init_from_env(config.collective_timeout_seconds, device)
+        check_device = device
         if dist.is_initialized():
-            check_backend_serves(str(dist.get_backend()), device)
+            backend = str(dist.get_backend())
+            check_backend_serves(backend, device)
+            check_device = control_device(backend, device)
         self.comm = Comm(config.collective_timeout_seconds)
         self.rank, self.world_size = self.comm.rank, self.comm.world_size
         self.dtypes = Dtypes(DTYPES[config.precision], DTYPES[config.reduce_dtype])
@@ -110,7 +113,7 @@ class ZeroEngine:
         self.scaler = LossScaler(config.loss_scale, enabled=config.precision is Precision.FP16)
         self.gatherer: Gatherer | None = None
         checks = self.world_size > 1 and config.divergence_check is not DivergenceCheck.OFF
-        self.order_check = OrderCheck(self.comm, [u.name for u in self.units]) if checks else None
+        self.order_check = OrderCheck(self.comm, [u.name for u in self.units], check_device) if checks else None
         self._check_passes = config.divergence_check is DivergenceCheck.EVERY_PASS
         # Stage 3's backward gathers follow its forward: a divergent forward must be caught before backward.
         self._check_forward = self._check_passes or config.stage is Stage.PARAMETERS

@@ -28,7 +28,6 @@ import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -36,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from zerotrain.errors import UserError
-from zerotrain.runtime.collectives import process_group_backend
+from zerotrain.runtime.collectives import init_group
 from zerotrain.runtime.failures import DEBUG_ENV, FailureKind, classify, write_failure_record
 from zerotrain.runtime.launch import PROGRESS_ENV, SUMMARY_ENV
 from zerotrain.runtime.metrics import Phase, RankMetrics, StepValues, metrics_endpoint
@@ -355,9 +354,7 @@ def init_process_group(spec: ZeroTrainingJobSpec, ctx: RankContext) -> None:
     is checked first: a job that cannot run here fails before any rank waits for the others."""
     if dist.is_initialized():
         return
-    device = device_for(spec, ctx.local_rank)
-    backend = process_group_backend(device.type == "cuda")
-    dist.init_process_group(backend, timeout=timedelta(seconds=spec.zero.collective_timeout_seconds))
+    init_group(device_for(spec, ctx.local_rank), spec.zero.collective_timeout_seconds)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

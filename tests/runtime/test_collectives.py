@@ -13,7 +13,7 @@ def lose_peer(rank: int, world: int) -> str:
     from zerotrain.runtime.collectives import Comm, init_from_env
     from zerotrain.runtime.errors import PeerLostError
 
-    init_from_env(30)
+    init_from_env(30, torch.device("cpu"))
     comm = Comm(30)
     out, shard = torch.zeros(2 * world), torch.ones(2)
     comm.all_gather(out, shard, "warmup")

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 from test_train_loop import job_spec
 
-from zerotrain.runtime.collectives import check_backend_serves
+from zerotrain.runtime.collectives import check_backend_serves, check_local_gpu, control_device
 from zerotrain.runtime.config import Precision
 from zerotrain.runtime.errors import ZeroSetupError
 from zerotrain.runtime.setup_checks import check_precision
@@ -70,3 +70,36 @@ def test_a_model_on_several_devices_or_none_is_refused() -> None:
     with pytest.raises(ZeroSetupError, match="no parameters"):
         model_device(torch.nn.ReLU(), ZeroConfig())
     assert model_device(torch.nn.Linear(2, 2), ZeroConfig()) == torch.device("cpu")
+
+
+@pytest.mark.parametrize(
+    ("device", "local_rank", "visible", "refused"),
+    [
+        (0, 1, 8, True),  # model.cuda() without set_device: every rank of the node on cuda:0
+        (1, 1, 8, False),
+        (0, 3, 1, False),  # CUDA_VISIBLE_DEVICES gives each process its own GPU as cuda:0
+        (0, 0, 2, False),
+    ],
+)
+def test_a_rank_on_another_local_ranks_gpu_is_refused_naming_the_fix(
+    device: int, local_rank: int, visible: int, refused: bool
+) -> None:
+    env = {"LOCAL_RANK": str(local_rank)}
+    gpu = torch.device("cuda", device)
+    if not refused:
+        assert check_local_gpu(gpu, env, visible) == gpu
+        return
+    with pytest.raises(ZeroSetupError) as e:
+        check_local_gpu(gpu, env, visible)
+    message = str(e.value)
+    assert message.startswith("model device: got 'cuda:0'") and "Duplicate GPU" in message, message
+    assert f"torch.cuda.set_device({local_rank})" in message and f"model.to('cuda:{local_rank}')" in message
+
+
+@pytest.mark.parametrize(
+    ("backend", "model", "control"),
+    [("nccl", "cuda", "cuda"), ("cpu:gloo,cuda:nccl", "cuda", "cpu"), ("gloo", "cpu", "cpu")],
+)
+def test_the_divergence_checks_tensors_go_where_the_group_serves_them(backend: str, model: str, control: str) -> None:
+    # A plain init_process_group("nccl") serves no CPU tensors: the check's int64 all-gathers go to the GPU.
+    assert control_device(backend, torch.device(model)).type == control
