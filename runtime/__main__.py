@@ -2,7 +2,9 @@
 
 Reads the job manifest and the pod environment (see `zerotrain.runtime.launch` for the variables, the meaning
 of WORLD_SIZE and the exit statuses), starts this pod's ranks through torch's elastic launcher and exits with
-their status.
+their status. Each rank's output is also captured in a temporary folder for the launch (still shown in the pod's
+log, `[rankN]:`-prefixed): a rank killed or aborted leaves no error file, and its stderr is what tells NCCL's
+watchdog abort (a consequence) from a crash.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -36,7 +39,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_termination_log(LaunchOutcome(EXIT_BAD_INPUT, Outcome.INVALID_CONFIG, str(e)))
         return EXIT_BAD_INPUT
     run_id = str(job.metadata.get("name") or "zerotrain")
-    outcome = launch(job.spec, Path(args.config), plan, run_id=run_id)
+    with tempfile.TemporaryDirectory(prefix="zerotrain-logs-") as logs:
+        outcome = launch(job.spec, Path(args.config), plan, run_id=run_id, log_dir=Path(logs))
     print(f"zerotrain: node {plan.node_rank}: {outcome.reason.value}: {outcome.message}", file=sys.stderr, flush=True)
     for line in outcome.details:
         print(f"zerotrain: node {plan.node_rank}:   {line}", file=sys.stderr, flush=True)

@@ -6,6 +6,11 @@ that crashed on a signal (SIGSEGV, SIGABRT), then one killed by SIGKILL from out
 rank that only saw the consequence (its peer gone, a collective timed out), then one the launcher stopped
 (SIGTERM, SIGINT); within a kind, one that recorded itself, then the earliest, then the lowest rank. The others
 are listed in a line each, saying what they did in consequence.
+
+On NCCL a stuck or failed collective never raises in Python: ProcessGroupNCCL's watchdog thread aborts the
+communicator and the process (SIGABRT), and no error file is written. A SIGABRT whose captured stderr carries the
+watchdog's words is therefore read as a collective timeout, a consequence, so a peer's SIGKILL (the OOM killer)
+or its own error stays the root cause.
 """
 
 from __future__ import annotations
@@ -94,10 +99,42 @@ def failure_time(failure: Any) -> float:
     return float(_extra(failure).get(_TIME_KEY, failure.timestamp))
 
 
-def kind_of(failure: Any) -> FailureKind | None:
-    """What the rank recorded about itself; None when it recorded nothing (killed, crashed)."""
+# What ProcessGroupNCCL's watchdog prints before it takes the process down (torch 2.4-2.13).
+NCCL_WATCHDOG_MARKERS = (
+    "Watchdog caught collective operation timeout",
+    "Some NCCL operations have failed or timed out",
+    "Process group watchdog thread terminated with exception",
+    "ProcessGroupNCCL's watchdog got stuck",
+    "Received a dump signal due to a collective timeout",
+)
+_STDERR_TAIL = 256 * 1024
+
+
+def nccl_watchdog_abort(failure: Any, logs: Path | None) -> bool:
+    """The rank died on SIGABRT and its captured stderr (in `logs`, its log folder) says NCCL's watchdog did it."""
+    if failure.exitcode != -int(signal.SIGABRT) or logs is None:
+        return False
+    stderr = logs / "stderr.log"
+    return stderr.is_file() and watchdog_text(_tail(stderr))
+
+
+def watchdog_text(text: str) -> bool:
+    return any(marker in text for marker in NCCL_WATCHDOG_MARKERS)
+
+
+def _tail(path: Path) -> str:
+    with path.open("rb") as f:
+        f.seek(max(0, path.stat().st_size - _STDERR_TAIL))
+        return f.read().decode("utf-8", "replace")
+
+
+def kind_of(failure: Any, logs: Path | None = None) -> FailureKind | None:
+    """What the rank recorded about itself (or, for NCCL's watchdog abort, what its stderr in `logs` says); None
+    when it recorded nothing (killed, crashed)."""
     value = _extra(failure).get(_KIND_KEY)
-    return FailureKind(value) if value in {k.value for k in FailureKind} else None
+    if value in {k.value for k in FailureKind}:
+        return FailureKind(value)
+    return FailureKind.TIMEOUT if nccl_watchdog_abort(failure, logs) else None
 
 
 def last_line(failure: Any) -> str:
@@ -108,20 +145,25 @@ def last_line(failure: Any) -> str:
     return detail.strip().splitlines()[-1] if detail.strip() else ""
 
 
-def _priority(failure: Any) -> int:
+def _priority(failure: Any, logs: Path | None) -> int:
+    if kind_of(failure, logs) in CONSEQUENCES:
+        return 3
     if failure.exitcode > 0:
-        return 3 if kind_of(failure) in CONSEQUENCES else 0
+        return 0
     sig = -failure.exitcode
     if sig == signal.SIGKILL:
         return 2
     return 4 if sig in (signal.SIGTERM, signal.SIGINT) else 1
 
 
-def root_cause(failures: Mapping[int, Any]) -> int:
-    """The rank whose failure explains the others (see the module docstring)."""
-    return min(
-        failures, key=lambda r: (_priority(failures[r]), not recorded(failures[r]), failure_time(failures[r]), r)
-    )
+def root_cause(failures: Mapping[int, Any], logs: Mapping[int, Path] | None = None) -> int:
+    """The rank whose failure explains the others (see the module docstring); `logs`: ranks' log folders."""
+    logs = logs or {}
+
+    def order(r: int) -> tuple[int, bool, float, int]:
+        return _priority(failures[r], logs.get(r)), not recorded(failures[r]), failure_time(failures[r]), r
+
+    return min(failures, key=order)
 
 
 def exit_code(failure: Any) -> int:
@@ -135,20 +177,22 @@ def how(failure: Any) -> str:
     return f"was killed by {failure.signal_name()}"
 
 
-def consequence(rank: int, failure: Any) -> str:
+def consequence(rank: int, failure: Any, logs: Path | None = None) -> str:
     """One line on a rank that failed after the root cause."""
-    kind = kind_of(failure)
+    kind = kind_of(failure, logs)
     if kind is FailureKind.PEER_LOST:
         return f"rank {rank} stopped: its peer was gone"
     if kind is FailureKind.TIMEOUT:
-        return f"rank {rank} stopped: a collective timed out waiting for its peers"
+        by = " (NCCL's watchdog aborted it)" if failure.exitcode < 0 else ""
+        return f"rank {rank} stopped: a collective timed out waiting for its peers{by}"
     if failure.exitcode < 0 and -failure.exitcode in (signal.SIGTERM, signal.SIGINT):
         return f"rank {rank} was stopped by the launcher ({failure.signal_name()})"
     line = last_line(failure)
     return f"rank {rank} {how(failure)}" + (f": {line}" if line else "")
 
 
-def log_files(failure: Any) -> list[Path]:
-    """The rank's captured output and traceback, when the launcher captured them (`zerotrain run`)."""
-    folder = Path(failure.error_file).parent
+def log_files(failure: Any, logs: Path | None = None) -> list[Path]:
+    """The rank's captured output and traceback, when the launcher captured them (`logs`, else next to its error
+    file)."""
+    folder = logs if logs is not None else Path(failure.error_file).parent
     return [folder / n for n in ("stderr.log", "stdout.log", TRACEBACK_FILE) if (folder / n).is_file()]

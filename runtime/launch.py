@@ -214,18 +214,32 @@ class LaunchOutcome:
         return "; ".join((self.message, *self.details))
 
 
-def outcome_of_failures(failures: Mapping[int, Any]) -> LaunchOutcome:
-    """One account of failed ranks: the root cause first (`failures.root_cause`), then what each other rank did."""
+def outcome_of_failures(failures: Mapping[int, Any], logs: Mapping[int, Path] | None = None) -> LaunchOutcome:
+    """One account of failed ranks: the root cause first (`failures.root_cause`), then what each other rank did.
+    `logs`: each rank's log folder, where the launcher captured its output (a rank killed or aborted records no
+    error file, and its stderr is what tells NCCL's watchdog abort from a crash)."""
+    logs = logs or {}
     if all(f.exitcode == EXIT_PREEMPTED for f in failures.values()):
         first = min(failures.items(), key=lambda kv: (failure_time(kv[1]), kv[0]))[1]
         return LaunchOutcome(0, Outcome.PREEMPTED, last_line(first) or "SIGTERM: every rank stopped")
-    rank = root_cause(failures)
+    rank = root_cause(failures, logs)
     failure = failures[rank]
     line = last_line(failure)
     message = f"rank {rank} failed first: it {how(failure)}" + (f": {line}" if line else "")
-    details = tuple(consequence(r, failures[r]) for r in sorted(failures) if r != rank)
-    logs = tuple(str(p) for p in log_files(failure))
-    return LaunchOutcome(exit_code(failure), Outcome.RANK_FAILED, message, details, logs)
+    details = tuple(consequence(r, failures[r], logs.get(r)) for r in sorted(failures) if r != rank)
+    files = tuple(str(p) for p in log_files(failure, logs.get(rank)))
+    return LaunchOutcome(exit_code(failure), Outcome.RANK_FAILED, message, details, files)
+
+
+def rank_log_folders(log_dir: Path | None, failures: Mapping[int, Any]) -> dict[int, Path]:
+    """Each failed rank's folder under the launcher's log directory (`<run>_<id>/attempt_<n>/<local rank>/`, the
+    newest attempt), found by its local rank: a rank that recorded no error file says nowhere where it logged."""
+    if log_dir is None:
+        return {}
+    attempts = sorted(log_dir.glob("*/attempt_*"), key=lambda p: p.stat().st_mtime)
+    if not attempts:
+        return {}
+    return {r: attempts[-1] / str(f.local_rank) for r, f in failures.items()}
 
 
 def launch(
