@@ -5,7 +5,7 @@ so only the unit's inputs are saved and its activations are recomputed in backwa
 calls the original `forward`, not the module, so no forward hook fires again: in stage 3 the unit
 is gathered once by its pre-backward trigger and that one gather serves recompute and backward
 (communication stays 3Ψ per step). With offload, the saved inputs are moved to host memory
-(`save_on_cpu`, pinned on CUDA) and copied back on use; on a CPU-only run they are host copies too.
+(`save_on_cpu`, pinned when training on CUDA) and copied back on use; on a CPU-only run they are host copies too.
 
 ZeRO-R's partitioned activation checkpoints (Pa) split each checkpointed input across the tensor-parallel group
 that replicates it. This runtime is data parallel only: a rank's activations belong to its own micro-batch, no
@@ -29,8 +29,8 @@ class _CountedOffload(torch.autograd.graph.save_on_cpu):
     """torch's offload to host memory, telling `observe` what it keeps (it takes those tensors before any outer
     hook, such as the engine's activation counter, would see them)."""
 
-    def __init__(self, observe: Callable[[torch.Tensor], None]) -> None:
-        super().__init__(pin_memory=torch.cuda.is_available())
+    def __init__(self, observe: Callable[[torch.Tensor], None], pin: bool) -> None:
+        super().__init__(pin_memory=pin)
         pack = self.pack_hook
 
         def counted(t: torch.Tensor) -> Any:
@@ -42,22 +42,25 @@ class _CountedOffload(torch.autograd.graph.save_on_cpu):
 
 
 def _checkpointed(
-    forward: Callable[..., Any], offload: bool, observe: Callable[[torch.Tensor], None]
+    forward: Callable[..., Any], offload: bool, observe: Callable[[torch.Tensor], None], pin: bool
 ) -> Callable[..., Any]:
     @functools.wraps(forward)
     def run(*args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled():
             return forward(*args, **kwargs)
         if offload:
-            with _CountedOffload(observe):
+            with _CountedOffload(observe, pin):
                 return checkpoint(forward, *args, use_reentrant=False, **kwargs)
         return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
     return run
 
 
-def apply_checkpointing(modules: list[nn.Module], offload: bool, observe: Callable[[torch.Tensor], None]) -> None:
+def apply_checkpointing(
+    modules: list[nn.Module], offload: bool, observe: Callable[[torch.Tensor], None], device: torch.device
+) -> None:
     """Recompute each module's activations in backward instead of keeping them; `observe` counts what the offload
-    keeps in host memory."""
+    keeps in host memory. Offloaded copies are pinned only when training on CUDA (pinned host memory is what makes
+    the copies back asynchronous; for CPU training it would only lock pages)."""
     for module in modules:
-        module.forward = _checkpointed(module.forward, offload, observe)
+        module.forward = _checkpointed(module.forward, offload, observe, device.type == "cuda")

@@ -98,10 +98,8 @@ def unpack(summed: torch.Tensor, world_size: int, micro_batches: int, had_loss: 
 
 def local_norm_sq(units: list[UnitState]) -> torch.Tensor:
     """This rank's squared norm of the fp32 gradients the optimizer reads (its shard, or all of them in stage 0)."""
-    sq = torch.zeros(1, dtype=torch.float64, device=units[0].grad_shard.device)
-    for u in units:
-        sq += torch.linalg.vector_norm(u.grad_shard).double() ** 2  # fp32 shard: no copy
-    return sq
+    norms = torch._foreach_norm([u.grad_shard for u in units])  # fp32 shards, one multi-tensor kernel
+    return (torch.stack(norms).double() ** 2).sum().reshape(1)
 
 
 class StepControl:

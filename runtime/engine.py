@@ -97,6 +97,7 @@ class ZeroEngine:
         self.strategy = STRATEGIES[config.stage](
             self.comm, self.dtypes, config.reduce_bucket_elements, config.allgather_bucket_elements
         )
+        self.device = device
         self.units = self._build_units(layouts, device)
         self.strategy.pool.streams = streams_for(device)
         self.strategy.size_pool(layouts)
@@ -129,6 +130,10 @@ class ZeroEngine:
         self.steps = 0
         self.last_grad_norm: float | None = None
         self._boundary = False
+        if device.type == "cuda":
+            # The model's own unsharded parameters and the broadcast buffers are gone now; without this the caching
+            # allocator keeps their blocks reserved (~28 GB for gpu-7b), reported as used and counted by the alert.
+            torch.cuda.empty_cache()
 
     # ----------------------------------------------------------------- setup
 
@@ -154,7 +159,9 @@ class ZeroEngine:
             self.gatherer.install()
         modules = [u.layout.module for u in self.units if u.layout.module is not None]
         if self.config.activation_checkpointing:
-            apply_checkpointing(modules, self.config.offload_activation_checkpoints, self.activations.observe)
+            apply_checkpointing(
+                modules, self.config.offload_activation_checkpoints, self.activations.observe, self.device
+            )
         self._grad_hooks = GradReadyHooks(self.units, self._on_grads_ready)
         if getattr(self.strategy, "arenas", None) is not None:
             for u in self.units:
@@ -324,9 +331,9 @@ class ZeroEngine:
         self.synchronize()  # a unit no forward reached may still be gathering into its buffer
         self._finish_forward_check()
         scale = self.scaler.scale
+        grads = [u.grad_shard for u in self.units]
         if scale != 1.0:
-            for u in self.units:
-                u.grad_shard.div_(scale)
+            torch._foreach_div_(grads, scale)  # one kernel launch per tensor list, not one per unit
         clip = self.config.gradient_clipping
         need_norm = report_grad_norm or clip is not None or self.scaler.enabled
         agreed, norm = self.control.agree(self.units, vote, need_norm)
@@ -337,9 +344,7 @@ class ZeroEngine:
             done.overflow = True
             return done
         if clip is not None and norm is not None:
-            coef = min(1.0, clip / (norm + 1e-6))
-            for u in self.units:
-                u.grad_shard.mul_(coef)
+            torch._foreach_mul_(grads, min(1.0, clip / (norm + 1e-6)))
         self.optimizer.step()
         self._zero_grads()
         for i in self._gather_order():

@@ -89,8 +89,11 @@ def device_for(spec: ZeroTrainingJobSpec, local_rank: int) -> torch.device:
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
-    """Move the tensors of a (nested tuple/list/dict) batch to `device`."""
+    """Move the tensors of a (nested tuple/list/dict) batch to `device`. Host tensors bound for a GPU are pinned
+    first: a `non_blocking` copy from pageable memory is synchronous, so the host would wait for it."""
     if isinstance(batch, torch.Tensor):
+        if device.type == "cuda" and batch.device.type == "cpu" and not batch.is_pinned():
+            batch = batch.pin_memory()
         return batch.to(device, non_blocking=True)
     if isinstance(batch, dict):
         return {k: to_device(v, device) for k, v in batch.items()}
