@@ -8,6 +8,11 @@ Inside a unit the parameters are ordered by optimizer class: weight-decayed trai
 first, then trainable parameters excluded from weight decay, then frozen parameters, then padding.
 A rank's shard therefore meets at most one contiguous run of each class, so the optimizer gets at
 most two flat views per unit (one per weight-decay group) and stays element-wise exact.
+
+Every parameter starts at a multiple of `ALIGN` elements and so does every rank's shard: an odd-sized tensor
+(a 50,257-token vocabulary) would otherwise leave every later weight view and every shard start misaligned for
+cuBLAS's vectorised kernels and NCCL's copies. The gaps are zeros that stay zero (no gradient reaches them, and
+AdamW or SGD leave a zero with a zero gradient at zero), counted as padding.
 """
 
 from __future__ import annotations
@@ -21,6 +26,12 @@ from torch import nn
 from zerotrain.runtime.errors import ZeroSetupError
 
 ROOT_UNIT = "<root>"
+ALIGN = 16
+"""Elements: 32 bytes in bf16, 64 in fp32 (cuBLAS and NCCL want at least 16-byte aligned pointers)."""
+
+
+def align_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
 
 
 class ParamClass(IntEnum):
@@ -59,12 +70,17 @@ class UnitLayout:
     slots: list[ParamSlot]
     world_size: int
     numel: int = 0
+    """Parameter elements (Ψ of this unit)."""
+    extent: int = 0
+    """Elements up to the end of the last parameter: `numel` plus the alignment gaps between parameters."""
     padded: int = 0
+    """The flat buffer's size: `extent` rounded up so every rank's shard is `ALIGN`-aligned and equal."""
     module: nn.Module | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.numel = sum(s.numel for s in self.slots)
-        self.padded = -(-self.numel // self.world_size) * self.world_size
+        self.extent = max((s.offset + s.numel for s in self.slots), default=0)
+        self.padded = align_up(self.extent, ALIGN * self.world_size)
 
     @property
     def shard_numel(self) -> int:
@@ -191,5 +207,5 @@ def _layout(
     for kind, _, n in classed:
         p = params[n]
         slots.append(ParamSlot(n, tuple(p.shape), offset, p.numel(), kind))
-        offset += p.numel()
+        offset = align_up(offset + p.numel(), ALIGN)
     return UnitLayout(uname, slots, world_size, module=module)

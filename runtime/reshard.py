@@ -85,6 +85,47 @@ def cover(sources: Sequence[Source], lo: int, hi: int, valid: int, what: str) ->
     return pieces
 
 
+Runs = list[tuple[int, int, int]]
+"""A unit's parameters as (start, stop, saved start): where each lies here and where the checkpoint has it, when the
+checkpoint's layout inside the unit differs (one saved before parameters were aligned, say)."""
+
+
+def cover_mapped(sources: Sequence[Source], lo: int, hi: int, runs: Runs, what: str) -> list[Piece]:
+    """Pieces filling the parameters' elements of [lo, hi) from their saved places; the rest (alignment gaps,
+    padding) stays unfilled, so reads as zeros."""
+    pieces = []
+    for start, stop, saved in runs:
+        x, y = max(lo, start), min(hi, stop)
+        if x < y:
+            shift = saved - start
+            for p in cover(sources, x + shift, y + shift, y + shift, what):
+                pieces.append(Piece(p.file, p.name, p.src, p.dst + x - lo, p.length))
+    return pieces
+
+
+def layout_runs(saved: Sequence[dict[str, Any]], mine: Sequence[dict[str, Any]]) -> dict[int, Runs]:
+    """Per unit whose parameters sit elsewhere in the checkpoint than here, their runs (see `Runs`); units laid out
+    alike are left out. Both are `checkpoint.describe_model` records of the same units and parameters."""
+    out: dict[int, Runs] = {}
+    for index, (old, new) in enumerate(zip(saved, mine, strict=True)):
+        where = {p[0]: p[2] for p in old["params"]}
+        runs = [(p[2], p[2] + _numel(p[1]), where[p[0]]) for p in new["params"]]
+        if any(start != saved_at for start, _, saved_at in runs):
+            out[index] = runs
+    return out
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _cover_unit(sources: Sequence[Source], lo: int, hi: int, valid: int, runs: Runs | None, what: str) -> list[Piece]:
+    return cover(sources, lo, hi, valid, what) if runs is None else cover_mapped(sources, lo, hi, runs, what)
+
+
 def _prefer(readers: Sequence[ShardReader], own: int) -> list[int]:
     return sorted(range(len(readers)), key=lambda i: (readers[i].record["rank"] != own, i))
 
@@ -128,13 +169,17 @@ def plan_load(
     own_rank: int,
     units: Sequence[tuple[str, int, tuple[int, int]]],
     segments: Sequence[tuple[int, int, int]],
+    remap: dict[int, Runs] | None = None,
 ) -> LoadPlan:
-    """Plan this rank's load: `units` are (name, real numel, master range), `segments` its optimizer ranges."""
+    """Plan this rank's load: `units` are (name, extent, master range), `segments` its optimizer ranges, `remap`
+    the units whose parameters the checkpoint holds at other offsets (`layout_runs`)."""
+    remap = remap or {}
     order = _prefer(readers, own_rank)
     plan = LoadPlan(masters=[])
     for ui, (uname, numel, (lo, hi)) in enumerate(units):
         sources = master_sources(readers, order, ui)
-        plan.masters.append(TargetPlan(cover(sources, lo, hi, numel, f"unit {uname} master"), hi - lo))
+        pieces = _cover_unit(sources, lo, hi, numel, remap.get(ui), f"unit {uname} master")
+        plan.masters.append(TargetPlan(pieces, hi - lo))
     saved = optimizer_sources(readers, order)
     plan.scalars = saved.scalars
     keys = sorted({key for _, key in saved.elements})
@@ -146,7 +191,8 @@ def plan_load(
         for key in keys:
             sources = saved.elements.get((unit, key), [])
             dtype = readers[sources[0].file].dtype(sources[0].name) if sources else torch.float32
-            per[key] = TargetPlan(cover(sources, a, b, numel, f"unit {uname} optimizer {key!r}"), b - a, dtype)
+            pieces = _cover_unit(sources, a, b, numel, remap.get(unit), f"unit {uname} optimizer {key!r}")
+            per[key] = TargetPlan(pieces, b - a, dtype)
         plan.optimizer[idx] = per
     return plan
 

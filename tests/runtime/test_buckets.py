@@ -11,6 +11,7 @@ from dist_helpers import run_ranks
 from torch import nn
 
 from zerotrain.runtime.errors import ZeroSetupError
+from zerotrain.runtime.partition import ALIGN, align_up
 
 WIDTH, BUCKET = 24, 100  # a block's shard (~300 elements) is several buckets
 
@@ -107,7 +108,8 @@ def test_contiguous_gradients_land_in_reused_arenas_and_allocate_nothing_after_t
     # On: every gradient, every micro-batch, lives in one of the arenas made at construction (2 + the root's).
     assert on["allocations"] == 3 and len(set().union(*on["seen"])) <= 3, on
     assert on["seen"][1] <= on["seen"][0] and on["seen"][2] <= on["seen"][0]
-    block = (WIDTH * WIDTH + WIDTH) * 4  # one Block's flat buffer (even: no padding on 2 ranks)
+    # One Block's flat buffer: weight, then the bias at the next multiple of 16, then 2 equal aligned shards.
+    block = align_up(align_up(WIDTH * WIDTH, ALIGN) + WIDTH, 2 * ALIGN) * 4
     root = block
     assert on["arena_bytes"] == 2 * block + root
     # Off: autograd allocates fresh gradients every micro-batch; no arenas are held.

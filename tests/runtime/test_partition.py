@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from tiny_models import TinyLM
 from torch import nn
 
 from zerotrain.runtime.errors import ZeroSetupError
-from zerotrain.runtime.partition import ROOT_UNIT, ParamClass, build_units
+from zerotrain.runtime.partition import ALIGN, ROOT_UNIT, ParamClass, build_units
 
 NO_DECAY = ["*.bias", "*norm*"]
 
@@ -16,9 +18,21 @@ def test_units_are_padded_to_a_multiple_of_the_world_size_and_shards_tile_them()
     units = build_units(TinyLM(), ["Block"], NO_DECAY, world_size=4)
     assert [u.name for u in units] == ["blocks.0", "blocks.1", "blocks.2", ROOT_UNIT]
     block = units[0]
-    assert block.numel == 471 and block.padded == 472 and block.shard_numel == 118
-    assert [block.shard_range(r) for r in range(4)] == [(0, 118), (118, 236), (236, 354), (354, 472)]
+    # 471 parameter elements; six parameters each starting at a multiple of 16 end at 522; 4 shards of 144.
+    assert (block.numel, block.extent, block.padded, block.shard_numel) == (471, 522, 576, 144)
+    assert [block.shard_range(r) for r in range(4)] == [(0, 144), (144, 288), (288, 432), (432, 576)]
     assert sum(u.numel for u in units) == sum(p.numel() for p in TinyLM().parameters())
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 8])
+def test_every_parameter_and_every_shard_starts_aligned(world: int) -> None:
+    model = nn.Sequential(nn.Embedding(50_257, 8), nn.Linear(8, 3), nn.LayerNorm(3))  # odd sizes throughout
+    (unit,) = build_units(model, [], NO_DECAY, world_size=world)
+    assert all(s.offset % ALIGN == 0 for s in unit.slots)
+    assert all(unit.shard_range(r)[0] % ALIGN == 0 for r in range(world))
+    ends = sorted((s.offset, s.offset + s.numel) for s in unit.slots)
+    assert all(a_end <= b_start for (_, a_end), (b_start, _) in itertools.pairwise(ends))  # no overlap
+    assert unit.padded - unit.numel < ALIGN * (len(unit.slots) + world)
 
 
 def test_parameters_are_ordered_decay_then_no_decay_then_frozen() -> None:
@@ -35,7 +49,8 @@ def test_parameters_are_ordered_decay_then_no_decay_then_frozen() -> None:
 
 def test_a_shard_meets_each_optimizer_class_at_most_once() -> None:
     block = build_units(TinyLM(), ["Block"], NO_DECAY, world_size=2)[0]
-    decay_elems = sum(s.numel for s in block.slots if s.kind is ParamClass.DECAY)
+    decay = next(seg for seg in block.class_segments() if seg.kind is ParamClass.DECAY)
+    decay_elems = decay.stop - decay.start  # the class's run, alignment gaps between its parameters included
     segs = [block.shard_segments(r, (ParamClass.DECAY, ParamClass.NO_DECAY)) for r in range(2)]
     for s in segs:
         assert len({seg.kind for seg in s}) == len(s)

@@ -24,8 +24,11 @@ def _train(engine, data, rank: int) -> None:  # type: ignore[no-untyped-def]
         engine.step()
 
 
-def save_after_three(rank: int, world: int, root: str, stage: int) -> int:
-    from zerotrain.runtime import ZeroConfig, ZeroEngine
+def save_after_three(rank: int, world: int, root: str, stage: int, align: int | None = None) -> int:
+    from zerotrain.runtime import ZeroConfig, ZeroEngine, partition
+
+    if align is not None:
+        partition.ALIGN = align  # 1: the layout checkpoints had before parameters were aligned
 
     engine = ZeroEngine(make_model(seed=0), ZeroConfig(stage=stage, unit_modules=["Block"]), optimizer=_adamw)
     _train(engine, batches(3, world), rank)
@@ -100,3 +103,19 @@ def test_checkpoint_names_sort_by_step_not_by_token(tmp_path: Path) -> None:
         "step-00000010-ffffffff",
         "step-00000100-00000001",
     ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("saved_world", "world", "stage"), [(2, 2, 3), (2, 3, 1)], ids=["2to2-stage3", "2to3-stage1"])
+def test_a_checkpoint_from_before_aligned_offsets_loads_and_trains_on_exactly(
+    tmp_path: Path, saved_world: int, world: int, stage: int
+) -> None:
+    root = str(tmp_path / "ckpt")
+    run_ranks(save_after_three, saved_world, root, 3, 1)
+    marker = checkpoint.read_marker(checkpoint.latest(root))  # type: ignore[arg-type]
+    offsets = [p[2] for u in marker["model"] for p in u["params"]]
+    assert any(o % 16 for o in offsets), offsets  # saved packed back to back, as before alignment
+    for r in run_ranks(resume_two_more, world, root, stage, saved_world):
+        assert r["steps"] == 3 + 2
+        for name, value in r["ref"].items():
+            torch.testing.assert_close(r["got"][name], value, rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")

@@ -139,11 +139,12 @@ def _check_memory(r: dict) -> None:
 
 
 def _check_comm(r: dict, stage: int, world: int, skip_first: bool = False) -> None:
-    """Bytes per step within 1% of 2Ψ(N-1)/N (stages 0-2) or 3Ψ(N-1)/N (stage 3), ring convention; in stage 3
+    """Bytes per step within 1% of 2Ψ(N-1)/N (stages 0-2) or 3Ψ(N-1)/N (stage 3), ring convention, with Ψ the
+    flat buffers' elements (the parameters plus the alignment and shard padding, which travel with them); in stage 3
     less the root unit's backward gather, since it stays gathered from forward into backward."""
-    psi = r["memory"]["parameters"]
+    psi_bytes = sum(r["unit_bytes"].values())
     factor = 3 if stage == Stage.PARAMETERS else 2
-    expected = factor * psi * (world - 1) / world * BYTES
+    expected = factor * psi_bytes * (world - 1) / world
     if stage == Stage.PARAMETERS:
         expected -= r["unit_bytes"].get("<root>", 0) * (world - 1) / world
     for moved in r["step_bytes"][1 if skip_first else 0 :]:
@@ -188,7 +189,7 @@ def test_every_stage_matches_adamw_on_two_ranks_with_tied_weights_and_uneven_siz
 def test_four_ranks_with_accumulation_clipping_frozen_and_untied_params() -> None:
     frozen = ("blocks.1.norm.weight", "blocks.1.norm.bias", "embed.weight")
     cases = [Case(stage=s, tied=False, accum=2, clip=0.5, frozen=frozen) for s in range(4)]
-    cases.append(Case(stage=3, tied=False, persistence=500, prefetch=2))
+    cases.append(Case(stage=3, tied=False, persistence=600, prefetch=2))
     cases.append(Case(stage=2, optimizer="sgd", clip=None))
     # Recomputed activations: the same numbers, and stage 3 still moves 3Ψ (one gather serves both).
     cases.append(Case(stage=3, checkpointing=True))
@@ -201,7 +202,7 @@ def test_four_ranks_with_accumulation_clipping_frozen_and_untied_params() -> Non
             frozen_numel = 13 * 10 + 2 * 10
             assert r["memory"]["parameters"] - frozen_numel > 0
             assert case.stage == r["memory"]["stage"]
-        # Every unit has <= 500 elements, so all stay gathered (resident): nothing is freed, and a step
+        # Every unit's flat buffer has <= 600 elements, so all stay gathered (resident): nothing is freed, and a step
         # moves 2Ψ (reduce-scatter, then re-gather after the update) instead of 3Ψ, once the first
         # forward has gathered them.
         resident = rank_results[4]
