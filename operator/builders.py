@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from zerotrain import gpu_env
 from zerotrain.operator import kueue, naming, pod_template
 from zerotrain.spec import (
     API_VERSION,
@@ -172,6 +173,7 @@ def scheduler_name(spec: ZeroTrainingJobSpec) -> str | None:
 
 
 # Env the operator sets in every pod: rendezvous and identity; neither spec.env nor a pod template may set them.
+# (GPU jobs also get zerotrain.gpu_env.GPU_ENV, which both may set: those are defaults, not in this list.)
 FIXED_ENV = frozenset(
     {
         "MASTER_ADDR",
@@ -189,7 +191,9 @@ FIXED_ENV = frozenset(
 
 
 def pod_env(job: JobRef, spec: ZeroTrainingJobSpec, replica: int) -> list[Obj]:
-    """The torchrun-style rendezvous env of one pod, then the user's env (which may override nothing above)."""
+    """The torchrun-style rendezvous env of one pod; for a GPU job the GPU defaults (`zerotrain.gpu_env`) that
+    neither spec.env nor the pod template's training container sets; then spec.env (which may override nothing
+    of the rendezvous env; the template's env follows it in the container, see `pod_template.merge`)."""
     fixed = {
         "MASTER_ADDR": naming.master_addr(job.name, job.namespace),
         "MASTER_PORT": str(naming.MASTER_PORT),
@@ -203,8 +207,11 @@ def pod_env(job: JobRef, spec: ZeroTrainingJobSpec, replica: int) -> list[Obj]:
     }
     env: list[Obj] = [{"name": k, "value": v} for k, v in fixed.items()]
     env.append({"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
-    env += [{"name": e.name, "value": e.value} for e in spec.env if e.name not in FIXED_ENV]
-    return env
+    user = [{"name": e.name, "value": e.value} for e in spec.env if e.name not in FIXED_ENV]
+    if spec.resources.gpu > 0:
+        theirs = {e["name"] for e in user} | pod_template.trainer_env_names(spec.pod_template)
+        env += [{"name": k, "value": v} for k, v in gpu_env.gpu_env_missing(theirs).items()]
+    return env + user
 
 
 def _resources(spec: ZeroTrainingJobSpec) -> Obj:

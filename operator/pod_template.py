@@ -1,7 +1,8 @@
 """The user's `spec.podTemplate` (a Kubernetes PodTemplateSpec) under the operator's own pod: everything a platform
 needs (affinity, topology spread, tolerations, imagePullSecrets, a ServiceAccount, env from Secrets, extra volumes,
-init and sidecar containers, runtimeClassName...) passes through; what the operator owns it sets itself, and a
-template that sets an owned field differently is refused with the field, the value and the fix.
+init and sidecar containers, runtimeClassName, device-plugin resources such as an RDMA device...) passes through;
+what the operator owns it sets itself, and a template that sets an owned field differently is refused with the
+field, the value and the fix.
 
 Pure: `problems()` is what admission refuses, `merge()` what the builders produce.
 """
@@ -24,8 +25,12 @@ OWNED_CONTAINER_KEYS = {
     "command": "spec.entrypoint (the operator runs the zerotrain runtime)",
     "args": "spec.args",
     "ports": "spec.metrics.port (rendezvous and metrics ports are the operator's)",
-    "resources": "spec.resources",
 }
+# The training container's resources the spec sets (spec.resources: cpu, memory, gpu; admission's memory plan and the
+# one-GPU-per-rank rule read them there). Any other resource, such as a device plugin's (`rdma/hca_shared_devices_a`
+# for InfiniBand/RoCE), the template may request: it is added to the operator's limits and requests.
+OWNED_RESOURCES = ("cpu", "memory", "nvidia.com/gpu")
+RESOURCE_KEYS = ("limits", "requests")
 # Pod-spec keys the spec also sets: a template may set them only to the same value (or when the spec does not).
 SHARED_VALUES = {
     "schedulerName": "spec.scheduling.schedulerName",
@@ -87,7 +92,27 @@ def _trainer_problems(trainer: Obj, fixed_env: set[str]) -> list[str]:
     for e in trainer.get("env") or []:
         if e.get("name") in fixed_env:
             out.append(f"{where}.env[{e.get('name')}]: set by the operator (rendezvous and job identity); remove it")
+    resources = trainer.get("resources") or {}
+    out += [
+        f"{where}.resources.{k}: a template may add only limits and requests (of resources spec.resources does not "
+        "set); remove it"
+        for k in resources
+        if k not in RESOURCE_KEYS
+    ]
+    for kind in RESOURCE_KEYS:
+        out += [
+            f"{where}.resources.{kind}.{name}: set by the operator from spec.resources (cpu, memory, gpu); set it there"
+            for name in resources.get(kind) or {}
+            if name in OWNED_RESOURCES
+        ]
     return out
+
+
+def trainer_env_names(template: Obj | None) -> set[str]:
+    """Names the template's training container sets in `env` (not `envFrom`: its keys are unknown until the pod
+    starts)."""
+    trainer = _trainer((template or {}).get("spec") or {})
+    return {str(e.get("name")) for e in (trainer or {}).get("env") or []}
 
 
 def merge(built: Obj, template: Obj | None) -> Obj:
@@ -134,7 +159,17 @@ def _containers(mine: list[Obj], theirs: list[Obj]) -> list[Obj]:
             "volumeMounts": [*trainer.get("volumeMounts", []), *(extra.get("volumeMounts") or [])],
             "securityContext": {**trainer.get("securityContext", {}), **(extra.get("securityContext") or {})},
         }
+        trainer.pop("resources", None)
+        if resources := _resources(mine[0].get("resources") or {}, extra.get("resources") or {}):
+            trainer["resources"] = resources
     return [trainer, *(c for c in theirs if c.get("name") != trainer["name"])]
+
+
+def _resources(mine: Obj, theirs: Obj) -> Obj:
+    """The operator's limits and requests with the template's other resources added (problems() refused any that
+    spec.resources sets)."""
+    merged = {kind: {**(theirs.get(kind) or {}), **(mine.get(kind) or {})} for kind in RESOURCE_KEYS}
+    return {kind: amounts for kind, amounts in merged.items() if amounts}
 
 
 def service_account(template: Obj | None, default: str) -> str:

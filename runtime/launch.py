@@ -47,6 +47,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from zerotrain.gpu_env import gpu_env_missing
 from zerotrain.runtime.failures import consequence, exit_code, failure_time, how, last_line, log_files, root_cause
 from zerotrain.runtime.preemption import EXIT_PREEMPTED
 from zerotrain.runtime.task import ConfigError, check_arguments, is_script, load_entrypoint
@@ -171,9 +172,11 @@ def available_cpus(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
     return max(1, min(cpus, -(-int(quota) // int(period))))
 
 
-def rank_environment(plan: LaunchPlan) -> dict[str, str]:
-    """Variables the ranks inherit beyond torch's (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_*...)."""
-    env: dict[str, str] = {}
+def rank_environment(plan: LaunchPlan, gpus: bool = False) -> dict[str, str]:
+    """Variables the ranks inherit beyond torch's (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_*...); with `gpus` (the job
+    asks for GPUs) also the GPU defaults of `zerotrain.gpu_env` this process's environment lacks (in an operator's
+    pod it has them already, and whatever the job set wins)."""
+    env: dict[str, str] = gpu_env_missing(os.environ) if gpus else {}
     if "OMP_NUM_THREADS" not in os.environ:
         # Ranks share the pod's CPUs; torch would otherwise start one thread per node core in every rank.
         env["OMP_NUM_THREADS"] = str(max(1, available_cpus() // plan.nproc_per_node))
@@ -282,10 +285,10 @@ def launch(
         ),
     )
     try:
-        with scoped_environ(rank_environment(plan)):
+        with scoped_environ(rank_environment(plan, gpus=spec.resources.gpu > 0)):
             elastic_launch(config, sys.executable)(*rank_command(spec, config_path))
     except ChildFailedError as e:
-        return outcome_of_failures(e.failures)
+        return outcome_of_failures(e.failures, rank_log_folders(log_dir, e.failures))
     except SignalException as e:
         if e.sigval == signal.SIGTERM:
             return LaunchOutcome(0, Outcome.PREEMPTED, "SIGTERM: forwarded to every rank, all stopped")

@@ -310,8 +310,9 @@ class ZeroTrainingJobSpec(SpecModel):
     """A Kubernetes PodTemplateSpec (`metadata.labels`/`annotations`, `spec`) the operator builds every pod on:
     affinity, topologySpreadConstraints, tolerations, imagePullSecrets, serviceAccountName, securityContext, init
     and sidecar containers, extra volumes, and a container named `trainer` whose env (e.g. from Secrets),
-    envFrom and volumeMounts are added to the training container. Fields the operator owns (the trainer's image,
-    command, args, ports, resources and rendezvous env; restartPolicy, hostname, subdomain) are refused."""
+    envFrom, volumeMounts and device-plugin resources (e.g. an RDMA device) are added to the training container.
+    Fields the operator owns (the trainer's image, command, args, ports, cpu/memory/GPU resources and rendezvous env;
+    restartPolicy, hostname, subdomain) are refused."""
 
     @field_validator("entrypoint")
     @classmethod

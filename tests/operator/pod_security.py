@@ -1,7 +1,10 @@
-"""The Pod Security Standards' `restricted` profile (Kubernetes 1.30+), as plain checks over a pod manifest.
+"""The Pod Security Standards' `baseline` and `restricted` profiles (Kubernetes 1.30+), as plain checks over a pod
+manifest.
 
 Each rule follows https://kubernetes.io/docs/concepts/security/pod-security-standards/ (baseline, then the
-restricted additions); `violations` returns one line per broken rule, empty when the pod passes.
+restricted additions; the capability lists are those of the pod-security-admission checks in
+k8s.io/pod-security-admission/policy); `violations` returns one line per broken rule, empty when the pod passes
+`restricted`, and `level` names the least privileged level whose namespace admits the pod.
 """
 
 from __future__ import annotations
@@ -104,3 +107,16 @@ def violations(pod: Obj) -> list[str]:
     """What keeps `pod` out of a namespace enforcing `restricted` (empty: it is admitted)."""
     spec = pod["spec"]
     return _baseline(spec) + _restricted(spec)
+
+
+def baseline_violations(pod: Obj) -> list[str]:
+    """What keeps `pod` out of a namespace enforcing `baseline` (empty: it is admitted)."""
+    return _baseline(pod["spec"])
+
+
+def level(pod: Obj) -> str:
+    """`restricted`, `baseline` or `privileged`: the `pod-security.kubernetes.io/enforce` label a namespace needs at
+    most for `pod` to be admitted."""
+    if _baseline(pod["spec"]):
+        return "privileged"
+    return "baseline" if _restricted(pod["spec"]) else "restricted"

@@ -16,7 +16,16 @@ import pytest
 import yaml
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-from zerotrain.runtime.launch import LaunchPlan, Outcome, available_cpus, free_port, outcome_of_failures, plan_from_env
+from zerotrain import gpu_env
+from zerotrain.runtime.launch import (
+    LaunchPlan,
+    Outcome,
+    available_cpus,
+    free_port,
+    outcome_of_failures,
+    plan_from_env,
+    rank_environment,
+)
 from zerotrain.runtime.preemption import EXIT_PREEMPTED
 from zerotrain.runtime.task import ConfigError
 from zerotrain.spec import ZeroTrainingJobSpec
@@ -66,6 +75,27 @@ def test_available_cpus_follows_the_cgroup_limit(tmp_path: Path, cpu_max: str, e
     want = schedulable if expected is None else min(expected, schedulable)
     assert available_cpus(tmp_path / "cpu.max") == want
     assert available_cpus(tmp_path / "missing") == schedulable
+
+
+# ---------------------------------------------------------------- the ranks' environment
+
+
+@pytest.fixture
+def no_gpu_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for name in {*gpu_env.GPU_ENV, *(a for aliases in gpu_env.ALIASES.values() for a in aliases)}:
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def test_gpu_ranks_get_the_gpu_defaults_the_environment_lacks(no_gpu_env: pytest.MonkeyPatch) -> None:
+    plan = LaunchPlan("127.0.0.1", 29500, 1, 0, 2)
+    assert rank_environment(plan, gpus=True).items() >= gpu_env.GPU_ENV.items()
+    assert not rank_environment(plan).keys() & gpu_env.GPU_ENV.keys()  # CPU jobs: none
+    no_gpu_env.setenv("NCCL_DEBUG", "INFO")  # the pod's (spec.env's) value wins: nothing to add
+    no_gpu_env.setenv("PYTORCH_ALLOC_CONF", "backend:cudaMallocAsync")  # also under torch's other name
+    added = rank_environment(plan, gpus=True)
+    assert "NCCL_DEBUG" not in added and "PYTORCH_CUDA_ALLOC_CONF" not in added
+    assert added["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"
 
 
 # ---------------------------------------------------------------- which failure is the root cause
@@ -179,6 +209,26 @@ def test_two_pods_of_one_rank_rendezvous_and_finish(tmp_path: Path) -> None:
     ]
     assert all(r["sum"] == 3.0 for r in ranks)  # a real all-reduce across the two pods
     assert (tmp_path / "termination-0").read_text() == "succeeded: 1 rank(s) finished (exit status 0)\n"
+
+
+ENV_SCRIPT = """
+import json, os, sys
+open(sys.argv[1], "w").write(json.dumps(dict(os.environ)))
+"""
+
+
+@pytest.mark.slow
+def test_the_ranks_of_a_gpu_job_inherit_the_gpu_defaults(tmp_path: Path, no_gpu_env: pytest.MonkeyPatch) -> None:
+    """A pod not made by the operator (no GPU env of its own) still hands the defaults to its ranks; a value the pod
+    sets stays. A script entry point never touches CUDA, so this runs on CPU."""
+    script, out = tmp_path / "env.py", tmp_path / "env.json"
+    script.write_text(ENV_SCRIPT)
+    config = write_job(tmp_path, {"entrypoint": str(script), "args": [str(out)], "resources": {"gpu": 1}})
+    proc = pod(config, {"MASTER_PORT": str(free_port()), "NCCL_DEBUG": "INFO"}, tmp_path)
+    output = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 0, output
+    seen = json.loads(out.read_text())
+    assert {k: seen.get(k) for k in gpu_env.GPU_ENV} == {**gpu_env.GPU_ENV, "NCCL_DEBUG": "INFO"}
 
 
 @pytest.mark.slow
