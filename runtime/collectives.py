@@ -3,9 +3,12 @@
 Byte convention (what a ring algorithm sends per rank; the ZeRO paper's unit): for a flat buffer of
 n elements of e bytes over N ranks, all-gather and reduce-scatter each send n·(N-1)/N·e bytes,
 all-reduce (= reduce-scatter + all-gather) 2·n·(N-1)/N·e, broadcast n·e from the source. `payload`
-is the plain tensor size (n·e) for reference. Seconds are wall time the caller spent inside the
-op: the blocking call, or for an async op its launch plus the time `wait()` blocked. Nothing here
-adds a synchronisation: no barrier, no device sync, no extra collective.
+is the plain tensor size (n·e) for reference. Seconds, on CPU, are wall time the caller spent inside the
+op: the blocking call, or for an async op its launch plus the time `wait()` blocked. On CUDA the host only
+queues work, so its time says nothing: there seconds are GPU time from the collective's launch (an event on the
+launching stream) to the point the compute stream may use its result (an event after the wait), read from the
+events once they have completed (`CommStats.settle`, when reported). Nothing here adds a synchronisation: no
+barrier, no device sync, no extra collective.
 
 Averages: a reduction asked for the mean (`mean=True`) averages on NCCL itself (AVG, or in fp16 a pre-multiplied
 sum: each rank's values times 1/N before adding, so the sum cannot overflow); gloo has neither, so there it is a
@@ -64,6 +67,22 @@ class CommStats:
     def add_seconds(self, op: str, seconds: float) -> None:
         self.ops[op].seconds += seconds
 
+    _timed: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = field(default_factory=list)
+
+    def time_on_device(self, op: str, start: torch.cuda.Event, end: torch.cuda.Event) -> None:
+        """A CUDA collective's launch and consumption events: added to `op`'s seconds once both completed."""
+        self._timed.append((op, start, end))
+
+    def settle(self) -> None:
+        """Add the GPU time of every timed collective whose events completed (no sync: others wait their turn)."""
+        still = []
+        for op, start, end in self._timed:
+            if end.query():
+                self.ops[op].seconds += start.elapsed_time(end) / 1000.0
+            else:
+                still.append((op, start, end))
+        self._timed = still
+
     def total_bytes(self) -> int:
         return sum(s.bytes for s in self.ops.values())
 
@@ -83,7 +102,7 @@ class Pending:
     On CUDA, `wait()` makes the current stream wait and returns at once: a wait with a timeout would block the host
     until the transfer ends (ProcessGroupNCCL polls for it), so the host could no longer run ahead of the GPU and
     queue the next unit's compute. There the group's own timeout (NCCL's watchdog, set from
-    collectiveTimeoutSeconds) bounds a stuck collective, and `seconds` is host time only.
+    collectiveTimeoutSeconds) bounds a stuck collective, and `seconds` is GPU time between two events (see above).
     """
 
     def __init__(
@@ -95,9 +114,10 @@ class Pending:
         nbytes: tuple[int, int],
         t0: float,
         cuda: bool = False,
+        start: torch.cuda.Event | None = None,
     ):
-        self._comm, self._work, self.op, self.unit, self._cuda = comm, work, op, unit, cuda
-        comm.stats.record(op, *nbytes, time.perf_counter() - t0)
+        self._comm, self._work, self.op, self.unit, self._cuda, self._start = comm, work, op, unit, cuda, start
+        comm.stats.record(op, *nbytes, 0.0 if start is not None else time.perf_counter() - t0)
         self.done = work is None
 
     def wait(self) -> None:
@@ -113,7 +133,12 @@ class Pending:
         except RuntimeError as e:
             raise collective_failure(self._comm.rank, self.unit, self.op, e) from e
         self.done = True
-        self._comm.stats.add_seconds(self.op, time.perf_counter() - t0)
+        if self._start is None:
+            self._comm.stats.add_seconds(self.op, time.perf_counter() - t0)
+            return
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()  # on the current (compute) stream, after its wait for the collective
+        self._comm.stats.time_on_device(self.op, self._start, end)
 
 
 # What gloo and NCCL say when the other end of a connection has died, as opposed to a timeout.
@@ -182,14 +207,18 @@ class Comm:
         cuda: bool = False,
     ) -> Pending:
         t0 = time.perf_counter()
+        start = None
         if self.local:
             work = None
         else:
+            if cuda:
+                start = torch.cuda.Event(enable_timing=True)
+                start.record()  # on the launching stream: the collective's stream waits for this point
             try:
                 work = launch()
             except RuntimeError as e:
                 raise collective_failure(self.rank, unit, op, e) from e
-        pending = Pending(self, work, op, unit, nbytes, t0, cuda)
+        pending = Pending(self, work, op, unit, nbytes, t0, cuda, start)
         if work is not None and not async_op:
             pending.wait()
         return pending

@@ -413,6 +413,7 @@ class ZeroEngine:
 
     def comm_report(self) -> dict[str, dict[str, float]]:
         """Per collective op: calls, bytes (ring convention, see `collectives`), payload bytes and seconds."""
+        self.comm.stats.settle()
         return {op: dict(vars(s)) for op, s in self.comm.stats.ops.items()}
 
     def memory_report(self) -> MemoryReport:

@@ -343,6 +343,7 @@ class RankMetrics:
         if self.probe is None:
             self.probe = DeviceProbe(engine.units[0].master.device)
         s = self.snapshot
+        engine.comm.stats.settle()
         comm = {op: (o.calls, o.bytes, o.payload_bytes, o.seconds) for op, o in engine.comm.stats.ops.items()}
         self.snapshot = dataclasses.replace(
             s,

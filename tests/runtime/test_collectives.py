@@ -100,3 +100,32 @@ def test_a_cuda_wait_orders_the_stream_without_blocking_the_host(cuda: bool) -> 
     Pending(comm, work, "all_gather", "blocks.0", (8, 16), time.perf_counter(), cuda).wait()  # type: ignore[arg-type]
     assert work.waits == ([{}] if cuda else [{"timeout": comm.timeout}])
     assert comm.stats.ops["all_gather"].calls == 1 and comm.stats.ops["all_gather"].bytes == 8
+
+
+class _Event:
+    """Stands in for torch.cuda.Event (no GPU here): done or not, and a time in milliseconds."""
+
+    def __init__(self, at_ms: float, done: bool = True) -> None:
+        self.at_ms, self.done = at_ms, done
+
+    def query(self) -> bool:
+        return self.done
+
+    def elapsed_time(self, end: _Event) -> float:
+        return end.at_ms - self.at_ms
+
+
+def test_cuda_collective_seconds_are_added_once_their_events_completed() -> None:
+    from zerotrain.runtime.collectives import CommStats
+
+    stats = CommStats()
+    stats.record("reduce_scatter", 100, 200, 0.0)
+    late = _Event(40.0, done=False)
+    stats.time_on_device("reduce_scatter", _Event(10.0), _Event(35.0))  # type: ignore[arg-type]
+    stats.time_on_device("reduce_scatter", _Event(30.0), late)  # type: ignore[arg-type]
+    stats.settle()
+    assert stats.ops["reduce_scatter"].seconds == pytest.approx(0.025)  # the unfinished one waits its turn
+    late.done = True
+    stats.settle()
+    stats.settle()  # each pair is counted once
+    assert stats.ops["reduce_scatter"].seconds == pytest.approx(0.035)
