@@ -9,12 +9,18 @@ with EXIT_PREEMPTED.
 The budget runs from the signal. A watchdog ends the rank when it is spent: the commit marker is written last and
 renamed into place atomically, so an exit at any moment leaves either a committed checkpoint or none, never a
 partial one, and the previous checkpoint stands.
+
+Python runs a signal handler only in the main thread between bytecodes, and a rank's main thread can sit for minutes
+in one C call: a device-to-host copy waiting on a collective whose peer is gone, until NCCL's watchdog fires. So the
+signal is also taken through the interpreter's wakeup file descriptor, which its C-level handler writes at once
+from any thread, and a small thread reading it starts the budget: a rank stuck that way still ends within it.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -42,26 +48,45 @@ class Preemption:
         self.requested_at: float | None = None
         self._on_budget_spent = on_budget_spent
         self._watchdog: threading.Timer | None = None
+        self._lock = threading.Lock()
 
     @property
     def requested(self) -> bool:
         return self.requested_at is not None
 
     def install(self) -> None:
-        """Take SIGTERM in the main thread (call there, before training)."""
+        """Take SIGTERM (call in the main thread, before training): noted by the handler, and by a thread reading the
+        wakeup descriptor when the main thread is held in C."""
         signal.signal(signal.SIGTERM, self._on_signal)
+        reader, writer = socket.socketpair()
+        writer.setblocking(False)
+        signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+        self._wakeup = (reader, writer)  # kept: closing either would end the thread or the notes
+        threading.Thread(target=self._read_wakeups, args=(reader,), name="zerotrain-sigterm", daemon=True).start()
+
+    def _read_wakeups(self, reader: socket.socket) -> None:
+        while True:
+            try:
+                data = reader.recv(64)
+            except OSError:
+                return
+            if not data:
+                return
+            if int(signal.SIGTERM) in data:
+                self.request()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.request()
 
     def request(self) -> None:
         """Start the budget (a second SIGTERM does not restart it)."""
-        if self.requested_at is not None:
-            return
-        self.requested_at = time.monotonic()
-        self._watchdog = threading.Timer(self.budget_s, self._spent)
-        self._watchdog.daemon = True
-        self._watchdog.start()
+        with self._lock:  # the handler and the wakeup thread may both get here
+            if self.requested_at is not None:
+                return
+            self.requested_at = time.monotonic()
+            self._watchdog = threading.Timer(self.budget_s, self._spent)
+            self._watchdog.daemon = True
+            self._watchdog.start()
 
     def elapsed(self) -> float:
         return 0.0 if self.requested_at is None else time.monotonic() - self.requested_at
