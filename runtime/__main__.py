@@ -2,9 +2,9 @@
 
 Reads the job manifest and the pod environment (see `zerotrain.runtime.launch` for the variables, the meaning
 of WORLD_SIZE and the exit statuses), starts this pod's ranks through torch's elastic launcher and exits with
-their status. Each rank's output is also captured in a temporary folder for the launch (still shown in the pod's
-log, `[rankN]:`-prefixed): a rank killed or aborted leaves no error file, and its stderr is what tells NCCL's
-watchdog abort (a consequence) from a crash.
+their status. Each rank's stderr is also captured in a temporary folder for the launch (still shown in the pod's
+log, `[rankN]:`-prefixed; stdout, the long part, is not kept): a rank killed or aborted leaves no error file, and its
+stderr is what tells NCCL's watchdog abort (a consequence) from a crash.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     run_id = str(job.metadata.get("name") or "zerotrain")
     with tempfile.TemporaryDirectory(prefix="zerotrain-logs-") as logs:
-        outcome = launch(job.spec, Path(args.config), plan, run_id=run_id, log_dir=Path(logs))
+        outcome = launch(job.spec, Path(args.config), plan, run_id=run_id, log_dir=Path(logs), capture_stdout=False)
     print(f"zerotrain: node {plan.node_rank}: {outcome.reason.value}: {outcome.message}", file=sys.stderr, flush=True)
     for line in outcome.details:
         print(f"zerotrain: node {plan.node_rank}:   {line}", file=sys.stderr, flush=True)

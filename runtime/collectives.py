@@ -10,10 +10,10 @@ launching stream) to the point the compute stream may use its result (an event a
 events once they have completed (`CommStats.settle`, when reported). Nothing here adds a synchronisation: no
 barrier, no device sync, no extra collective.
 
-Averages: a reduction asked for the mean (`mean=True`) averages on NCCL itself (AVG, or in fp16 a pre-multiplied
-sum: each rank's values times 1/N before adding, so the sum cannot overflow); gloo has neither, so there it is a
-plain SUM and the caller divides (before the sum when reducing in fp16, after it otherwise; `averages(t)` says
-which, see `strategies`). gloo has no uneven collectives either:
+Averages: a reduction asked for the mean (`mean=True`) averages on NCCL itself (AVG: each rank's values times 1/N
+before adding, so fp16 cannot overflow; bf16 only at a power-of-two N, see `Comm.averages`); gloo has neither, so
+there it is a plain SUM and the caller divides (before the sum when reducing in fp16, after it otherwise;
+`averages(t)` says which, see `strategies`). gloo has no uneven collectives either:
 every buffer reaching this module is padded to a multiple of N (`partition`). Both are said here
 rather than emulated: an uneven size raises.
 """
@@ -127,7 +127,7 @@ class Pending:
         assert self._work is not None
         try:
             if self._cuda:
-                self._work.wait()
+                self._work.wait()  # the current (compute) stream waits; the host does not
             else:
                 self._work.wait(timeout=self._comm.timeout)
         except RuntimeError as e:
@@ -136,8 +136,14 @@ class Pending:
         if self._start is None:
             self._comm.stats.add_seconds(self.op, time.perf_counter() - t0)
             return
-        end = torch.cuda.Event(enable_timing=True)
-        end.record()  # on the current (compute) stream, after its wait for the collective
+        # The end is marked on a stream that waits for nothing but the collective, so the time is the collective's
+        # (queued behind earlier collectives included), not also the compute before the consumer reached its wait.
+        compute, timing = torch.cuda.current_stream(), self._comm.timing_stream()
+        timing.wait_stream(compute)
+        with torch.cuda.stream(timing):
+            self._work.wait()
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
         self._comm.stats.time_on_device(self.op, self._start, end)
 
 
@@ -182,17 +188,26 @@ class Comm:
         self.local = self.world_size == 1 and not (initialized and os.environ.get(SINGLE_RANK_ENV) == "1")
         """No collective is launched: one rank, no group asked to run them."""
         self._nccl = initialized and "nccl" in str(dist.get_backend(group))
+        self._timing: torch.cuda.Stream | None = None
+
+    def timing_stream(self) -> torch.cuda.Stream:
+        """A stream that only waits for collectives and records when they end (their GPU time, `CommStats`)."""
+        if self._timing is None:
+            self._timing = torch.cuda.Stream()
+        return self._timing
 
     def averages(self, t: torch.Tensor) -> bool:
-        """A reduction of `t` with `mean=True` averages in the collective itself (NCCL), not in the caller."""
-        return self._nccl and t.is_cuda and not self.local
+        """A reduction of `t` with `mean=True` averages in the collective itself (NCCL), not in the caller. NCCL's
+        AVG multiplies each rank's values by 1/N in the tensor's dtype before adding (a pre-multiplied sum, so fp16
+        cannot overflow); in bf16, 1/N is exact only for a power-of-two N (1/3 rounds 0.2% high, a bias on every
+        gradient), so there the caller sums and divides."""
+        if not (self._nccl and t.is_cuda and not self.local):
+            return False
+        n = self.world_size
+        return t.dtype != torch.bfloat16 or n & (n - 1) == 0
 
-    def _mean_op(self, t: torch.Tensor) -> Any:  # a ReduceOp, or the RedOpType members torch's stubs type apart
-        if not self.averages(t):
-            return dist.ReduceOp.SUM
-        if t.dtype == torch.float16:
-            return dist._make_nccl_premul_sum(1.0 / self.world_size)
-        return dist.ReduceOp.AVG
+    def _mean_op(self, t: torch.Tensor) -> Any:  # ReduceOp members, typed RedOpType by torch's stubs
+        return dist.ReduceOp.AVG if self.averages(t) else dist.ReduceOp.SUM
 
     def _ring(self, n_bytes: int) -> int:
         return n_bytes * (self.world_size - 1) // self.world_size
@@ -327,7 +342,9 @@ def check_local_gpu(
     env = dict(os.environ) if env is None else env
     index = device.index if device.index is not None else torch.cuda.current_device()
     visible = torch.cuda.device_count() if visible is None else visible
-    local = int(env.get("LOCAL_RANK", "0"))
+    if "LOCAL_RANK" not in env:
+        return torch.device("cuda", index)  # a launcher that maps GPUs its own way (srun, mpirun): its choice
+    local = int(env["LOCAL_RANK"])
     if visible > 1 and index != local:
         raise ZeroSetupError(
             "model device",

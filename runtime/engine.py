@@ -350,6 +350,7 @@ class ZeroEngine:
         for i in self._gather_order():
             self.strategy.after_step(self.units[i], async_op=self.config.overlap_comm)
         self.steps += 1
+        self.comm.stats.settle()  # completed CUDA timings (none on CPU): the list stays one step long
         done.applied = True
         return done
 

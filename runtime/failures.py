@@ -99,11 +99,11 @@ def failure_time(failure: Any) -> float:
     return float(_extra(failure).get(_TIME_KEY, failure.timestamp))
 
 
-# What ProcessGroupNCCL's watchdog prints before it takes the process down (torch 2.4-2.13).
+# What ProcessGroupNCCL prints when it takes the process down over a *timed-out* collective (torch 2.4-2.13). Its
+# general lines ("Some NCCL operations have failed or timed out", "watchdog thread terminated with exception") also
+# follow a CUDA error the watchdog caught (an illegal memory access): those stay crashes, the root cause.
 NCCL_WATCHDOG_MARKERS = (
     "Watchdog caught collective operation timeout",
-    "Some NCCL operations have failed or timed out",
-    "Process group watchdog thread terminated with exception",
     "ProcessGroupNCCL's watchdog got stuck",
     "Received a dump signal due to a collective timeout",
 )

@@ -68,7 +68,9 @@ class GradArenas:
                 self.pool.finish_oldest()  # a reduction still reading an arena: let it finish
             if not self._free:
                 self._free.append((self._new(), None))
-            base, still_read = self._free.pop()
+            # The arena given back longest ago: the one just given back may still be read by its copy (FIFO lets
+            # that copy overlap this unit's backward instead of stalling on it).
+            base, still_read = self._free.pop(0)
             if still_read is not None:
                 self.pool.streams.wait(still_read)  # the last copy out of this arena has run
         arena = base[: u.layout.padded]

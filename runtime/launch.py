@@ -252,6 +252,7 @@ def launch(
     run_id: str = "zerotrain",
     quiet: bool = False,
     log_dir: Path | None = None,
+    capture_stdout: bool = True,
 ) -> LaunchOutcome:
     """Start the plan's local ranks through torch.distributed's elastic launcher and wait for them.
 
@@ -265,6 +266,7 @@ def launch(
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL if quiet else logging.ERROR)
+    captured = Std.ALL if capture_stdout else Std.ERR
     config = LaunchConfig(
         min_nodes=plan.nnodes,
         max_nodes=plan.nnodes,
@@ -276,7 +278,7 @@ def launch(
         max_restarts=0,
         monitor_interval=0.1,
         start_method="spawn",
-        logs_specs=DefaultLogsSpecs(log_dir=str(log_dir), redirects=Std.ALL, tee=Std.ALL) if log_dir else None,
+        logs_specs=DefaultLogsSpecs(log_dir=str(log_dir), redirects=captured, tee=captured) if log_dir else None,
         log_line_prefix_template="[rank${rank}]: " if log_dir else None,
         shutdown_timeout=int(
             os.environ.get(

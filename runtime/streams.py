@@ -4,8 +4,9 @@ and a CPU model of those semantics that makes a missing wait fail a CPU test.
 On CUDA, NCCL runs each collective on its own internal stream, ordered by events: at launch that stream waits
 for the launching stream, and `Work.wait()` makes the current stream (not the host) wait for the collective's
 end. What remains are the copies into bucket buffers before a reduce-scatter (the bucket's rows gathered from a
-unit's gradients) and the pre-divide: those run on a side stream, as FSDP2's reduce-scatter copy-in does, so they
-overlap the rest of backward, and the collective is launched from there.
+unit's gradients) and the pre-divide: those run on a side stream (as FSDP2 in torch 2.4 did its copy-in; later
+FSDP2 copies in on the compute stream), so they overlap the rest of backward, and the collective is launched from
+there. "Compute" is whatever stream is current when the hooks run (a caller's own stream too).
 
 The rules every caller keeps, each one a `SideWork` ticket:
 - `side(fn)` queues `fn` (device work, and the launch of the collective it feeds) on the side stream after all
@@ -104,8 +105,12 @@ class CudaStreams(HostStreams):
     """The compute stream and a side stream of one CUDA device, ordered by events."""
 
     def __init__(self, device: torch.device) -> None:
-        self.compute = torch.cuda.current_stream(device)
-        self.side_stream = torch.cuda.Stream(device)
+        self.device = device
+        self.side_stream = torch.cuda.Stream(device, priority=-1)  # high priority: reductions gate the step
+
+    @property
+    def compute(self) -> torch.cuda.Stream:
+        return torch.cuda.current_stream(self.device)
 
     def side(self, fn: Callable[[], T]) -> SideWork[T]:
         self.side_stream.wait_stream(self.compute)  # after the compute issued so far (the gradients it copies)

@@ -79,12 +79,13 @@ def test_a_model_on_several_devices_or_none_is_refused() -> None:
         (1, 1, 8, False),
         (0, 3, 1, False),  # CUDA_VISIBLE_DEVICES gives each process its own GPU as cuda:0
         (0, 0, 2, False),
+        (3, None, 8, False),  # no LOCAL_RANK (srun, mpirun): the launcher's own mapping stands
     ],
 )
 def test_a_rank_on_another_local_ranks_gpu_is_refused_naming_the_fix(
-    device: int, local_rank: int, visible: int, refused: bool
+    device: int, local_rank: int | None, visible: int, refused: bool
 ) -> None:
-    env = {"LOCAL_RANK": str(local_rank)}
+    env = {} if local_rank is None else {"LOCAL_RANK": str(local_rank)}
     gpu = torch.device("cuda", device)
     if not refused:
         assert check_local_gpu(gpu, env, visible) == gpu

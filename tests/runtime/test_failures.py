@@ -48,3 +48,17 @@ def test_a_sigabrt_without_the_watchdogs_words_is_a_crash_and_the_root_cause(tmp
     assert not nccl_watchdog_abort(crashed, logs[0]) and not nccl_watchdog_abort(uncaptured, logs[2])
     out = outcome_of_failures(failures, logs)
     assert out.message == "rank 0 failed first: it was killed by SIGABRT", out
+
+
+def test_a_cuda_error_the_watchdog_caught_stays_a_crash(tmp_path: Path) -> None:
+    # The watchdog's general lines follow a CUDA error too: that rank crashed, it did not wait for a peer.
+    error = (
+        "[rank0]:[E1201 ProcessGroupNCCL.cpp:1595] [PG ID 0 PG GUID 0(default_pg) Rank 0] Process group watchdog "
+        "thread terminated with exception: CUDA error: an illegal memory access was encountered\n"
+        "Some NCCL operations have failed or timed out. Due to the asynchronous nature of CUDA kernels, subsequent "
+        "GPU operations might run on corrupted/incomplete data.\n"
+    )
+    failures = {0: _rank(tmp_path, 0, -6, error), 1: _rank(tmp_path, 1, -6, WATCHDOG)}
+    logs = rank_log_folders(tmp_path, failures)
+    assert not nccl_watchdog_abort(failures[0], logs[0]) and nccl_watchdog_abort(failures[1], logs[1])
+    assert outcome_of_failures(failures, logs).message == "rank 0 failed first: it was killed by SIGABRT"
