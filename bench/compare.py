@@ -23,6 +23,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -164,12 +165,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--plots", type=Path, default=DEFAULT_PLOTS, help="directory for the PNG plots")
     add("--no-plots", action="store_true")
     args = parser.parse_args(argv)
-    if args.steps < args.warmup + 2 or args.warmup < 0:
-        parser.error(f"--steps {args.steps}, --warmup {args.warmup}: need steps >= warmup + 2 (one timed, one counted)")
-    unknown = set(args.systems.split(",")) - set(SYSTEMS)
-    if unknown:
-        parser.error(f"--systems: unknown {', '.join(sorted(unknown))}; choose from {','.join(SYSTEMS)}")
+    check_steps(parser, args.steps, args.warmup)
+    check_choices(parser, "--systems", args.systems.split(","), SYSTEMS)
     return args
+
+
+def check_steps(parser: argparse.ArgumentParser, steps: int, warmup: int) -> None:
+    """Exit through `parser` unless the run has warmup steps, then one timed and one counted."""
+    if steps < warmup + 2 or warmup < 0:
+        parser.error(f"--steps {steps}, --warmup {warmup}: need steps >= warmup + 2 (one timed, one counted)")
+
+
+def check_choices(parser: argparse.ArgumentParser, flag: str, given: list[str], known: Sequence[str]) -> None:
+    """Exit through `parser`, naming what `given` holds beyond `known`."""
+    unknown = set(given) - set(known)
+    if unknown:
+        parser.error(f"{flag}: unknown {', '.join(sorted(unknown))}; choose from {','.join(known)}")
+
+
+def results_header(script: str, argv: list[str] | None, args: argparse.Namespace) -> dict[str, Any]:
+    """What a results file starts with: the command that made it, the machine, and the parsed arguments."""
+    return {
+        "command": " ".join(["python", script, *(argv if argv is not None else sys.argv[1:])]),
+        "environment": environment(),
+        "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+    }
 
 
 def _systems(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
@@ -229,9 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     systems, skipped = _systems(args)
     reference, results, failures = run_all(args, systems)
     doc = {
-        "command": " ".join(["python", "bench/compare.py", *(argv if argv is not None else sys.argv[1:])]),
-        "environment": environment(),
-        "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        **results_header("bench/compare.py", argv, args),
         "byte_convention": "per rank, ring: all-reduce 2(N-1)/N·payload, all-gather and reduce-scatter "
         "(N-1)/N·full tensor, broadcast payload at the source",
         "reference_losses": reference,

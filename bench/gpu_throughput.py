@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling modules,
 
 import torch
 import torch.distributed as dist
-from compare import LossDisagreement, _spawn, check_agreement, environment
+from compare import LossDisagreement, _spawn, check_agreement, check_choices, check_steps, results_header
 from compare_systems import RunSpec, System, ZeroSystem, _adamw, _init_group, _train
 from torch import nn
 
@@ -177,11 +177,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--inject-loss-offset", action="store_true", help=argparse.SUPPRESS)  # tests: zero3's losses made wrong
     args = parser.parse_args(argv)
     args.systems = [s for s in args.systems.split(",") if s] + (["zero3-local"] if args.zero_local else [])
-    unknown = set(args.systems) - set(SYSTEMS)
-    if unknown:
-        parser.error(f"--systems: unknown {', '.join(sorted(unknown))}; choose from {','.join(SYSTEMS)}")
-    if args.steps < args.warmup + 2:
-        parser.error(f"--steps {args.steps}, --warmup {args.warmup}: need steps >= warmup + 2 (one timed, one counted)")
+    check_choices(parser, "--systems", args.systems, SYSTEMS)
+    check_steps(parser, args.steps, args.warmup)
     return args
 
 
@@ -264,9 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         results.append(r)
     failures = agreement(results, args.atol)
     doc = {
-        "command": " ".join(["python", "bench/gpu_throughput.py", *(argv if argv is not None else sys.argv[1:])]),
-        "environment": environment(),
-        "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        **results_header("bench/gpu_throughput.py", argv, args),
         "seconds": time.perf_counter() - t0,
         "results": results,
         "failures": failures,

@@ -20,6 +20,13 @@ sys.path.insert(0, str(BENCH))
 
 import gpu_bundle  # noqa: E402
 import gpu_check  # noqa: E402
+import gpu_check_config  # noqa: E402
+import gpu_check_driver  # noqa: E402
+import gpu_check_parity  # noqa: E402
+import gpu_check_procs  # noqa: E402
+import gpu_check_records  # noqa: E402
+import gpu_check_sanitizer  # noqa: E402
+import gpu_check_train  # noqa: E402
 import gpu_throughput  # noqa: E402
 
 from zerotrain.runtime.examples.gpt import GPT  # noqa: E402
@@ -46,7 +53,7 @@ def test_cpu_path_runs_every_phase_and_passes(tmp_path: Path) -> None:
     proc, doc = _check(["--out", str(tmp_path)])
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert doc["ok"] and doc["counts"]["FAILED"] == 0
-    assert list(doc["phases"]) == list(gpu_check.PHASES)
+    assert list(doc["phases"]) == list(gpu_check_config.PHASES)
     assert not any(p["timed_out"] for p in doc["phases"].values())
     passed = _by_status(doc, "ok")
     for op in ("all_gather_into_tensor", "reduce_scatter_tensor SUM", "reduce_scatter_tensor AVG", "all_reduce AVG"):
@@ -66,7 +73,7 @@ def test_cpu_path_runs_every_phase_and_passes(tmp_path: Path) -> None:
     assert _by_status(doc, "skipped") == {"sanitizer: sanitized run", "sanitizer: CSAN catches a planted race"}
     # One printed line per check, and every phase's own log kept.
     assert sum(ln.lstrip().startswith(("ok ", "skipped ")) for ln in proc.stdout.splitlines()) == len(doc["checks"])
-    assert {f"{p}.log" for p in gpu_check.PHASES} <= {p.name for p in (tmp_path / "phases").iterdir()}
+    assert {f"{p}.log" for p in gpu_check_config.PHASES} <= {p.name for p in (tmp_path / "phases").iterdir()}
     results = json.loads((tmp_path / "throughput.json").read_text())["results"]
     assert [r["system"] for r in results] == ["zero3", "fsdp2"] and all(r["tokens_per_second"] > 0 for r in results)
 
@@ -93,12 +100,12 @@ def test_a_wrong_collective_result_fails_only_that_check(tmp_path: Path) -> None
 def test_a_phase_that_breaks_or_hangs_is_a_failed_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     args = gpu_check.parse_args(["--device", "cpu", "--quick", "--out", str(tmp_path)])
     (tmp_path / "phases").mkdir()
-    sink = gpu_check.Checks("collectives", None)
-    info = gpu_check.run_phase(args, "collectives", 0.5, sink)  # far too short: killed
+    sink = gpu_check_records.Checks("collectives", None)
+    info = gpu_check_driver.run_phase(args, "collectives", 0.5, sink)  # far too short: killed
     assert info["timed_out"] and sink.records[-1]["status"] == "FAILED" and "timed out" in sink.records[-1]["detail"]
-    monkeypatch.setattr(gpu_check, "child_args", lambda a: ["--device", "cuda-nonexistent"])
-    sink = gpu_check.Checks("collectives", None)
-    info = gpu_check.run_phase(args, "collectives", 60, sink)
+    monkeypatch.setattr(gpu_check_procs, "child_args", lambda a: ["--device", "cuda-nonexistent"])
+    sink = gpu_check_records.Checks("collectives", None)
+    info = gpu_check_driver.run_phase(args, "collectives", 60, sink)
     assert info["exit_status"] == 2 and "exited with status 2" in sink.records[-1]["detail"]
 
 
@@ -110,20 +117,20 @@ def test_the_sanitizer_verdict_fails_on_a_race_report_a_crash_or_a_hang() -> Non
         "reading from argument(s) self\n"
         "Previous access by stream 0 during kernel:\naten::fill_.Scalar(Tensor(a!) self, Scalar value)\n"
     )
-    ok, detail = gpu_check.sanitizer_verdict(0, "training ...\n" + report)
+    ok, detail = gpu_check_sanitizer.sanitizer_verdict(0, "training ...\n" + report)
     assert not ok and "aten::mul.Tensor" in detail and "aten::fill_.Scalar" in detail
-    assert gpu_check.sanitizer_verdict(0, "all fine\n") == (True, "no race reported")
-    assert not gpu_check.sanitizer_verdict(1, "RuntimeError: boom\n")[0]
-    assert gpu_check.sanitizer_verdict(None, "")[1] == "timed out"
+    assert gpu_check_sanitizer.sanitizer_verdict(0, "all fine\n") == (True, "no race reported")
+    assert not gpu_check_sanitizer.sanitizer_verdict(1, "RuntimeError: boom\n")[0]
+    assert gpu_check_sanitizer.sanitizer_verdict(None, "")[1] == "timed out"
 
 
 def test_bf16_tolerance_catches_an_update_off_by_its_own_size() -> None:
     init = {"w": torch.zeros(100)}
-    base = gpu_check.Trained([5.0], [1.0], {"w": torch.full((100,), 1e-3)})
-    near = gpu_check.Trained([5.0], [1.0], {"w": torch.full((100,), 1e-3) * (1 + 2**-8)})
-    doubled = gpu_check.Trained([5.0], [1.0], {"w": torch.full((100,), 2e-3)})
-    assert gpu_check.worst_update(near, base, init)[0] <= gpu_check.BF16_UPDATE_RTOL
-    assert gpu_check.worst_update(doubled, base, init) == (pytest.approx(1.0), "w")
+    base = gpu_check_train.Trained([5.0], [1.0], {"w": torch.full((100,), 1e-3)})
+    near = gpu_check_train.Trained([5.0], [1.0], {"w": torch.full((100,), 1e-3) * (1 + 2**-8)})
+    doubled = gpu_check_train.Trained([5.0], [1.0], {"w": torch.full((100,), 2e-3)})
+    assert gpu_check_parity.worst_update(near, base, init)[0] <= gpu_check_config.BF16_UPDATE_RTOL
+    assert gpu_check_parity.worst_update(doubled, base, init) == (pytest.approx(1.0), "w")
 
 
 def test_throughput_losses_that_leave_fsdp2s_fail_and_the_model_is_a_billion_parameters() -> None:
@@ -150,8 +157,8 @@ def test_throughput_losses_that_leave_fsdp2s_fail_and_the_model_is_a_billion_par
         large = GPT(seq_len=1024, d_model=2048, n_layers=20, n_heads=16)
     assert sum(p.numel() for p in small.parameters()) == gpu_throughput.parameter_count(64, 3, 32)
     assert sum(p.numel() for p in large.parameters()) == 1_009_790_976
-    assert "--d-model 2048 --layers 20" in gpu_check.SIZES["cuda"].throughput
-    assert gpu_check.SIZES["cuda"].min_params == 10**9
+    assert "--d-model 2048 --layers 20" in gpu_check_config.SIZES["cuda"].throughput
+    assert gpu_check_config.SIZES["cuda"].min_params == 10**9
 
 
 # --- the bundle ---------------------------------------------------------------------------------------------------

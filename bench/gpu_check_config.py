@@ -1,0 +1,82 @@
+"""What bench/gpu_check.py runs with: its phases and their timeouts, the model sizes of each mode, the tolerances."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PHASES = ("collectives", "parity", "two_ranks", "sanitizer", "allocator", "throughput")
+# Seconds each phase may take on one H200 (the whole stays under 8 minutes: see --budget-s); CPU runs get 4x.
+TIMEOUTS = {"collectives": 60, "parity": 120, "two_ranks": 75, "sanitizer": 150, "allocator": 90, "throughput": 240}
+CPU_SLOWDOWN = 4
+FAULTS = ("parity-reference", "collective-result", "throughput-loss")
+MIN_TORCH = (2, 11)
+
+FP32_ATOL = 1e-5
+"""fp32 against torch.optim.AdamW: largest |w - w_adamw| after the steps (also the losses), and the relative
+difference of the gradient norm. TF32 is off and kernels deterministic, so only summation order differs."""
+BF16_UPDATE_RTOL = 5e-2
+"""bf16 stage k against bf16 stage 0 on the same data: per tensor, ‖Δw_k − Δw_0‖ / ‖Δw_0‖ with Δw = w_after − w_init
+(fp32 masters). A different rounding or summation order moves a bf16 value by about one unit in the last place
+(2^-8 ≈ 0.4%), the gradients by a few of them; AdamW's update m/√v is scale-free and inherits about that relative
+error, a few per cent over the steps at most, where near-zero gradients can even flip sign. A sharding mistake (a
+unit's gradient missing, a chunk in the wrong place, a stale parameter after the step) changes Δw of what it touches
+by its own size (relative error ~1). At world size 1 the stages compute the same values, so 0 is typical."""
+BF16_LOSS_ATOL = 2e-2
+"""bf16 stage k against bf16 stage 0: |loss difference| at any step (a loss of ~5.5 resolved to bf16's 0.4%)."""
+BF16_VS_FP32_LOSS_ATOL = 5e-2
+"""bf16 stage 0 against fp32 AdamW, loosely: the mixed-precision path trains the same model (2e-3 seen on CPU)."""
+TOLERANCES = {
+    "fp32_atol": FP32_ATOL,
+    "bf16_update_rtol": BF16_UPDATE_RTOL,
+    "bf16_loss_atol": BF16_LOSS_ATOL,
+    "bf16_vs_fp32_loss_atol": BF16_VS_FP32_LOSS_ATOL,
+}
+"""The tolerances as gpu_check.json records them."""
+
+
+@dataclass
+class Size:
+    """Model sizes and step counts of one mode (cuda, cpu, quick)."""
+
+    gpt: dict[str, int]
+    steps: int
+    alloc: dict[str, int]
+    alloc_steps: int
+    sanitizer_steps: int
+    throughput: str
+    """bench/gpu_throughput.py's model and step arguments."""
+    min_params: int = 0
+
+
+# On the CPU the allocator phase trains the parity model itself.
+CPU_GPT = {"seq_len": 64, "batch_size": 8, "d_model": 128, "n_layers": 4, "n_heads": 4, "max_bytes": 200_000}
+QUICK_GPT = {"seq_len": 32, "batch_size": 4, "d_model": 64, "n_layers": 2, "n_heads": 4, "max_bytes": 40_000}
+SIZES = {
+    "cuda": Size(
+        gpt={"seq_len": 128, "batch_size": 8, "d_model": 256, "n_layers": 4, "n_heads": 8, "max_bytes": 400_000},
+        steps=5,
+        alloc={"seq_len": 512, "batch_size": 8, "d_model": 1024, "n_layers": 8, "n_heads": 16, "max_bytes": 2_000_000},
+        alloc_steps=6,
+        sanitizer_steps=3,
+        # 20·(12·2048² + 13·2048) + (256 + 1024 + 2)·2048 = 1,009,790,976 parameters; see docs/performance.md.
+        throughput="--d-model 2048 --layers 20 --heads 16 --seq-len 1024 --batch 16 --steps 8 --warmup 3",
+        min_params=1_000_000_000,
+    ),
+    "cpu": Size(
+        gpt=dict(CPU_GPT),
+        steps=5,
+        alloc=dict(CPU_GPT),
+        alloc_steps=3,
+        sanitizer_steps=2,
+        throughput="--d-model 128 --layers 2 --heads 4 --seq-len 64 --batch 8 --steps 4 --warmup 1 --max-bytes 200000",
+    ),
+    "quick": Size(
+        gpt=dict(QUICK_GPT),
+        steps=3,
+        alloc=dict(QUICK_GPT),
+        alloc_steps=2,
+        sanitizer_steps=1,
+        throughput="--d-model 32 --layers 1 --heads 4 --seq-len 16 --batch 4 --steps 3 --warmup 1 --max-bytes 20000 "
+        "--systems zero3,fsdp2",
+    ),
+}
