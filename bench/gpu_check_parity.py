@@ -26,6 +26,7 @@ from gpu_check_train import (
 )
 
 from zerotrain.runtime.collectives import SINGLE_RANK_ENV
+from zerotrain.runtime.streams import STREAM_MODEL_ENV
 
 
 def max_abs(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> float:
@@ -109,6 +110,14 @@ def parity_runs(
     for label, stage, cfg in parity_cases(chunk, world):
         run = train_engine(make_task(device, gpt, rank, world), data, stage, **cfg)
         fp32_check(checks, f"fp32 {label} vs AdamW ({where})", run, ref, single)
+    chunked = {"reduce_bucket_elements": chunk, "allgather_bucket_elements": chunk}
+    for stage in (2, 3):  # side work held back on the GPU: a consumer that did not wait for it reads other numbers
+        os.environ[STREAM_MODEL_ENV] = "delayed"
+        try:
+            run = train_engine(make_task(device, gpt, rank, world), data, stage, **chunked)
+        finally:
+            os.environ.pop(STREAM_MODEL_ENV)
+        fp32_check(checks, f"fp32 stage {stage} chunked, side stream delayed vs AdamW ({where})", run, ref, single)
     base = train_engine(make_task(device, gpt, rank, world), data, 0, "bf16", reduce_dtype="fp32")
     dl = diffs(base.losses, ref.losses)
     checks.add(

@@ -39,7 +39,8 @@ import torch
 T = TypeVar("T")
 
 STREAM_MODEL_ENV = "ZEROTRAIN_STREAM_MODEL"
-"""`lazy` selects `LazyStreams` on CPU (tests); unset or `host`, the plain host order."""
+"""`lazy` selects `LazyStreams` on CPU (tests); `delayed` the same on CPU and, on CUDA, side work that starts with a
+spin of about a millisecond (`DelayedCudaStreams`, the GPU check); unset or `host`, the plain order."""
 
 
 class SideWork(Generic[T]):
@@ -133,13 +134,25 @@ class CudaStreams(HostStreams):
             t.record_stream(self.side_stream)
 
 
+class DelayedCudaStreams(CudaStreams):
+    """CUDA with every piece of side work held back by a GPU spin first: what LazyStreams does on CPU, on the real
+    streams, so a missing wait (or a missing `keep`, which the CPU model cannot see) changes the numbers."""
+
+    SPIN_CYCLES = 2_000_000  # about a millisecond at GPU clocks
+
+    def side(self, fn: Callable[[], T]) -> SideWork[T]:
+        def late() -> T:
+            torch.cuda._sleep(self.SPIN_CYCLES)
+            return fn()
+
+        return super().side(late)
+
+
 def streams_for(device: torch.device) -> HostStreams:
     """The streams of a rank's device: CUDA's, or on CPU the host order (the lazy model when the tests ask)."""
-    if device.type == "cuda":
-        return CudaStreams(device)
     model = os.environ.get(STREAM_MODEL_ENV, "host")
-    if model == "lazy":
-        return LazyStreams()
-    if model != "host":
-        raise ValueError(f"{STREAM_MODEL_ENV}={model!r}: use 'lazy' (the tests' stream model) or 'host'")
-    return HostStreams()
+    if model not in ("host", "lazy", "delayed"):
+        raise ValueError(f"{STREAM_MODEL_ENV}={model!r}: use 'lazy' or 'delayed' (the checks' stream models) or 'host'")
+    if device.type == "cuda":
+        return DelayedCudaStreams(device) if model == "delayed" else CudaStreams(device)
+    return HostStreams() if model == "host" else LazyStreams()

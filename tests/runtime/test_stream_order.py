@@ -114,6 +114,11 @@ def test_lazy_streams_run_side_work_only_when_waited_for_and_in_order() -> None:
     assert ran == [1, 2, 3] and third.result() == 3
 
 
+def test_the_gpu_checks_delayed_model_is_the_lazy_one_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(STREAM_MODEL_ENV, "delayed")
+    assert type(streams_for(torch.device("cpu"))) is LazyStreams
+
+
 def test_an_unknown_stream_model_is_refused_naming_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(STREAM_MODEL_ENV, "eager")
     with pytest.raises(ValueError, match=f"{STREAM_MODEL_ENV}='eager'"):
