@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,13 +10,10 @@ from zerotrain.errors import UserError
 from zerotrain.manifest import parse_spec
 from zerotrain.operator import builders, naming, pod_template
 from zerotrain.operator.conditions import Reason
+from zerotrain.plan_inputs import gpu_memory_bytes, plan_input
 from zerotrain.planner import MemoryPlan, PlanInput, format_bytes, min_data_parallel, plan
-from zerotrain.runtime.config import Precision, Stage
+from zerotrain.runtime.config import Stage
 from zerotrain.spec import ZeroTrainingJobSpec
-
-_UNITS = {"": 1, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
-_UNITS.update({"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60})
-_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
 
 
 @dataclass(frozen=True)
@@ -34,31 +30,12 @@ class Admission:
         return self.reason is None
 
 
-def parse_quantity(text: str) -> int:
-    """A Kubernetes quantity ("80Gi", "40G") in bytes."""
-    m = _QUANTITY.match(text.strip())
-    if not m:
-        raise ValueError(f"not a Kubernetes quantity: {text!r}")
-    return round(float(m.group(1)) * _UNITS[m.group(2) or ""])
-
-
-def _bytes_of(precision: Precision) -> float:
-    return 4.0 if precision == Precision.FP32 else 2.0
-
-
 def plan_for(spec: ZeroTrainingJobSpec, default_gpu_memory: str | None) -> tuple[MemoryPlan, PlanInput] | None:
     """The planner's verdict when the parameter count and a GPU's memory are known, else None."""
     memory = spec.resources.gpu_memory or (default_gpu_memory if spec.resources.gpu > 0 else None)
     if spec.model.parameters is None or memory is None:
         return None
-    p = PlanInput(
-        parameters=spec.model.parameters,
-        data_parallel=spec.world_size,
-        optimizer_multiplier=spec.model.optimizer_multiplier,
-        bytes_per_weight=_bytes_of(spec.zero.precision),
-        bytes_per_gradient=_bytes_of(spec.zero.reduce_dtype),
-        device_memory=parse_quantity(memory),
-    )
+    p = plan_input(spec, gpu_memory_bytes(memory))
     return plan(p), p
 
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from zerotrain._model import SpecModel
-from zerotrain.planner import PlanInput, stage_bytes
+from zerotrain.planner import PlanInput, element_bytes, stage_bytes
 from zerotrain.runtime import optimizer as opt_mod
 from zerotrain.runtime.config import Stage
 
@@ -139,15 +139,14 @@ def memory_report(engine: ZeroEngine) -> MemoryReport:
     grads = c.count(t for u in units for t in u.gradient_tensors())
     state = [t for st in engine.optimizer.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
     opt_bytes = c.count(state) + c.count(t for u in units for t in u.master_tensors())
-    mixed = engine.dtypes.compute != torch.float32
     # K from the configuration, never from what is allocated (a prediction that measured itself would always
     # agree); an optimizer kind we do not know is measured, and assumed Adam's 8 before its first step.
-    k = opt_mod.configured_state_bytes(engine.optimizer)
-    if k is None:
-        k = opt_mod.state_bytes_per_element(engine.optimizer)
-    k = (8.0 if k is None else k) + (4.0 if mixed else 0.0)
-    w = float(torch.empty(0, dtype=engine.dtypes.compute).element_size())
-    g = w if engine.config.stage < Stage.GRADIENTS else 4.0
+    per_element = opt_mod.configured_state_bytes(engine.optimizer)
+    if per_element is None:
+        per_element = opt_mod.state_bytes_per_element(engine.optimizer)
+    compute = float(torch.empty(0, dtype=engine.dtypes.compute).element_size())
+    # The same rule `zerotrain plan`, validate and the operator's admission apply to the job spec.
+    w, g, k = element_bytes(engine.config.stage, compute, 8.0 if per_element is None else per_element)
     psi = sum(u.layout.numel for u in units)
     pp, pg, po = predict(engine.config.stage, psi, engine.world_size, w, g, k)
     stats = engine.comm.stats

@@ -23,6 +23,21 @@ from zerotrain._model import SpecModel
 from zerotrain.runtime.config import Stage
 
 DEFAULT_HEADROOM = 0.2
+MASTER_BYTES = 4.0
+"""The fp32 master copy mixed precision keeps of every parameter (part of K)."""
+
+
+def element_bytes(stage: Stage, compute_bytes: float, state_bytes: float) -> tuple[float, float, float]:
+    """(w, g, K): bytes per element of a weight, a gradient and the optimizer state, as the zerotrain runtime holds
+    them, from the compute dtype's size and the optimizer's own per-element state (fp32: Adam 8, SGD with momentum 4).
+
+    Weights are in the compute dtype. Stages 0/1 keep full gradients in the compute dtype; stages 2/3 keep only
+    the fp32 shard the optimizer reads (whatever dtype the reduction ran in). K is the optimizer's state plus, under
+    mixed precision, the fp32 master copy; in fp32 the parameters are their own master.
+    """
+    mixed = compute_bytes != 4.0
+    g = compute_bytes if stage < Stage.GRADIENTS else 4.0
+    return compute_bytes, g, state_bytes + (MASTER_BYTES if mixed else 0.0)
 
 
 class PlanInput(SpecModel):

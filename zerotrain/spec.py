@@ -81,8 +81,9 @@ class ModelInfo(SpecModel):
 
     parameters: int | None = Field(default=None, ge=1)
     """Total parameter count Ψ; enables the memory plan at admission."""
-    optimizer_multiplier: float = Field(default=12.0, gt=0)
-    """K: optimizer-state bytes per parameter (12 for mixed-precision Adam: fp32 master, momentum, variance)."""
+    optimizer_multiplier: float | None = Field(default=None, gt=0)
+    """K, optimizer-state bytes per parameter, stated outright; by default derived from training.optimizer and
+    zero.precision (fp32 AdamW 8, mixed-precision AdamW 12 with the fp32 master, SGD 0 or 4, plus 4 when mixed)."""
 
 
 class OptimizerSpec(SpecModel):

@@ -80,8 +80,29 @@ def test_plan_reads_the_manifest(tmp_path: Path, capsys: pytest.CaptureFixture[s
             "nprocPerNode": 8,
             "resources": {"gpu": 8, "gpuMemory": "32G"},
             "model": {"parameters": 7_500_000_000},
+            "zero": {"precision": "bf16"},
         },
     )
     assert main(["plan", "-f", str(path), "--output", "json"]) == 0
     out = yaml.safe_load(capsys.readouterr().out)
-    assert out["dataParallel"] == 64 and out["recommendedStage"] == 2
+    # The seed's 7.5B / 64-GPU example in bf16: K = 12 (fp32 master + Adam), stage 2 keeps 2Ψ of weights.
+    assert out["dataParallel"] == 64 and out["recommendedStage"] == 2 and out["optimizerMultiplier"] == 12
+
+
+def test_the_7b_fp32_job_gets_one_number_from_plan_and_admission(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # fp32 AdamW at stage 2 on 2 x 80Gi: 4Ψ of weights + (4 + 8)Ψ/2 of fp32 gradients and Adam state = 70 GB, what
+    # the runtime holds (runtime/memory.py applies the same planner.element_bytes).
+    from zerotrain.operator.admission import admit
+
+    spec = {
+        "replicas": 2,
+        "resources": {"gpu": 1, "gpuMemory": "80Gi"},
+        "model": {"parameters": 7_000_000_000},
+        "zero": {"stage": 2},
+    }
+    assert main(["plan", "-f", str(write(tmp_path, spec)), "--output", "json"]) == 0
+    planned = yaml.safe_load(capsys.readouterr().out)["stages"][2]["modelStateBytes"]
+    verdict = admit({**GOOD["spec"], **spec}, "p7b")
+    assert planned == verdict.plan.stages[2].model_state_bytes == 70_000_000_000  # type: ignore[union-attr]

@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
-from zerotrain.operator.admission import admit, parse_quantity
+from zerotrain.operator.admission import admit
 from zerotrain.operator.conditions import Reason
+from zerotrain.plan_inputs import gpu_memory_bytes as parse_quantity
 
 BASE: dict[str, Any] = {"image": "i", "entrypoint": "m:f", "replicas": 2, "nprocPerNode": 8}
 BIG = {"model": {"parameters": 7_500_000_000}, "resources": {"gpu": 8}}
@@ -56,7 +57,8 @@ def test_too_few_replicas_for_the_stage_names_the_count() -> None:
     spec = {**BASE, "replicas": 1, "nprocPerNode": 1, "resources": {"gpu": 1, "gpuMemory": "16Gi"}}
     verdict = admit({**spec, "model": {"parameters": 70_000_000_000}, "zero": {"stage": 3}}, "job")
     assert verdict.reason == Reason.MEMORY_PLAN_DOES_NOT_FIT
-    assert "keep stage 3 on at least 102 replicas (102 ranks)" in verdict.message
+    # fp32 AdamW: 4 + 4 + 8 = 16 bytes per parameter, 1.12 TB over 13.7 GB usable per GPU.
+    assert "keep stage 3 on at least 82 replicas (82 ranks)" in verdict.message
 
 
 def test_cpu_job_ignores_the_gpu_default() -> None:

@@ -13,6 +13,7 @@ from rich.text import Text
 
 from zerotrain.errors import UserError
 from zerotrain.manifest import load_job
+from zerotrain.plan_inputs import plan_input
 from zerotrain.planner import MemoryPlan, PlanInput, format_bytes, plan
 from zerotrain.quantity import parse_bytes, parse_count
 
@@ -69,13 +70,9 @@ def _inputs(args: argparse.Namespace) -> dict[str, object]:
         spec = load_job(args.manifest).spec
         if spec.model.parameters is None:
             raise UserError(f"{args.manifest}: spec.model.parameters is not set; add it or pass --params")
-        values.update(
-            parameters=spec.model.parameters,
-            data_parallel=spec.world_size,
-            optimizer_multiplier=spec.model.optimizer_multiplier,
-        )
         if spec.resources.gpu_memory:
-            values["device_memory"] = _size(spec.resources.gpu_memory, "spec.resources.gpuMemory")
+            _size(spec.resources.gpu_memory, "spec.resources.gpuMemory")
+        values.update(plan_input(spec).model_dump(exclude_none=True, exclude={"headroom"}))
     if args.params is not None:
         values["parameters"] = _number(args.params, "--params")
     if args.dp is not None:
