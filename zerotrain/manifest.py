@@ -32,6 +32,11 @@ def parse_spec(spec: Any, source: str = "spec") -> ZeroTrainingJobSpec:
 
 def load_job(path: str | Path) -> ZeroTrainingJob:
     """Read and validate the single ZeroTrainingJob in a YAML file."""
+    return parse_job(load_job_document(path), source=str(path))
+
+
+def load_job_document(path: str | Path) -> dict[str, Any]:
+    """The single ZeroTrainingJob document of a YAML file, as written (not yet validated)."""
     p = Path(path)
     try:
         docs = [d for d in yaml.safe_load_all(p.read_text()) if d is not None]
@@ -42,4 +47,4 @@ def load_job(path: str | Path) -> ZeroTrainingJob:
     jobs = [d for d in docs if isinstance(d, dict) and d.get("kind") == KIND]
     if len(jobs) != 1:
         raise UserError(f"{p}: expected exactly one {KIND} document, found {len(jobs)}; put one job per file")
-    return parse_job(jobs[0], source=str(p))
+    return jobs[0]

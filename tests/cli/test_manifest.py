@@ -106,3 +106,18 @@ def test_the_7b_fp32_job_gets_one_number_from_plan_and_admission(
     planned = yaml.safe_load(capsys.readouterr().out)["stages"][2]["modelStateBytes"]
     verdict = admit({**GOOD["spec"], **spec}, "p7b")
     assert planned == verdict.plan.stages[2].model_state_bytes == 70_000_000_000  # type: ignore[union-attr]
+
+
+def test_validate_runs_the_operators_admission(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from zerotrain.operator.admission import admit
+
+    spec = {"replicas": 2, "resources": {"gpu": 1}, "model": {"parameters": 7_000_000_000}, "zero": {"stage": 2}}
+    path = write(tmp_path, spec)
+    assert main(["validate", str(path)]) == 0  # no GPU memory known: the plan is not checked, and says so
+    assert "memory plan: not checked" in capsys.readouterr().out
+    # With the operator's default GPU memory: refused as the operator refuses it, with its message.
+    assert main(["validate", str(path), "--gpu-memory", "80Gi"]) == 2
+    refused = admit({**GOOD["spec"], **spec}, "tiny", default_gpu_memory="80Gi")
+    assert refused.message and refused.message in " ".join(capsys.readouterr().err.split())
+    assert main(["validate", str(path), "--gpu-memory", "141Gi"]) == 0
+    assert "70.0 GB of model states per GPU at stage 2" in capsys.readouterr().out

@@ -1,4 +1,5 @@
-"""`zerotrain validate JOB.yaml`: check a manifest the way the operator will, without a cluster."""
+"""`zerotrain validate JOB.yaml`: check a manifest the way the operator will, without a cluster: the spec, the
+names of its children, its pod template, and its memory plan against the GPUs' memory (the operator's admission)."""
 
 from __future__ import annotations
 
@@ -7,24 +8,44 @@ import argparse
 from rich.console import Console
 from rich.text import Text
 
-from zerotrain.manifest import load_job
+from zerotrain.errors import UserError
+from zerotrain.manifest import load_job, load_job_document
+from zerotrain.planner import format_bytes
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("validate", help="check a ZeroTrainingJob manifest", description=__doc__)
     p.add_argument("manifest", help="path of the ZeroTrainingJob YAML")
+    p.add_argument(
+        "--gpu-memory",
+        help="memory of one GPU (80Gi) when the manifest sets none: the operator's operator.defaultGpuMemory",
+    )
+    p.add_argument("--allow-host-path", action="store_true", help="as an operator run with operator.allowHostPath=true")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    job = load_job(args.manifest)
-    name = job.metadata.get("name", "(unnamed)")
+    from zerotrain.operator.admission import admit
+
+    job = load_job(args.manifest)  # the field-by-field errors first
+    name = str(job.metadata.get("name", "(unnamed)"))
+    raw = load_job_document(args.manifest).get("spec")
+    verdict = admit(raw, name if name != "(unnamed)" else "job", args.gpu_memory, args.allow_host_path)
+    if not verdict.admitted:
+        raise UserError(f"{args.manifest}: the operator would refuse it ({verdict.reason}): {verdict.message}")
     spec = job.spec
-    Console().print(
-        Text(
-            f"{args.manifest}: ZeroTrainingJob {name} is valid: stage {spec.zero.stage.value}, "
-            f"{spec.replicas} pod(s) × {spec.nproc_per_node} rank(s) = {spec.world_size} ranks"
-        ),
-        soft_wrap=True,
-    )
+    lines = [
+        f"{args.manifest}: ZeroTrainingJob {name} is valid: stage {spec.zero.stage.value}, "
+        f"{spec.replicas} pod(s) × {spec.nproc_per_node} rank(s) = {spec.world_size} ranks"
+    ]
+    if verdict.plan is not None:
+        held = format_bytes(verdict.plan.stages[spec.zero.stage].model_state_bytes)
+        lines.append(
+            f"memory plan: {held} of model states per GPU at stage {spec.zero.stage.value}; {verdict.plan.reason}"
+        )
+    else:
+        lines.append("memory plan: not checked (set spec.model.parameters and resources.gpuMemory, or --gpu-memory)")
+    console = Console()
+    for line in lines:
+        console.print(Text(line), soft_wrap=True)
     return 0
