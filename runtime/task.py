@@ -112,3 +112,20 @@ def build_task(entrypoint: str, *, rank: int, world_size: int, args: dict[str, A
     if not any(True for _ in task.model.parameters()):
         raise ConfigError(f"spec.entrypoint: {entrypoint} returned a model with no parameters; nothing to train")
     return task
+
+
+PARAMETER_COUNT_TOLERANCE = 0.01
+"""How far `spec.model.parameters` may be from the model's count: a rounded figure ("7e9" for 7.06B) plans the
+same; a figure for another model would make every memory plan of the job wrong."""
+
+
+def check_declared_parameters(model: nn.Module, declared: int | None) -> None:
+    """Refuse a manifest whose `spec.model.parameters` (what admission planned with) is not this model's Ψ."""
+    if declared is None:
+        return
+    count = sum(p.numel() for p in model.parameters())  # each tied parameter once
+    if abs(declared - count) > PARAMETER_COUNT_TOLERANCE * count:
+        raise ConfigError(
+            f"spec.model.parameters: got {declared:,}, but the entry point's model has {count:,} parameters (the "
+            f"memory plan was made for the wrong model); set spec.model.parameters: {count}"
+        )

@@ -43,7 +43,7 @@ from zerotrain.runtime.preemption import EXIT_PREEMPTED, Preempted, Preemption, 
 from zerotrain.runtime.progress import ProgressLog, throughput
 from zerotrain.runtime.reports import gather_reports, summary_record
 from zerotrain.runtime.resume import CheckpointPolicy, resume, save_checkpoint
-from zerotrain.runtime.task import ConfigError, TrainingTask, build_task, is_script
+from zerotrain.runtime.task import ConfigError, TrainingTask, build_task, check_declared_parameters, is_script
 from zerotrain.spec import OptimizerName, OptimizerSpec, ZeroTrainingJobSpec
 
 logger = logging.getLogger(__name__)
@@ -149,6 +149,7 @@ class TrainResult:
 
 def make_engine(task: TrainingTask, spec: ZeroTrainingJobSpec, device: torch.device, factory: EngineFactory) -> Any:
     """ZeroConfig from spec.zero, unit modules defaulting to the task's, optimizer from spec.training."""
+    check_declared_parameters(task.model, spec.model.parameters)
     zero = spec.zero
     if not zero.unit_modules and task.unit_modules:
         zero = zero.model_copy(update={"unit_modules": list(task.unit_modules)})

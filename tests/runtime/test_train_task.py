@@ -73,3 +73,18 @@ def test_result_must_be_a_training_task(user_module: str) -> None:
 def test_model_without_parameters_is_refused(user_module: str) -> None:
     with pytest.raises(ConfigError, match=r"model with no parameters"):
         build_task(f"{user_module}:empty", rank=0, world_size=1, args={})
+
+
+def test_a_declared_parameter_count_for_another_model_is_refused_naming_both() -> None:
+    from torch import nn
+
+    from zerotrain.runtime.task import ConfigError, check_declared_parameters
+
+    model = nn.Linear(100, 10)  # 1,010 parameters
+    check_declared_parameters(model, None)
+    check_declared_parameters(model, 1_005)  # rounded: within 1%
+    with pytest.raises(ConfigError) as e:
+        check_declared_parameters(model, 2_000)
+    message = str(e.value)
+    assert message.startswith("spec.model.parameters: got 2,000") and "has 1,010" in message, message
+    assert "set spec.model.parameters: 1010" in message
