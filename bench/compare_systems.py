@@ -225,7 +225,7 @@ def _init_group(spec: RunSpec, rank: int) -> None:
         deepspeed.utils.logger.setLevel("WARNING")
         deepspeed.init_distributed(dist_backend="nccl" if spec.device == "cuda" else "gloo")
     else:
-        from zerotrain.runtime.collectives import process_group_backend
+        from zerotrain.runtime.process_group import process_group_backend
 
         # With CUDA, gloo too: zerotrain's small control collectives use CPU tensors.
         dist.init_process_group(process_group_backend(spec.device == "cuda"), rank=rank, world_size=spec.world)

@@ -18,9 +18,9 @@ import torch.distributed as dist
 from compare_systems import _adamw as adamw  # the benchmarks' AdamW: lr 1e-3, weight decay 0.1
 
 from zerotrain.runtime import ZeroConfig, ZeroEngine
-from zerotrain.runtime.collectives import process_group_backend
 from zerotrain.runtime.examples.gpt import build
 from zerotrain.runtime.launch import free_port
+from zerotrain.runtime.process_group import process_group_backend
 from zerotrain.runtime.train import to_device
 
 

@@ -1,5 +1,5 @@
 """`ZeroEngine`: orchestration only. Layout in `partition`, per-stage behaviour in `strategies`,
-hooks in `hooks`, collectives in `collectives`, buckets in `buckets`, accounting in `memory`,
+hooks in `hooks`, collectives in `collectives` (the group in `process_group`), buckets in `buckets`, accounting in `memory`,
 divergence detection in `consistency`, checkpoints in `checkpoint`.
 
 Contract for callers:
@@ -36,13 +36,14 @@ from torch import nn
 from zerotrain.runtime import control
 from zerotrain.runtime import optimizer as opt_mod
 from zerotrain.runtime.activations import apply_checkpointing
-from zerotrain.runtime.collectives import Comm, check_backend_serves, control_device, init_from_env
+from zerotrain.runtime.collectives import Comm
 from zerotrain.runtime.config import DivergenceCheck, GradientSync, Precision, Stage, ZeroConfig
 from zerotrain.runtime.consistency import Event, OrderCheck, PendingCheck
 from zerotrain.runtime.hooks import Gatherer, GradReadyHooks, on_output_grad
 from zerotrain.runtime.memory import MemoryReport, UnshardedGradients, memory_report
 from zerotrain.runtime.partition import ParamClass, UnitLayout, build_units
 from zerotrain.runtime.precision import DTYPES, LossScaler, cast_inputs
+from zerotrain.runtime.process_group import check_backend_serves, control_device, init_from_env
 from zerotrain.runtime.saved import SavedActivations
 from zerotrain.runtime.schedule import ReductionSchedule
 from zerotrain.runtime.setup_checks import check_buckets, model_device, world_size_before_init

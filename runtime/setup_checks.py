@@ -1,5 +1,5 @@
 """What can be wrong with `ZeroEngine`'s input, checked before its first collective: bucket sizes, the model's
-device, the precision that device can compute in, and (in `collectives`) whether the process group serves it."""
+device, the precision that device can compute in, and (in `process_group`) whether the process group serves it."""
 
 from __future__ import annotations
 

@@ -35,11 +35,11 @@ import torch
 import torch.distributed as dist
 
 from zerotrain.errors import UserError
-from zerotrain.runtime.collectives import init_group
 from zerotrain.runtime.failures import DEBUG_ENV, FailureKind, classify, write_failure_record
 from zerotrain.runtime.launch import PROGRESS_ENV, SUMMARY_ENV
 from zerotrain.runtime.metrics import Phase, RankMetrics, StepValues, metrics_endpoint
 from zerotrain.runtime.preemption import EXIT_PREEMPTED, Preempted, Preemption, exit_preempted
+from zerotrain.runtime.process_group import init_group
 from zerotrain.runtime.progress import ProgressLog, throughput
 from zerotrain.runtime.reports import gather_reports, summary_record
 from zerotrain.runtime.resume import CheckpointPolicy, resume, save_checkpoint

@@ -10,8 +10,9 @@ from dist_helpers import run_ranks
 
 
 def lose_peer(rank: int, world: int) -> str:
-    from zerotrain.runtime.collectives import Comm, init_from_env
+    from zerotrain.runtime.collectives import Comm
     from zerotrain.runtime.errors import PeerLostError
+    from zerotrain.runtime.process_group import init_from_env
 
     init_from_env(30, torch.device("cpu"))
     comm = Comm(30)
@@ -67,7 +68,7 @@ def record_devices(rank: int, world: int) -> list[tuple[str, str]]:
 
 
 def test_every_collective_tensor_is_on_a_device_the_group_serves() -> None:
-    from zerotrain.runtime.collectives import process_group_backend, served_devices
+    from zerotrain.runtime.process_group import process_group_backend, served_devices
 
     # With CUDA, CPU control tensors (the divergence check) would hang or fail on a NCCL-only group.
     assert served_devices(process_group_backend(cuda=True)) == {"cpu", "cuda"}

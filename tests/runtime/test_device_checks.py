@@ -8,9 +8,9 @@ import torch
 import torch.distributed as dist
 from test_train_loop import job_spec
 
-from zerotrain.runtime.collectives import check_backend_serves, check_local_gpu, control_device
 from zerotrain.runtime.config import Precision
 from zerotrain.runtime.errors import ZeroSetupError
+from zerotrain.runtime.process_group import check_backend_serves, check_local_gpu, control_device
 from zerotrain.runtime.setup_checks import check_precision
 from zerotrain.runtime.task import ConfigError
 from zerotrain.runtime.train import RankContext, device_for, init_process_group
