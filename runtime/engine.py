@@ -1,6 +1,6 @@
 """`ZeroEngine`: orchestration only. Layout in `partition`, per-stage behaviour in `strategies`,
-hooks in `hooks`, collectives in `collectives` (the group in `process_group`), buckets in `buckets`, accounting in `memory`,
-divergence detection in `consistency`, checkpoints in `checkpoint`.
+hooks in `hooks`, collectives in `collectives` (the group in `process_group`), buckets in `buckets`,
+streams in `streams`, accounting in `memory`, divergence detection in `consistency`, checkpoints in `checkpoint`.
 
 Contract for callers:
 - The engine trains where the model is, as DDP does: move the model to its GPU before wrapping it.
