@@ -25,6 +25,7 @@ def tiny_job(tmp_path: Path, steps: int) -> Path:
         "n_heads": 2,
         "max_bytes": 100_000,
     }
+    spec.pop("model")  # its declared Ψ is the quickstart's; the runtime refuses it for this smaller GPT
     spec["training"]["steps"] = steps
     spec["training"]["logEvery"] = 1
     spec["checkpoint"] = {"intervalSteps": 2, "keepLast": 2}
