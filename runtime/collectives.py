@@ -56,6 +56,8 @@ class CommStats:
     peak_buffer_bytes: int = 0
     buffer_allocations: int = 0
     """Communication buffers allocated so far: flat after the first step (the pool keeps its buffers)."""
+    _timed: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = field(default_factory=list)
+    """CUDA collectives' (op, launch event, end event) whose GPU time `settle` has not added yet."""
 
     def record(self, op: str, ring_bytes: int, payload: int, seconds: float) -> None:
         s = self.ops.setdefault(op, OpStats())
@@ -66,8 +68,6 @@ class CommStats:
 
     def add_seconds(self, op: str, seconds: float) -> None:
         self.ops[op].seconds += seconds
-
-    _timed: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = field(default_factory=list)
 
     def time_on_device(self, op: str, start: torch.cuda.Event, end: torch.cuda.Event) -> None:
         """A CUDA collective's launch and consumption events: added to `op`'s seconds once both completed."""

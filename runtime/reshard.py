@@ -11,6 +11,7 @@ holds its own shard plus one chunk, never the model. Element-wise optimizers mak
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -109,17 +110,10 @@ def layout_runs(saved: Sequence[dict[str, Any]], mine: Sequence[dict[str, Any]])
     out: dict[int, Runs] = {}
     for index, (old, new) in enumerate(zip(saved, mine, strict=True)):
         where = {p[0]: p[2] for p in old["params"]}
-        runs = [(p[2], p[2] + _numel(p[1]), where[p[0]]) for p in new["params"]]
+        runs = [(p[2], p[2] + math.prod(p[1]), where[p[0]]) for p in new["params"]]
         if any(start != saved_at for start, _, saved_at in runs):
             out[index] = runs
     return out
-
-
-def _numel(shape: Sequence[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def _cover_unit(sources: Sequence[Source], lo: int, hi: int, valid: int, runs: Runs | None, what: str) -> list[Piece]:

@@ -22,9 +22,10 @@ all-reduce under mixed precision run in chunks through `buckets` (at most `reduc
 all-reduce in the compute dtype works in place on the flat gradient buffer, and the other gathers go straight into
 the unit's own parameter buffer (that memory is the gathered parameters, not a communication buffer).
 
-Averaging: on NCCL the collective averages itself (AVG; in fp16 a pre-multiplied sum, each rank's values scaled by
-1/N before they are added, so the sum cannot overflow at 65,504). gloo has neither, so there ranks SUM and the
-result is divided by N afterwards, or before the sum when the reduce dtype is fp16.
+Averaging: on NCCL the collective averages itself (AVG, a pre-multiplied sum: each rank's values scaled by 1/N
+before they are added, so an fp16 sum cannot overflow at 65,504), except in bf16 at a world size that is not a power
+of two (`Comm.averages`). Otherwise, and on gloo, which has no AVG, ranks SUM and the result is divided by N
+afterwards, or before the sum when the reduce dtype is fp16.
 
 Streams (`streams`): each chunk's copy into its bucket, the pre-divide and the collective's launch are one piece of
 side-stream work; results are applied on the compute stream after it waited for that work, and memory the copy
@@ -278,32 +279,32 @@ class OptimizerStatesStrategy(Strategy):
         last: SideWork[Pending] | None = None
         for a, b in ranges:
             width = b - a
-            if direct is not None and len(ranges) == 1:
+            whole = direct if len(ranges) == 1 else None
+            if whole is not None:
                 lent = self.pool.acquire(width, self.dtypes.reduce, device)
-                bucket, out = direct, lent
-                copy: Callable[[], None] | None = None
+                bucket, out = whole, lent
             else:
                 # One pooled buffer holds the chunk's bucket (N columns) and its output (one more).
                 lent = self.pool.acquire((self.n + 1) * width, self.dtypes.reduce, device)
                 bucket, out = lent[: self.n * width], lent[self.n * width :]
-                rows = bucket.view(self.n, width)
-
-                def copy(rows: torch.Tensor = rows, a: int = a, b: int = b) -> None:
-                    fill(rows, a, b)
 
             def send(
-                bucket: torch.Tensor = bucket, out: torch.Tensor = out, copy: Callable[[], None] | None = copy
+                bucket: torch.Tensor = bucket,
+                out: torch.Tensor = out,
+                copy: bool = whole is None,
+                a: int = a,
+                b: int = b,
             ) -> Pending:
-                if copy is not None:
-                    copy()
+                if copy:
+                    fill(bucket.view(self.n, b - a), a, b)
                 self._pre(bucket)
                 return self.comm.reduce_scatter(out, bucket, u.name, async_op=True, mean=True)
 
             finish = self._apply(u, out, a, b, accumulate)
-            if bucket is direct and then is not None:
+            if whole is not None and then is not None:
                 finish = _chain(finish, then)
             ticket = self.pool.launch(send, finish, lent)
-            if bucket is not direct:
+            if whole is None:
                 last = ticket
         if not async_op:
             self.pool.drain()

@@ -73,8 +73,3 @@ def gpu_env_missing(existing: Container[str]) -> dict[str, str]:
         for name, value in GPU_ENV.items()
         if name not in existing and not any(alias in existing for alias in ALIASES.get(name, ()))
     }
-
-
-def gpu_env_defaults(existing: Mapping[str, str]) -> dict[str, str]:
-    """`existing` with the GPU defaults it does not set added; nothing it sets is overridden."""
-    return {**existing, **gpu_env_missing(existing)}

@@ -56,9 +56,9 @@ def test_the_defaults_are_the_documented_ones() -> None:
 
 
 def test_merging_never_overrides_what_is_set() -> None:
-    assert gpu_env.gpu_env_defaults({}) == dict(gpu_env.GPU_ENV)
+    assert gpu_env.gpu_env_missing({}) == dict(gpu_env.GPU_ENV)
     mine = {"NCCL_DEBUG": "INFO", "TORCH_NCCL_DUMP_ON_TIMEOUT": "", "HF_HOME": "/x"}
-    merged = gpu_env.gpu_env_defaults(mine)
+    merged = {**mine, **gpu_env.gpu_env_missing(mine)}
     assert merged.items() >= mine.items()  # an empty value is a choice too
     assert merged["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     assert gpu_env.gpu_env_missing(mine).keys() == gpu_env.GPU_ENV.keys() - {"NCCL_DEBUG", "TORCH_NCCL_DUMP_ON_TIMEOUT"}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
@@ -20,6 +20,9 @@ from dist_helpers import run_ranks
 from tiny_models import batches, lm_loss, make_model, reference_train
 
 from zerotrain.runtime.config import Stage
+
+if TYPE_CHECKING:
+    from zerotrain.runtime import ZeroEngine
 
 STEPS = 5
 BUCKET = 64  # elements per communication bucket in the ZeRO-R cases
@@ -67,7 +70,8 @@ def _model_bytes(engine: Any) -> int:
     return sum(s.bytes for op, s in engine.comm.stats.ops.items() if op != "control")
 
 
-def run_case(rank: int, world: int, case: Case) -> dict:
+def engine_for(case: Case) -> ZeroEngine:
+    """The case's engine on its model (shared with the stream-order tests)."""
     from zerotrain.runtime import ZeroConfig, ZeroEngine
 
     cfg = ZeroConfig(
@@ -84,7 +88,12 @@ def run_case(rank: int, world: int, case: Case) -> dict:
         contiguous_gradients=case.contiguous,
         **case.extra,
     )
-    engine = ZeroEngine(_model(case), cfg, optimizer=_opt(case.optimizer))
+    return ZeroEngine(_model(case), cfg, optimizer=_opt(case.optimizer))
+
+
+def run_case(rank: int, world: int, case: Case) -> dict:
+    engine = engine_for(case)
+    cfg = engine.config
     data = batches(STEPS, world, micro=case.accum)
     norms, step_bytes = [], []
     for step in data:

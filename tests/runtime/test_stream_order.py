@@ -13,7 +13,7 @@ from dataclasses import replace
 import pytest
 import torch
 from dist_helpers import run_ranks
-from test_stages import Case, _check_parity, run_case
+from test_stages import Case, _check_parity, engine_for, run_case
 from tiny_models import batches, lm_loss
 
 from zerotrain.runtime.streams import STREAM_MODEL_ENV, LazyStreams, SideWork, streams_for
@@ -23,22 +23,8 @@ SMALL = 16  # elements per bucket: every unit is reduced in several chunks
 
 
 def _train(rank: int, world: int, case: Case, model: str) -> dict[str, torch.Tensor]:
-    from test_stages import _model, _opt
-
-    from zerotrain.runtime import ZeroConfig, ZeroEngine
-
     os.environ[STREAM_MODEL_ENV] = model
-    cfg = ZeroConfig(
-        stage=case.stage,
-        unit_modules=list(case.units),
-        overlap_comm=case.overlap,
-        reduce_bucket_elements=case.bucket,
-        allgather_bucket_elements=case.bucket,
-        contiguous_gradients=case.contiguous,
-        gradient_accumulation_steps=case.accum,
-        **case.extra,
-    )
-    engine = ZeroEngine(_model(case), cfg, optimizer=_opt(case.optimizer))
+    engine = engine_for(case)
     assert type(engine.strategy.pool.streams).__name__ == ("LazyStreams" if model == "lazy" else "HostStreams")
     for step in batches(STEPS, world, micro=case.accum):
         for micro in step:

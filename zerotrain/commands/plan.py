@@ -70,9 +70,8 @@ def _inputs(args: argparse.Namespace) -> dict[str, object]:
         spec = load_job(args.manifest).spec
         if spec.model.parameters is None:
             raise UserError(f"{args.manifest}: spec.model.parameters is not set; add it or pass --params")
-        if spec.resources.gpu_memory:
-            _size(spec.resources.gpu_memory, "spec.resources.gpuMemory")
-        values.update(plan_input(spec).model_dump(exclude_none=True, exclude={"headroom"}))
+        memory = _size(spec.resources.gpu_memory, "spec.resources.gpuMemory") if spec.resources.gpu_memory else None
+        values.update(plan_input(spec, memory).model_dump(exclude_none=True, exclude={"headroom"}))
     if args.params is not None:
         values["parameters"] = _number(args.params, "--params")
     if args.dp is not None:

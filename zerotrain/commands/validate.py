@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.text import Text
 
 from zerotrain.errors import UserError
-from zerotrain.manifest import load_job, load_job_document
+from zerotrain.manifest import load_job_document, parse_job
 from zerotrain.planner import format_bytes
 
 
@@ -27,15 +27,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from zerotrain.operator.admission import admit
 
-    job = load_job(args.manifest)  # the field-by-field errors first
-    name = str(job.metadata.get("name", "(unnamed)"))
-    raw = load_job_document(args.manifest).get("spec")
-    verdict = admit(raw, name if name != "(unnamed)" else "job", args.gpu_memory, args.allow_host_path)
+    doc = load_job_document(args.manifest)
+    job = parse_job(doc, source=args.manifest)  # the field-by-field errors first
+    name = str(job.metadata.get("name") or "")
+    verdict = admit(doc.get("spec"), name or "job", args.gpu_memory, args.allow_host_path)
     if not verdict.admitted:
         raise UserError(f"{args.manifest}: the operator would refuse it ({verdict.reason}): {verdict.message}")
     spec = job.spec
     lines = [
-        f"{args.manifest}: ZeroTrainingJob {name} is valid: stage {spec.zero.stage.value}, "
+        f"{args.manifest}: ZeroTrainingJob {name or '(unnamed)'} is valid: stage {spec.zero.stage.value}, "
         f"{spec.replicas} pod(s) × {spec.nproc_per_node} rank(s) = {spec.world_size} ranks"
     ]
     if verdict.plan is not None:
