@@ -10,8 +10,8 @@ from zerotrain.errors import UserError
 from zerotrain.manifest import parse_spec
 from zerotrain.operator import builders, naming, pod_template
 from zerotrain.operator.conditions import Reason
-from zerotrain.plan_inputs import gpu_memory_bytes, plan_input
-from zerotrain.planner import MemoryPlan, PlanInput, format_bytes, min_data_parallel, plan
+from zerotrain.plan_inputs import declared_parameters, gpu_memory_bytes, min_world_size, plan_input, plan_job
+from zerotrain.planner import MemoryPlan, PlanInput, format_bytes, min_data_parallel
 from zerotrain.runtime.config import Stage
 from zerotrain.spec import ZeroTrainingJobSpec
 
@@ -31,12 +31,23 @@ class Admission:
 
 
 def plan_for(spec: ZeroTrainingJobSpec, default_gpu_memory: str | None) -> tuple[MemoryPlan, PlanInput] | None:
-    """The planner's verdict when the parameter count and a GPU's memory are known, else None."""
+    """The planner's verdict when the parameter count (or shape) and a GPU's memory are known, else None; ValueError
+    naming the field when the GPU memory is not a quantity or the shape contradicts the parameter count."""
     memory = spec.resources.gpu_memory or (default_gpu_memory if spec.resources.gpu > 0 else None)
-    if spec.model.parameters is None or memory is None:
+    if declared_parameters(spec) is None or memory is None:
         return None
-    p = plan_input(spec, gpu_memory_bytes(memory))
-    return plan(p), p
+    try:
+        device = gpu_memory_bytes(memory)
+    except ValueError as e:
+        raise ValueError(f"resources.gpuMemory: {e}") from None
+    return plan_job(spec, device), plan_input(spec, device)
+
+
+def _min_ranks(spec: ZeroTrainingJobSpec, stage: Stage, p: PlanInput, usable: int) -> int | None:
+    """The fewest ranks at which `stage` fits: by the whole peak when the shape is known."""
+    if spec.model.shape is not None:
+        return min_world_size(spec, stage, usable)
+    return min_data_parallel(stage, p, usable)
 
 
 def _does_not_fit(spec: ZeroTrainingJobSpec, result: MemoryPlan, p: PlanInput) -> str | None:
@@ -48,18 +59,19 @@ def _does_not_fit(spec: ZeroTrainingJobSpec, result: MemoryPlan, p: PlanInput) -
     fixes = []
     if result.recommended_stage is not None:
         fixes.append(f"set spec.zero.stage to {result.recommended_stage.value}")
-    ranks = min_data_parallel(stage, p, usable)
+    ranks = _min_ranks(spec, stage, p, usable)
     if ranks is not None:
         replicas = math.ceil(ranks / spec.nproc_per_node)
         fixes.append(
             f"keep stage {stage.value} on at least {replicas} replicas ({replicas * spec.nproc_per_node} ranks)"
         )
-    elif result.recommended_stage is None and (ranks := min_data_parallel(Stage.PARAMETERS, p, usable)):
+    elif result.recommended_stage is None and (ranks := _min_ranks(spec, Stage.PARAMETERS, p, usable)):
         replicas = math.ceil(ranks / spec.nproc_per_node)
         fixes.append(f"set spec.zero.stage to 3 and run at least {replicas} replicas")
     fix = "; or ".join(fixes) if fixes else "use GPUs with more memory"
+    what = "at its peak" if chosen.peak is not None else "of model states"
     return (
-        f"spec.zero.stage: stage {stage.value} needs {format_bytes(chosen.model_state_bytes)} of model states per GPU "
+        f"spec.zero.stage: stage {stage.value} needs {format_bytes(chosen.required_bytes)} {what} per GPU "
         f"with {spec.world_size} ranks, more than the {format_bytes(usable)} usable of "
         f"{format_bytes(result.device_memory or 0)}; {fix}"
     )
@@ -93,7 +105,7 @@ def admit(
     try:
         planned = plan_for(spec, default_gpu_memory)
     except ValueError as e:
-        return Admission(spec=spec, reason=Reason.INVALID_SPEC, message=f"resources.gpuMemory: {e}")
+        return Admission(spec=spec, reason=Reason.INVALID_SPEC, message=str(e))
     if planned is None:
         return Admission(spec=spec)
     result, p = planned

@@ -20,27 +20,15 @@ from collections.abc import Callable
 
 import torch
 
+from zerotrain.peak import chunk_width
 from zerotrain.runtime.collectives import Comm, Pending
-from zerotrain.runtime.partition import ALIGN
 from zerotrain.runtime.streams import HostStreams, SideWork
-
-
-def chunk_width(world_size: int, bucket_elements: int) -> int:
-    """Shard columns per chunk: as many as the bucket holds for every rank, a multiple of `ALIGN` when at least that
-    many fit, so every row of a bucket and the chunk's output start aligned as the shards do."""
-    width = max(1, bucket_elements // world_size)
-    return width - width % ALIGN if width >= ALIGN else width
 
 
 def chunks(shard_numel: int, world_size: int, bucket_elements: int) -> list[tuple[int, int]]:
     """Shard-column ranges `[a, b)` whose buckets (world_size·(b-a) elements) fit `bucket_elements`."""
     width = chunk_width(world_size, bucket_elements)
     return [(a, min(a + width, shard_numel)) for a in range(0, shard_numel, width)]
-
-
-def chunk_capacity(largest_shard: int, world_size: int, bucket_elements: int) -> int:
-    """Elements one pooled buffer needs: the largest chunk's bucket plus its output (N+1 columns per rank)."""
-    return (world_size + 1) * min(chunk_width(world_size, bucket_elements), largest_shard)
 
 
 class BucketPool:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from zerotrain._model import SpecModel
+from zerotrain.peak import PeakInput, arena_bytes, gathered_bytes, pool_bytes
 from zerotrain.planner import PlanInput, element_bytes, stage_bytes
 from zerotrain.runtime import optimizer as opt_mod
 from zerotrain.runtime.config import Stage
@@ -99,6 +100,12 @@ class MemoryReport(SpecModel):
     """Formula: K·Ψ, or K·Ψ/N from stage 1."""
     predicted_model_state_bytes: int
     """Sum of the three predictions."""
+    predicted_comm_buffer_peak_bytes: int = 0
+    """The plan's communication pool (`zerotrain.peak.pool_bytes`) for these units and bucket sizes."""
+    predicted_gradient_arena_bytes: int = 0
+    """The plan's gradient arenas (`zerotrain.peak.arena_bytes`; 0 without contiguous gradients)."""
+    predicted_gathered_peak_bytes: int = 0
+    """The plan's stage-3 gathered window (`zerotrain.peak.gathered_bytes`)."""
 
 
 class StorageCounter:
@@ -130,6 +137,27 @@ def predict(stage: Stage, psi: int, n: int, w: float, g: float, k: float) -> tup
     return round(pb), round(gb), round(ob)
 
 
+def buffer_plan(engine: ZeroEngine, w: float, g: float, k: float) -> PeakInput:
+    """The whole-peak plan's input for the engine's own units and configuration (activations left out)."""
+    layouts = [u.layout for u in engine.units]
+    cfg = engine.config
+    return PeakInput(
+        stage=cfg.stage,
+        world_size=engine.world_size,
+        blocks=[la.padded for la in layouts if la.module is not None],
+        root=sum(la.padded for la in layouts if la.module is None),
+        compute_bytes=w,
+        gradient_bytes=g,
+        reduce_bytes=float(torch.empty(0, dtype=engine.dtypes.reduce).element_size()),
+        state_bytes=k,
+        reduce_bucket_elements=cfg.reduce_bucket_elements,
+        allgather_bucket_elements=cfg.allgather_bucket_elements,
+        prefetch_units=cfg.prefetch_units,
+        contiguous_gradients=cfg.contiguous_gradients,
+        accumulation_steps=cfg.gradient_accumulation_steps,
+    )
+
+
 def memory_report(engine: ZeroEngine) -> MemoryReport:
     """Bytes per category the engine's rank holds now, next to the ZeRO formula's prediction."""
     c = StorageCounter()
@@ -149,6 +177,7 @@ def memory_report(engine: ZeroEngine) -> MemoryReport:
     w, g, k = element_bytes(engine.config.stage, compute, 8.0 if per_element is None else per_element)
     psi = sum(u.layout.numel for u in units)
     pp, pg, po = predict(engine.config.stage, psi, engine.world_size, w, g, k)
+    buffers = buffer_plan(engine, w, g, k)
     stats = engine.comm.stats
     return MemoryReport(
         rank=engine.rank,
@@ -176,6 +205,9 @@ def memory_report(engine: ZeroEngine) -> MemoryReport:
         predicted_gradient_bytes=pg,
         predicted_optimizer_bytes=po,
         predicted_model_state_bytes=pp + pg + po,
+        predicted_comm_buffer_peak_bytes=pool_bytes(buffers),
+        predicted_gradient_arena_bytes=arena_bytes(buffers) if engine.strategy.arenas is not None else 0,
+        predicted_gathered_peak_bytes=gathered_bytes(buffers),
     )
 
 

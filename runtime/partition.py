@@ -23,15 +23,10 @@ from enum import IntEnum
 
 from torch import nn
 
+from zerotrain.peak import ALIGN, align_up, padded_elements
 from zerotrain.runtime.errors import ZeroSetupError
 
 ROOT_UNIT = "<root>"
-ALIGN = 16
-"""Elements: 32 bytes in bf16, 64 in fp32 (cuBLAS and NCCL want at least 16-byte aligned pointers)."""
-
-
-def align_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
 
 
 class ParamClass(IntEnum):
@@ -80,7 +75,7 @@ class UnitLayout:
     def __post_init__(self) -> None:
         self.numel = sum(s.numel for s in self.slots)
         self.extent = max((s.offset + s.numel for s in self.slots), default=0)
-        self.padded = align_up(self.extent, ALIGN * self.world_size)
+        self.padded = padded_elements(self.extent, self.world_size)
 
     @property
     def shard_numel(self) -> int:

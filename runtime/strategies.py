@@ -41,7 +41,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from zerotrain.runtime.buckets import BucketPool, chunk_capacity, chunks
+from zerotrain.peak import chunk_capacity
+from zerotrain.runtime.buckets import BucketPool, chunks
 from zerotrain.runtime.collectives import Comm, Pending
 from zerotrain.runtime.config import Stage
 from zerotrain.runtime.flat_buffer import FlatBuffer, fill_rows

@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from zerotrain.errors import UserError
+from zerotrain.plan_inputs import declared_parameters
 from zerotrain.runtime.failures import DEBUG_ENV, FailureKind, classify, write_failure_record
 from zerotrain.runtime.launch import PROGRESS_ENV, SUMMARY_ENV
 from zerotrain.runtime.metrics import Phase, RankMetrics, StepValues, metrics_endpoint
@@ -149,7 +150,11 @@ class TrainResult:
 
 def make_engine(task: TrainingTask, spec: ZeroTrainingJobSpec, device: torch.device, factory: EngineFactory) -> Any:
     """ZeroConfig from spec.zero, unit modules defaulting to the task's, optimizer from spec.training."""
-    check_declared_parameters(task.model, spec.model.parameters)
+    try:
+        declared = declared_parameters(spec)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    check_declared_parameters(task.model, declared)
     zero = spec.zero
     if not zero.unit_modules and task.unit_modules:
         zero = zero.model_copy(update={"unit_modules": list(task.unit_modules)})

@@ -6,9 +6,11 @@
 
 from __future__ import annotations
 
-from zerotrain.planner import PlanInput, element_bytes
+from zerotrain import transformer_plan
+from zerotrain.peak import PeakInput, padded_elements, peak_plan
+from zerotrain.planner import MemoryPlan, PlanInput, element_bytes, plan
 from zerotrain.quantity import parse_bytes
-from zerotrain.runtime.config import Precision
+from zerotrain.runtime.config import Precision, Stage
 from zerotrain.spec import OptimizerName, OptimizerSpec, ZeroTrainingJobSpec
 
 PRECISION_BYTES = {Precision.FP32: 4.0, Precision.BF16: 2.0, Precision.FP16: 2.0}
@@ -21,18 +23,44 @@ def optimizer_state_bytes(opt: OptimizerSpec) -> float:
     return 4.0 if opt.momentum else 0.0  # SGD's momentum buffer
 
 
-def plan_input(spec: ZeroTrainingJobSpec, device_memory: int | None = None) -> PlanInput:
-    """The planner's input for `spec` (Ψ must be set); `device_memory` in bytes, else the spec's gpuMemory."""
-    assert spec.model.parameters is not None, "spec.model.parameters is needed to plan"
+SHAPE_TOLERANCE = 0.01
+"""How far `spec.model.parameters` may be from the shape's Ψ (the formula's architecture is assumed)."""
+
+
+def declared_parameters(spec: ZeroTrainingJobSpec) -> int | None:
+    """Ψ: spec.model.parameters, else the shape's; ValueError naming both when they disagree beyond 1%."""
+    shape, declared = spec.model.shape, spec.model.parameters
+    if shape is None:
+        return declared
+    derived = transformer_plan.parameters(shape)
+    if declared is not None and abs(declared - derived) > SHAPE_TOLERANCE * declared:
+        raise ValueError(
+            f"spec.model.shape: a {shape.layers}-layer transformer of hidden {shape.hidden} and vocabulary "
+            f"{shape.vocabulary} has {derived:,} parameters, but spec.model.parameters is {declared:,}; fix the "
+            "shape, or drop it and measure activations with `zerotrain plan -f JOB --measure`"
+        )
+    return declared if declared is not None else derived
+
+
+def _element_bytes(spec: ZeroTrainingJobSpec) -> tuple[float, float, float]:
     w, g, k = element_bytes(
         spec.zero.stage, PRECISION_BYTES[spec.zero.precision], optimizer_state_bytes(spec.training.optimizer)
     )
     if spec.model.optimizer_multiplier is not None:
         k = spec.model.optimizer_multiplier
+    return w, g, k
+
+
+def plan_input(spec: ZeroTrainingJobSpec, device_memory: int | None = None) -> PlanInput:
+    """The planner's input for `spec` (Ψ must be known: parameters or shape); `device_memory` in bytes, else the
+    spec's gpuMemory."""
+    psi = declared_parameters(spec)
+    assert psi is not None, "spec.model.parameters (or spec.model.shape) is needed to plan"
+    w, g, k = _element_bytes(spec)
     if device_memory is None and spec.resources.gpu_memory:
         device_memory = gpu_memory_bytes(spec.resources.gpu_memory)
     return PlanInput(
-        parameters=spec.model.parameters,
+        parameters=psi,
         data_parallel=spec.world_size,
         optimizer_multiplier=k,
         bytes_per_weight=w,
@@ -47,3 +75,85 @@ def gpu_memory_bytes(text: str) -> int:
     if value is None or value < 1:
         raise ValueError(f"not a Kubernetes quantity: {text!r}")
     return value
+
+
+def peak_input(spec: ZeroTrainingJobSpec, foreach_step: bool | None = None) -> PeakInput | None:
+    """The whole-peak plan's input, when the spec gives the model's shape (its units and, unless
+    `spec.model.activationBytes` states them, its activations); None without a shape. `foreach_step`: whether the
+    optimizer steps every view at once (by default: on GPUs, as torch does there)."""
+    shape = spec.model.shape
+    if shape is None:
+        return None
+    declared_parameters(spec)
+    n, z = spec.world_size, spec.zero
+    w, g, k = _element_bytes(spec)
+    if spec.model.activation_bytes is not None:
+        acts, in_block, host = spec.model.activation_bytes, None, 0
+    else:
+        acts, in_block, host = transformer_plan.activation_peak(
+            shape, w, z.activation_checkpointing, z.offload_activation_checkpoints
+        )
+    return PeakInput(
+        stage=z.stage,
+        world_size=n,
+        blocks=[padded_elements(transformer_plan.block_parameters(shape), n)] * shape.layers,
+        root=padded_elements(transformer_plan.root_parameters(shape), n),
+        compute_bytes=w,
+        gradient_bytes=g,
+        reduce_bytes=PRECISION_BYTES[z.reduce_dtype],
+        state_bytes=k,
+        reduce_bucket_elements=z.reduce_bucket_elements,
+        allgather_bucket_elements=z.allgather_bucket_elements,
+        prefetch_units=z.prefetch_units,
+        contiguous_gradients=z.contiguous_gradients,
+        accumulation_steps=z.gradient_accumulation_steps,
+        foreach_step=spec.resources.gpu > 0 if foreach_step is None else foreach_step,
+        activations=acts,
+        activations_in_block=in_block,
+        host_activations=host,
+    )
+
+
+def _at(spec: ZeroTrainingJobSpec, stage: Stage, world_size: int | None = None) -> ZeroTrainingJobSpec:
+    """The spec at another stage (and world size, as replicas of `nprocPerNode` ranks)."""
+    changed = spec.model_copy(update={"zero": spec.zero.model_copy(update={"stage": stage})})
+    if world_size is not None:
+        changed = changed.model_copy(update={"replicas": max(1, -(-world_size // spec.nproc_per_node))})
+    return changed
+
+
+def plan_job(spec: ZeroTrainingJobSpec, device_memory: int | None = None) -> MemoryPlan:
+    """The job's plan, every stage: model states, and the whole peak when the spec gives the model's shape. The one
+    entry point for `zerotrain plan -f`, `zerotrain validate` and the operator's admission."""
+    p = plan_input(spec, device_memory)
+    if spec.model.shape is None:
+        return plan(p)
+    peaks = []
+    for stage in Stage:
+        pi = peak_input(_at(spec, stage))
+        assert pi is not None
+        peaks.append(peak_plan(pi))
+    return plan(p, peaks)
+
+
+def min_world_size(spec: ZeroTrainingJobSpec, stage: Stage, usable: int, limit: int = 1 << 16) -> int | None:
+    """The fewest ranks at which `stage`'s whole peak fits `usable` bytes (a multiple of nprocPerNode), or None."""
+
+    def fits(n: int) -> bool:
+        pi = peak_input(_at(spec, stage, n))
+        assert pi is not None
+        return peak_plan(pi).peak <= usable
+
+    n = spec.nproc_per_node
+    while not fits(n):
+        if n >= limit:
+            return None
+        n *= 2
+    lo, hi = n // 2, n  # fits(hi); the smallest fitting multiple lies in (lo, hi]
+    step = spec.nproc_per_node
+    while hi - lo > step:
+        mid = (lo + hi) // 2 // step * step
+        if mid <= lo:
+            break
+        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+    return hi

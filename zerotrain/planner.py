@@ -47,8 +47,9 @@ class PlanInput(SpecModel):
     """Ψ, the model's parameter count."""
     data_parallel: int = Field(ge=1)
     """N, the data-parallel size (world size)."""
-    optimizer_multiplier: float = Field(default=12.0, gt=0)
-    """K, optimizer-state bytes per parameter (12: fp32 master copy, momentum and variance)."""
+    optimizer_multiplier: float = Field(default=12.0, ge=0)
+    """K, optimizer-state bytes per parameter (12: fp32 master copy, momentum and variance; 0: fp32 SGD without
+    momentum)."""
     bytes_per_weight: float = Field(default=2.0, gt=0)
     """Bytes of one compute-precision weight (2 for fp16/bf16)."""
     bytes_per_gradient: float = Field(default=2.0, gt=0)
@@ -56,7 +57,44 @@ class PlanInput(SpecModel):
     device_memory: int | None = Field(default=None, ge=1)
     """Bytes of one device; enables the recommendation."""
     headroom: float = Field(default=DEFAULT_HEADROOM, ge=0, lt=1)
-    """Fraction of device memory kept free for activations, buffers and fragmentation."""
+    """Fraction of device memory kept free: for the CUDA context, cuBLAS workspaces, NCCL's own buffers and
+    allocator fragmentation (which no plan derives from the model), and, when the model's shape is unknown, for
+    activations and the runtime's buffers too."""
+
+
+class PeakPlan(SpecModel):
+    """One rank's memory at its peak, by category (bytes)."""
+
+    parameters: int
+    """Parameter storage held between steps (padding included)."""
+    gradients: int
+    """Gradient storage held between steps."""
+    optimizer: int
+    """Optimizer state and the fp32 master."""
+    communication_buffers: int
+    """The pool's fixed buffers, allocated at the first step and kept."""
+    gradient_arenas: int
+    """Stages 2/3: the buffers unsharded gradients land in during backward (kept with contiguous gradients;
+    autograd's own, transient, without)."""
+    fp32_gradients: int
+    """Mixed-precision stages 0/1: fp32 gradients from their reduction to the step (and stage 1's full-size fp32
+    accumulator with several micro-batches)."""
+    gathered_parameters: int
+    """Stage 3: full parameters gathered at once (root, running unit, prefetched units)."""
+    activations: int
+    """A micro-batch's activations and backward's working set, at their most."""
+    optimizer_step: int
+    """The optimizer's temporaries during the step."""
+    host_activations: int = 0
+    """Offloaded activation checkpoints, in host memory."""
+    peak: int
+    """The most bytes alive at once on this rank."""
+    peak_phase: str
+    """"backward" or "step": which moment sets the peak."""
+
+    @property
+    def model_states(self) -> int:
+        return self.parameters + self.gradients + self.optimizer
 
 
 class StagePlan(SpecModel):
@@ -76,8 +114,16 @@ class StagePlan(SpecModel):
     """Elements each rank sends per optimizer step (Ψ multiples, before the (N-1)/N ring factor)."""
     comm_elements_with_recompute: int
     """The same when activation recomputation re-gathers freed parameters (stage 3 only differs)."""
+    peak: PeakPlan | None = None
+    """The whole peak per rank by category (`zerotrain.peak`), when the model's shape is known."""
     fits: bool | None = None
-    """Whether model states fit within the usable device memory (null: no device memory given)."""
+    """Whether the whole peak (model states alone when the shape is unknown) fits within the usable device memory
+    (null: no device memory given)."""
+
+    @property
+    def required_bytes(self) -> int:
+        """What must fit: the whole peak when known, else the model states."""
+        return self.peak.peak if self.peak is not None else self.model_state_bytes
 
 
 class MemoryPlan(SpecModel):
@@ -139,13 +185,16 @@ def min_data_parallel(stage: Stage, p: PlanInput, usable: float) -> int | None:
     return 1 if divisible == 0 else max(1, math.ceil(divisible / (usable - fixed)))
 
 
-def plan(p: PlanInput) -> MemoryPlan:
-    """The per-stage costs and, with a device memory, the recommended stage and why."""
+def plan(p: PlanInput, peaks: list[PeakPlan] | None = None) -> MemoryPlan:
+    """The per-stage costs and, with a device memory, the recommended stage and why; `peaks` (one per stage, from
+    `zerotrain.peak`) make the verdict about the whole peak instead of the model states."""
     usable = None if p.device_memory is None else int(p.device_memory * (1 - p.headroom))
     stages = []
     for stage in Stage:
         pb, gb, ob = stage_bytes(stage, p)
         total = pb + gb + ob
+        peak = peaks[stage] if peaks is not None else None
+        required = peak.peak if peak is not None else total
         stages.append(
             StagePlan(
                 stage=stage,
@@ -155,7 +204,8 @@ def plan(p: PlanInput) -> MemoryPlan:
                 optimizer_bytes=round(ob),
                 comm_elements_per_step=comm_elements(stage, p.parameters),
                 comm_elements_with_recompute=comm_elements(stage, p.parameters, recompute_regathers=True),
-                fits=None if usable is None else total <= usable,
+                peak=peak,
+                fits=None if usable is None else required <= usable,
             )
         )
     result = MemoryPlan(
@@ -175,19 +225,24 @@ def _recommend(p: PlanInput, stages: list[StagePlan], usable: int) -> tuple[Stag
     budget = f"{format_bytes(usable)} usable ({format_bytes(p.device_memory or 0)} less {p.headroom:.0%} headroom)"
     for sp in stages:
         if sp.fits:
+            what = "at its peak" if sp.peak is not None else "of model states"
             lower = ""
             if sp.stage > Stage.DATA_PARALLEL:
                 prev = stages[sp.stage - 1]
-                lower = f"; stage {prev.stage.value} would need {format_bytes(prev.model_state_bytes)}"
+                lower = f"; stage {prev.stage.value} would need {format_bytes(prev.required_bytes)}"
             comm = "2Ψ" if sp.stage < Stage.PARAMETERS else "3Ψ"
             return sp.stage, (
-                f"stage {sp.stage.value} is the lowest that fits: {format_bytes(sp.model_state_bytes)} of model "
-                f"states per device within {budget}{lower}; it moves {comm} per step"
+                f"stage {sp.stage.value} is the lowest that fits: {format_bytes(sp.required_bytes)} {what} per "
+                f"device within {budget}{lower}; it moves {comm} per step"
             )
-    need = min_data_parallel(Stage.PARAMETERS, p, usable)
-    hint = f"stage 3 fits from N = {need} ranks" if need else "no data-parallel size fits"
+    last = stages[-1]
+    if last.peak is not None:
+        hint = "activation checkpointing or a smaller micro-batch cuts the activations"
+    else:
+        need = min_data_parallel(Stage.PARAMETERS, p, usable)
+        hint = f"stage 3 fits from N = {need} ranks" if need else "no data-parallel size fits"
     return None, (
-        f"no stage fits: even stage 3 needs {format_bytes(stages[-1].model_state_bytes)} per device, more than "
+        f"no stage fits: even stage 3 needs {format_bytes(last.required_bytes)} per device, more than "
         f"{budget}; {hint}, or use devices with more memory"
     )
 

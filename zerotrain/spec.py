@@ -76,6 +76,54 @@ class Resources(SpecModel):
         return self
 
 
+class Attention(str, Enum):
+    """How a transformer layer's attention keeps what backward needs."""
+
+    FUSED = "fused"
+    """A fused kernel (flash or memory-efficient `scaled_dot_product_attention`): no s x s score tensor is saved,
+    only the output and one fp32 log-sum-exp per head and token."""
+    MATERIALIZED = "materialized"
+    """Scores are formed and softmaxed as tensors, which backward keeps: 2·a·s²·b elements per layer (plus a
+    dropout mask of a·s²·b bytes with dropout)."""
+
+
+class ModelShape(SpecModel):
+    """A decoder-only transformer's shape, from which the plan derives its units and its activations per micro-batch
+    (pre-norm blocks of attention and a GeLU MLP, learned positions, the output projection tied to the embedding)."""
+
+    model_config = cel_rules(
+        ("self.hidden % self.heads == 0", "shape.heads must divide shape.hidden; use a divisor of hidden"),
+    )
+
+    layers: int = Field(ge=1)
+    """Transformer blocks (each one ZeRO unit)."""
+    hidden: int = Field(ge=1)
+    """Hidden size h."""
+    heads: int = Field(ge=1)
+    """Attention heads a; must divide hidden."""
+    sequence_length: int = Field(ge=1)
+    """Tokens per sequence s."""
+    vocabulary: int = Field(ge=1)
+    """Vocabulary size V."""
+    micro_batch_size: int = Field(ge=1)
+    """Sequences b one rank runs per micro-batch."""
+    ffn_multiplier: int = Field(default=4, ge=1)
+    """The MLP's inner size as a multiple of hidden."""
+    attention: Attention = Attention.FUSED
+    """fused (flash / scaled_dot_product_attention) or materialized scores."""
+    dropout: bool = False
+    """Whether the layers apply dropout (each dropout keeps a 1-byte mask per element for backward)."""
+
+    @model_validator(mode="after")
+    def _heads_divide_hidden(self) -> ModelShape:
+        if self.hidden % self.heads:
+            raise ValueError(
+                f"shape.heads: got {self.heads}, which does not divide shape.hidden={self.hidden}; use a divisor of "
+                f"{self.hidden}"
+            )
+        return self
+
+
 class ModelInfo(SpecModel):
     """What the operator needs to know about the model to plan memory."""
 
@@ -84,6 +132,13 @@ class ModelInfo(SpecModel):
     optimizer_multiplier: float | None = Field(default=None, gt=0)
     """K, optimizer-state bytes per parameter, stated outright; by default derived from training.optimizer and
     zero.precision (fp32 AdamW 8, mixed-precision AdamW 12 with the fp32 master, SGD 0 or 4, plus 4 when mixed)."""
+    shape: ModelShape | None = None
+    """The transformer's shape: the plan then counts activations, the stage-3 gathered units, the gradient arenas
+    and the communication buffers, not only the model states."""
+    activation_bytes: int | None = Field(default=None, ge=0)
+    """Bytes one rank's micro-batch needs beyond parameters and gradients from its forward through its backward
+    (saved activations plus backward's working set), as `zerotrain plan -f JOB --measure` prints it; replaces the
+    shape's formula."""
 
 
 class OptimizerSpec(SpecModel):

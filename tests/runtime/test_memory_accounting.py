@@ -58,6 +58,11 @@ def test_every_category_matches_its_closed_form(stage: int) -> None:
             # each dropped as soon as it is reduced.
             assert m["unsharded_gradient_peak_bytes"] == (K if stage < 2 else 1) * D * D * 4, m
             assert m["cuda_allocated_bytes"] is None  # CPU: no allocator figures
+            # The plan's buffers (zerotrain.peak, what `zerotrain plan` adds to the model states) are what the
+            # runtime allocated.
+            for measured in ("comm_buffer_peak_bytes", "gradient_arena_bytes", "gathered_peak_bytes"):
+                assert m[measured] == m[f"predicted_{measured}"], (measured, m)
+            assert (m["comm_buffer_peak_bytes"] > 0) == (stage > 0) and (m["gradient_arena_bytes"] > 0) == (stage > 1)
             # Adam's 0-dim `step`: 4 bytes per optimizer parameter (one per unit here), outside the formula.
             scalars = 4 * K if optimizer == "adamw" else 0
             assert m["optimizer_bytes"] == m["predicted_optimizer_bytes"] + scalars

@@ -1,4 +1,5 @@
-"""`zerotrain plan`: per-device model-state memory and communication of ZeRO stages 0-3."""
+"""`zerotrain plan`: per-device memory and communication of ZeRO stages 0-3: model states from Ψ and N, and with
+`-f JOB` whose spec.model gives the shape, the whole peak (activations and the runtime's buffers too)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ from rich.text import Text
 
 from zerotrain.errors import UserError
 from zerotrain.manifest import load_job
-from zerotrain.plan_inputs import plan_input
+from zerotrain.plan_inputs import declared_parameters, plan_input, plan_job
 from zerotrain.planner import MemoryPlan, PlanInput, format_bytes, plan
 from zerotrain.quantity import parse_bytes, parse_count
+from zerotrain.spec import ZeroTrainingJobSpec
 
 # CLI flag of each PlanInput field, so errors name what the user typed.
 _FLAGS = {
@@ -61,16 +63,31 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device-memory", help="memory of one device (80GB, 80GiB) to get a recommendation")
     p.add_argument("--headroom", type=str, default=None, help="fraction of device memory kept free (default 0.2)")
     p.add_argument("--output", choices=[o.value for o in Output], default=Output.TABLE.value)
+    p.add_argument(
+        "--measure",
+        action="store_true",
+        help="with -f: build the entry point's model on the meta device, run one micro-batch forward and backward "
+        "without allocating memory, and print the activation bytes to put in spec.model.activationBytes",
+    )
     p.set_defaults(func=run)
+
+
+def _manifest_spec(path: str) -> tuple[ZeroTrainingJobSpec, int | None]:
+    spec = load_job(path).spec
+    try:
+        psi = declared_parameters(spec)
+    except ValueError as e:
+        raise UserError(f"{path}: {e}") from None
+    if psi is None:
+        raise UserError(f"{path}: spec.model.parameters is not set; add it (or spec.model.shape), or pass --params")
+    memory = _size(spec.resources.gpu_memory, "spec.resources.gpuMemory") if spec.resources.gpu_memory else None
+    return spec, memory
 
 
 def _inputs(args: argparse.Namespace) -> dict[str, object]:
     values: dict[str, object] = {}
     if args.manifest:
-        spec = load_job(args.manifest).spec
-        if spec.model.parameters is None:
-            raise UserError(f"{args.manifest}: spec.model.parameters is not set; add it or pass --params")
-        memory = _size(spec.resources.gpu_memory, "spec.resources.gpuMemory") if spec.resources.gpu_memory else None
+        spec, memory = _manifest_spec(args.manifest)
         values.update(plan_input(spec, memory).model_dump(exclude_none=True, exclude={"headroom"}))
     if args.params is not None:
         values["parameters"] = _number(args.params, "--params")
@@ -109,8 +126,26 @@ def make_input(values: dict[str, object]) -> PlanInput:
         raise UserError(f"{flag}: got {first.get('input')!r}; {msg}; {fix}") from None
 
 
+_OVERRIDES = ("params", "dp", "k", "bytes_per_weight", "bytes_per_grad", "device_memory", "headroom")
+
+
+def _result(args: argparse.Namespace) -> MemoryPlan:
+    """The manifest's own plan (whole peak with a shape) unless flags override its figures: then model states."""
+    p = make_input(_inputs(args))
+    if args.manifest and not any(getattr(args, f) is not None for f in _OVERRIDES):
+        spec, memory = _manifest_spec(args.manifest)
+        return plan_job(spec, memory)
+    return plan(p)
+
+
 def run(args: argparse.Namespace) -> int:
-    result = plan(make_input(_inputs(args)))
+    if args.measure:
+        if not args.manifest:
+            raise UserError("--measure: needs -f MANIFEST (the entry point to build)")
+        from zerotrain.commands.measure import measure_command
+
+        return measure_command(args.manifest, args.output == Output.JSON.value)
+    result = _result(args)
     if args.output == Output.JSON.value:
         print(json.dumps(result.model_dump(mode="json", by_alias=True), indent=2))
     else:
@@ -142,5 +177,42 @@ def render(result: MemoryPlan, console: Console) -> None:
             row.append("yes" if sp.fits else "no")
         table.add_row(*row)
     console.print(table)
+    if any(sp.peak is not None for sp in result.stages):
+        render_peaks(result, console)
     if result.reason:
         console.print(Text(result.reason), soft_wrap=True)
+
+
+# (column, PeakPlan field) of the whole-peak table.
+PEAK_COLUMNS = (
+    ("states", "model_states"),
+    ("gathered", "gathered_parameters"),
+    ("acts", "activations"),
+    ("comm", "communication_buffers"),
+    ("arenas", "gradient_arenas"),
+    ("fp32 g", "fp32_gradients"),
+    ("step", "optimizer_step"),
+)
+
+
+def render_peaks(result: MemoryPlan, console: Console) -> None:
+    """The whole peak per rank by category (docs/memory.md explains each term)."""
+    table = Table(title="whole peak per rank, from spec.model.shape (docs/memory.md explains each term)")
+    for col in ("stage", *(c for c, _ in PEAK_COLUMNS), "peak", "at"):
+        table.add_column(col, justify="right", no_wrap=True)
+    for sp in result.stages:
+        if sp.peak is None:
+            continue
+        cells = [format_bytes(getattr(sp.peak, f)) for _, f in PEAK_COLUMNS]
+        table.add_row(str(sp.stage.value), *cells, format_bytes(sp.peak.peak), sp.peak.peak_phase)
+    console.print(table)
+    host = max(sp.peak.host_activations for sp in result.stages if sp.peak is not None)
+    if host:
+        console.print(Text(f"offloaded activation checkpoints: {format_bytes(host)} of host memory per rank"))
+    console.print(
+        Text(
+            "not in the peak: the CUDA context, cuBLAS workspaces and NCCL's buffers (about 0.5-1.5 GB per GPU "
+            "process, whatever the model) and allocator fragmentation; the headroom is kept for them"
+        ),
+        soft_wrap=True,
+    )

@@ -10,6 +10,7 @@ from rich.text import Text
 
 from zerotrain.errors import UserError
 from zerotrain.manifest import load_job_document, parse_job
+from zerotrain.plan_inputs import plan_job
 from zerotrain.planner import format_bytes
 
 
@@ -39,12 +40,24 @@ def run(args: argparse.Namespace) -> int:
         f"{spec.replicas} pod(s) × {spec.nproc_per_node} rank(s) = {spec.world_size} ranks"
     ]
     if verdict.plan is not None:
-        held = format_bytes(verdict.plan.stages[spec.zero.stage].model_state_bytes)
+        chosen = verdict.plan.stages[spec.zero.stage]
+        held = f"{format_bytes(chosen.model_state_bytes)} of model states"
+        if chosen.peak is not None:
+            held = f"{format_bytes(chosen.peak.peak)} at its peak ({held})"
+        lines.append(f"memory plan: {held} per GPU at stage {spec.zero.stage.value}; {verdict.plan.reason}")
+    elif spec.model.shape is not None:
+        peak = plan_job(spec).stages[spec.zero.stage].peak
+        assert peak is not None
         lines.append(
-            f"memory plan: {held} of model states per GPU at stage {spec.zero.stage.value}; {verdict.plan.reason}"
+            f"memory plan: {format_bytes(peak.peak)} per rank at its peak at stage {spec.zero.stage.value} "
+            f"({format_bytes(peak.model_states)} of model states); no GPU memory to check it against "
+            "(resources.gpuMemory or --gpu-memory)"
         )
     else:
-        lines.append("memory plan: not checked (set spec.model.parameters and resources.gpuMemory, or --gpu-memory)")
+        lines.append(
+            "memory plan: not checked (set spec.model.parameters or spec.model.shape, and resources.gpuMemory or "
+            "--gpu-memory)"
+        )
     console = Console()
     for line in lines:
         console.print(Text(line), soft_wrap=True)

@@ -1,0 +1,203 @@
+"""The whole per-rank peak: model states plus every buffer the zerotrain runtime keeps and each micro-batch's
+activations. Pure arithmetic, torch-free; the runtime sizes its buffers with these same functions.
+
+A step has two moments that can set the peak, on top of the model states and the buffers that persist (the
+communication pool, the gradient arenas):
+
+- forward through backward: activations (saved tensors and backward's working set), the stage-3 gathered window
+  (the running unit, the units prefetched, the root, which stays gathered from forward into backward) and, without
+  contiguous gradients, autograd's own unsharded gradients awaiting their reduction;
+- the optimizer step: the fp32 gradients mixed-precision stages 0/1 stage from reduction to step, and the
+  optimizer's temporaries (torch's single-tensor AdamW holds three tensors the size of the view it updates; the
+  foreach path, torch's default on CUDA, one per element of every view at once).
+
+Not counted here, and stated wherever the plan is printed: the CUDA context, cuBLAS workspaces and NCCL's own
+buffers (a fixed cost per GPU process, not from the model) and allocator fragmentation; the plan's headroom is
+kept for them. The entry point's own tensors (a dataset held in memory) are not known to the plan either.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from zerotrain._model import SpecModel
+from zerotrain.planner import PeakPlan, PlanInput, stage_bytes
+from zerotrain.runtime.config import Stage
+
+ALIGN = 16
+"""Elements every parameter and every rank's shard starts at a multiple of (32 bytes in bf16, 64 in fp32: cuBLAS
+and NCCL want at least 16-byte aligned pointers)."""
+POOL_DEPTH = 2
+"""Pooled communication buffers per dtype: one being filled while the other's collective is in flight."""
+ARENA_DEPTH = 2
+"""Gradient arenas for the block units: one receiving a unit's gradients while the other's are reduced."""
+SINGLE_TENSOR_STEP_TEMPORARIES = 3
+"""Tensors the size of one view torch's single-tensor Adam(W) allocates at once (the square root, its quotient,
+the update); measured: tests/cli/test_peak_plan.py."""
+
+
+def align_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def padded_elements(extent: int, world_size: int) -> int:
+    """A unit's flat buffer: its elements rounded up so every rank's shard is equal and `ALIGN`-aligned."""
+    return align_up(extent, world_size * ALIGN)
+
+
+def chunk_width(world_size: int, bucket_elements: int) -> int:
+    """Shard columns per chunk: as many as the bucket holds for every rank, a multiple of `ALIGN` when at least that
+    many fit, so every row of a bucket and the chunk's output start aligned as the shards do."""
+    width = max(1, bucket_elements // world_size)
+    return width - width % ALIGN if width >= ALIGN else width
+
+
+def chunk_capacity(largest_shard: int, world_size: int, bucket_elements: int) -> int:
+    """Elements one pooled buffer needs: the largest chunk's bucket plus its output (N+1 columns per rank)."""
+    return (world_size + 1) * min(chunk_width(world_size, bucket_elements), largest_shard)
+
+
+class PeakInput(SpecModel):
+    """What the whole-peak plan needs: the units as the runtime lays them out and the buffers' configuration."""
+
+    stage: Stage
+    """ZeRO stage."""
+    world_size: int = Field(ge=1)
+    """N."""
+    blocks: list[int] = Field(default_factory=list)
+    """Padded elements of each block unit's flat buffer (the unit classes), in forward order."""
+    root: int = Field(default=0, ge=0)
+    """Padded elements of the root unit (every parameter outside the unit classes); 0 if there is none."""
+    compute_bytes: float = Field(gt=0)
+    """w: bytes of one element in the compute dtype."""
+    gradient_bytes: float = Field(gt=0)
+    """g: bytes per element of the gradients a stage holds between steps (`planner.element_bytes`)."""
+    reduce_bytes: float = Field(gt=0)
+    """Bytes of one element in the reduce dtype."""
+    state_bytes: float = Field(ge=0)
+    """K: optimizer state (and fp32 master, under mixed precision) bytes per parameter."""
+    reduce_bucket_elements: int = Field(ge=1)
+    """zero.reduceBucketElements."""
+    allgather_bucket_elements: int = Field(ge=1)
+    """zero.allgatherBucketElements."""
+    prefetch_units: int = Field(default=1, ge=0)
+    """zero.prefetchUnits (stage 3)."""
+    contiguous_gradients: bool = True
+    """zero.contiguousGradients (stages 2 and 3)."""
+    accumulation_steps: int = Field(default=1, ge=1)
+    """zero.gradientAccumulationSteps."""
+    foreach_step: bool = False
+    """Whether the optimizer steps every view at once (torch's default on CUDA) rather than one at a time."""
+    activations: int = Field(default=0, ge=0)
+    """Bytes a micro-batch needs at the start of its backward, beyond parameters and gradients (every saved tensor
+    and the loss's gradients)."""
+    activations_in_block: int | None = Field(default=None, ge=0)
+    """The same while a block's backward runs (with checkpointing: its recomputed activations); None: as
+    `activations` (a measured figure covers both)."""
+    host_activations: int = Field(default=0, ge=0)
+    """Bytes of checkpointed inputs offloaded to host memory (not on the device)."""
+
+
+def _local(stage: Stage, padded: int, n: int, sharded_from: Stage) -> int:
+    return padded // n if stage >= sharded_from else padded
+
+
+def pool_bytes(p: PeakInput) -> int:
+    """The communication pool: up to `POOL_DEPTH` buffers of the reduce dtype (one of the compute dtype for chunked
+    stage 1/2 gathers), each as large as the largest chunk any unit asks for."""
+    units = [*p.blocks, *([p.root] if p.root else [])]
+    if not units:
+        return 0
+    n = p.world_size
+    capacity = max(chunk_capacity(u // n, n, max(p.reduce_bucket_elements, p.allgather_bucket_elements)) for u in units)
+    if p.stage == Stage.DATA_PARALLEL:
+        # All-reduced in place when the gradients already have the reduce dtype, else chunk by chunk.
+        source = 4.0 if p.compute_bytes != 4.0 and p.accumulation_steps > 1 else p.compute_bytes
+        dtypes = source != p.reduce_bytes
+        chunks = sum(-(-u // capacity) for u in units)
+        return int(min(POOL_DEPTH, chunks) * capacity * p.reduce_bytes) if dtypes else 0
+    # The reduce-scatter's buckets, up to POOL_DEPTH in flight.
+    width = chunk_width(n, p.reduce_bucket_elements)
+    total = min(POOL_DEPTH, sum(-(-(u // n) // width) for u in units)) * capacity * p.reduce_bytes
+    # Stages 1/2 gather a unit larger than the all-gather bucket chunk by chunk through one buffer (in place
+    # otherwise); it is one of the reduce buffers when the dtypes agree.
+    chunked = any(u // n > chunk_width(n, p.allgather_bucket_elements) for u in units)
+    if p.stage < Stage.PARAMETERS and chunked and p.compute_bytes != p.reduce_bytes:
+        total += capacity * p.compute_bytes
+    return int(total)
+
+
+def arena_bytes(p: PeakInput) -> int:
+    """Stages 2/3: the root's arena and `ARENA_DEPTH` the size of the largest block unit."""
+    if p.stage < Stage.GRADIENTS:
+        return 0
+    largest = max(p.blocks, default=0)
+    return int((ARENA_DEPTH * largest + p.root) * p.compute_bytes)
+
+
+def gathered_bytes(p: PeakInput, running: bool = True) -> int:
+    """Stage 3: the root plus the running unit (`running`) and the prefetched ones, the largest blocks at worst.
+    When backward starts, the root runs and only the last block is prefetched."""
+    if p.stage < Stage.PARAMETERS:
+        return 0
+    window = sorted(p.blocks, reverse=True)[: int(running) + p.prefetch_units]
+    return int((sum(window) + p.root) * p.compute_bytes)
+
+
+def fp32_gradient_bytes(p: PeakInput) -> int:
+    """Mixed-precision stages 0/1: the fp32 gradients between reduction and step."""
+    if p.compute_bytes == 4.0 or p.stage >= Stage.GRADIENTS:
+        return 0
+    padded = sum(p.blocks) + p.root
+    staged = 4 * _local(p.stage, padded, p.world_size, Stage.OPTIMIZER_STATES)
+    if p.stage == Stage.OPTIMIZER_STATES and p.accumulation_steps > 1:
+        staged += 4 * padded
+    return staged
+
+
+def step_bytes(p: PeakInput) -> int:
+    """The optimizer's temporaries: fp32, the size of the views it updates."""
+    views = [_local(p.stage, u, p.world_size, Stage.OPTIMIZER_STATES) for u in [*p.blocks, p.root] if u]
+    if not views:
+        return 0
+    return 4 * (sum(views) if p.foreach_step else SINGLE_TENSOR_STEP_TEMPORARIES * max(views))
+
+
+def peak_plan(p: PeakInput) -> PeakPlan:
+    """Every category at the rank's peak, and which moment of the step sets it."""
+    padded = sum(p.blocks) + p.root
+    w, g, k = (
+        round(b)
+        for b in stage_bytes(
+            p.stage,
+            PlanInput(
+                parameters=max(padded, 1),
+                data_parallel=p.world_size,
+                optimizer_multiplier=p.state_bytes,
+                bytes_per_weight=p.compute_bytes,
+                bytes_per_gradient=p.gradient_bytes,
+            ),
+        )
+    )
+    pool, arenas, staged = pool_bytes(p), arena_bytes(p), fp32_gradient_bytes(p)
+    in_block = p.activations if p.activations_in_block is None else p.activations_in_block
+    backward = max(gathered_bytes(p, running=False) + p.activations, gathered_bytes(p) + in_block)
+    backward += 0 if p.contiguous_gradients else arenas
+    # fp32 gradients are staged from a unit's reduction to the step: they grow as backward frees activations, and
+    # all of them are alive when the step starts.
+    step = step_bytes(p) + staged
+    persistent = w + g + k + pool + (arenas if p.contiguous_gradients else 0)
+    return PeakPlan(
+        parameters=w,
+        gradients=g,
+        optimizer=k,
+        communication_buffers=pool,
+        gradient_arenas=arenas,
+        fp32_gradients=staged,
+        gathered_parameters=gathered_bytes(p),
+        activations=max(p.activations, in_block),
+        optimizer_step=step,
+        host_activations=p.host_activations,
+        peak=persistent + max(backward, step),
+        peak_phase="backward" if backward >= step else "step",
+    )
