@@ -1,0 +1,115 @@
+"""`zerotrain plan -f JOB --measure`: a micro-batch's activations measured without allocating them.
+
+The entry point builds its model and data under torch's fake-tensor mode (tensors have shapes, dtypes and a device,
+and no storage; operators choose the kernels they would choose on the CPU); one batch runs forward, the loss and
+backward while a dispatch mode counts every tensor operators return until it is freed: what autograd saves,
+backward's working set, and anything else the model makes. Parameter gradients are dropped as soon as they are
+accumulated (the runtime keeps them in its own flat buffers, which the plan counts apart), so the figure is the
+activations alone: what `spec.model.activationBytes` takes. With `zero.activationCheckpointing` the unit modules are
+checkpointed as the runtime does.
+"""
+
+from __future__ import annotations
+
+import json
+import weakref
+from typing import Any
+
+from rich.console import Console
+from rich.text import Text
+
+from zerotrain.errors import UserError
+from zerotrain.manifest import load_job
+from zerotrain.planner import format_bytes
+from zerotrain.spec import ZeroTrainingJobSpec
+
+
+def _meter(model: Any) -> Any:
+    """A dispatch mode counting the bytes of tensors operators return, while they live (defined lazily: importing
+    torch costs seconds)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    class ActivationBytes(TorchDispatchMode):
+        def __init__(self, model: torch.nn.Module) -> None:
+            super().__init__()
+            self.live = self.peak = 0
+            self.sizes: dict[int, int] = {}
+            # The parameters' storages are the runtime's to count: views of them (a transposed weight autograd
+            # saves) are not activations.
+            self.held = {t.untyped_storage()._cdata for t in [*model.parameters(), *model.buffers()]}
+
+        def _gone(self, key: int) -> None:
+            self.live -= self.sizes.pop(key, 0)
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            out = func(*args, **(kwargs or {}))
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor):
+                    st = t.untyped_storage()
+                    key = st._cdata
+                    if key not in self.sizes and key not in self.held and st.nbytes():
+                        self.sizes[key] = st.nbytes()
+                        self.live += st.nbytes()
+                        self.peak = max(self.peak, self.live)
+                        weakref.finalize(st, self._gone, key)
+            return out
+
+    return ActivationBytes(model)
+
+
+def measure_activations(spec: ZeroTrainingJobSpec) -> int:
+    """Peak activation bytes of one rank's micro-batch (rank 0 of the job's world size); UserError naming the
+    operation when the model cannot run on the meta device."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from zerotrain.runtime.activations import apply_checkpointing
+    from zerotrain.runtime.precision import DTYPES
+    from zerotrain.runtime.task import build_task
+
+    torch.manual_seed(spec.training.seed)  # as the runtime does before it builds the task
+    fake = FakeTensorMode(allow_non_fake_inputs=True)
+    with fake:
+        task = build_task(spec.entrypoint, rank=0, world_size=spec.world_size, args=spec.entrypoint_args)
+        model, dtype = task.model, DTYPES[spec.zero.precision]
+        for p in model.parameters():  # in place: fake parameters cannot be swapped as Module.to would
+            p.data = p.data.to(dtype)
+    for p in model.parameters():
+        if p.requires_grad:
+            p.register_post_accumulate_grad_hook(lambda q: setattr(q, "grad", None))
+    if spec.zero.activation_checkpointing:
+        names = set(spec.zero.unit_modules or task.unit_modules)
+        units = [m for m in model.modules() if type(m).__name__ in names]
+        apply_checkpointing(units, False, lambda _t: None, torch.device("cpu"))
+    meter = _meter(model)
+    try:
+        with fake, meter:
+            batch = next(task.batches)
+            loss = task.loss(model(task.inputs(batch)), batch)
+            loss.backward()
+    except (NotImplementedError, RuntimeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(
+            f"{spec.entrypoint}: the model cannot run on the meta device ({first}); state "
+            "spec.model.activationBytes from a measured run, or give spec.model.shape for the formula"
+        ) from None
+    return int(meter.peak)
+
+
+def measure_command(path: str, as_json: bool) -> int:
+    spec = load_job(path).spec
+    measured = measure_activations(spec)
+    if as_json:
+        print(json.dumps({"activationBytes": measured}))
+        return 0
+    Console().print(
+        Text(
+            f"{path}: one micro-batch needs {format_bytes(measured)} of activations per rank ({measured} bytes, "
+            f"activation checkpointing {'on' if spec.zero.activation_checkpointing else 'off'}); put it in the "
+            f"manifest as spec.model.activationBytes: {measured}"
+        ),
+        soft_wrap=True,
+    )
+    return 0
