@@ -1,0 +1,39 @@
+"""bench/bench_plan.py: the live-bytes meter counts what it should, and the plan's whole peak lands within 5% of a
+measured one on real ranks (the full matrix, with its table and plot, is `python bench/bench_plan.py`)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+
+import bench_plan  # noqa: E402
+from live_bytes import LiveBytes  # noqa: E402
+
+
+def test_the_meter_counts_each_storage_once_and_follows_in_place_resizes() -> None:
+    live = LiveBytes()
+    with live:
+        a = torch.zeros(1000)  # 4,000 bytes
+        view = a[10:20]  # the same storage: not counted again
+        with live.phase("grow"):
+            b = torch.ones(500)
+            del b  # freed: the peak remembers it
+        a.untyped_storage().resize_(0)  # how stage 3 frees a gathered buffer
+        after_free = live.live
+        a.untyped_storage().resize_(8000)
+    assert view.numel() == 10 and after_free == 0
+    assert live.phase_peaks["grow"] == 6000 and live.peak == 8000 and live.live == 8000
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_the_plan_is_within_five_percent_of_the_measured_peak(checkpointing: bool) -> None:
+    row = bench_plan.measure(bench_plan.Case("medium", stage=3, checkpointing=checkpointing, world=2))
+    assert row["measured_peak"] > 20e6  # the model's activations are there: the meter saw the run
+    assert abs(row["error"]) < 0.05, row
