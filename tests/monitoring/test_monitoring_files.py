@@ -29,7 +29,11 @@ def test_dashboard_has_the_promised_panels_and_variables() -> None:
     assert [v["name"] for v in board["templating"]["list"]] == ["datasource", "namespace", "job", "rank"]
     titles = {title for title, _ in panel_queries(board)}
     for needed in (
-        "Memory of rank $rank by category",
+        "Memory by category, against the plan",
+        "Ranks holding the most memory",
+        "Memory across ranks: min, median, max",
+        "Plan error by category",
+        "Plan error: the ranks furthest from it",
         "Device memory headroom",
         "Bandwidth by op",
         "Step time per rank",
@@ -42,6 +46,8 @@ def test_dashboard_has_the_promised_panels_and_variables() -> None:
         "Device framebuffer (DCGM) next to ZeRO's accounting",
     ):
         assert needed in titles, needed
+    # A 1,024-rank job stays readable: no panel repeats per rank, and per-rank lines are top-k or one rank.
+    assert not [p.get("title") for p in board["panels"] if p.get("repeat")]
     exprs = [e for _, e in panel_queries(board)]
     assert any("DCGM_FI_DEV_FB_USED" in e for e in exprs)
     assert all("$job" in e for e in exprs), "every query follows the job variable"

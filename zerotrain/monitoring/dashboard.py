@@ -55,24 +55,24 @@ def series(title: str, description: str, unit: str, *queries: q.Query, width: in
     return _targets(panel, *queries)
 
 
-def memory_by_rank() -> timeseries.Panel:
-    """One panel per rank: measured categories stacked, the formula's model states as a dashed line."""
+def memory_by_category() -> timeseries.Panel:
+    """Measured categories stacked, the plan's per category as dashed lines (each category's largest rank; one
+    rank with the rank variable)."""
     return (
         series(
-            "Memory of rank $rank by category",
-            "Bytes this rank holds by category, measured from live tensors and stacked; the dashed line is what "
-            "the ZeRO formula predicts for parameters + gradients + optimizer states at this stage and world size.",
+            "Memory by category, against the plan",
+            "Bytes by category, measured from live tensors and stacked, for the ranks selected (each category's "
+            "largest rank; pick one rank with the rank variable); dashed: what the plan (`zerotrain plan`, "
+            "docs/memory.md) predicts for that category at this stage, world size and configuration.",
             "bytes",
             q.MEMORY_MEASURED,
             q.MEMORY_PREDICTED,
+            width=24,
         )
-        .repeat("rank")
-        .repeat_direction("h")
-        .span(24)  # Grafana sizes horizontal repeats itself: 24 / ranks, at most 4 a line
         .stacking(cb.StackingConfig().mode(cm.StackingMode.NORMAL))
         .fill_opacity(40)
-        .override_by_name(
-            "predicted model states",
+        .override_by_regexp(
+            ".* planned",
             [
                 dm.DynamicConfigValue("custom.stacking", {"mode": "none"}),
                 dm.DynamicConfigValue("custom.fillOpacity", 0),
@@ -105,7 +105,42 @@ def variable(name: str, label: str, query: str) -> db.QueryVariable:
 def memory_rows(d: db.Dashboard) -> db.Dashboard:
     return (
         d.with_row(db.Row("Memory"))
-        .with_panel(memory_by_rank())
+        .with_panel(memory_by_category())
+        .with_panel(
+            series(
+                "Ranks holding the most memory",
+                "The 8 ranks with the most bytes in every category together: where a job runs out first.",
+                "bytes",
+                q.MEMORY_TOP_RANKS,
+            )
+        )
+        .with_panel(
+            series(
+                "Memory across ranks: min, median, max",
+                "Bytes per rank, every category together. The ranks of a ZeRO job hold the same; a spread means "
+                "uneven shards (padding) or a rank doing something the others do not.",
+                "bytes",
+                *q.MEMORY_ACROSS_RANKS,
+            )
+        )
+        .with_panel(
+            series(
+                "Plan error by category",
+                "|measured / planned - 1| of each category at its furthest rank (gathered parameters and "
+                "communication buffers at their peak). 0 means the plan is exact; docs/memory.md says what it "
+                "leaves out.",
+                "percentunit",
+                q.PLAN_ERROR_BY_CATEGORY,
+            )
+        )
+        .with_panel(
+            series(
+                "Plan error: the ranks furthest from it",
+                "The 8 ranks whose categories are furthest from the plan (largest |measured / planned - 1|).",
+                "percentunit",
+                q.PLAN_ERROR_TOP_RANKS,
+            )
+        )
         .with_panel(
             series(
                 "Device memory headroom",
@@ -136,7 +171,8 @@ def memory_rows(d: db.Dashboard) -> db.Dashboard:
         .with_panel(
             series(
                 "Peaks: gathered parameters, communication buffers, activations",
-                "Most bytes held at once since the rank started, per category that comes and goes within a step.",
+                "Most bytes held at once since the rank started, per category that comes and goes within a step "
+                "(each category's largest rank).",
                 "bytes",
                 q.MEMORY_PEAKS,
             )

@@ -64,16 +64,42 @@ def straggler_ratio(sel: str = RANK_SEL) -> str:
     return f"({per_rank}) / on({JOB_KEY}) group_left() quantile by ({JOB_KEY}) (0.5, {per_rank})"
 
 
-MEMORY_MEASURED = Query(f"sum by (rank, category) (zerotrain_memory_bytes{{{RANK_SEL}}})", "{{category}}", Scope.RANK)
+# Memory by category for the ranks selected: each category's largest rank (with one rank selected, that rank),
+# so a 1,024-rank job draws seven lines, not seven thousand.
+MEMORY_MEASURED = Query(
+    f"max by (zerotrain_job, category) (zerotrain_memory_bytes{{{RANK_SEL}}})", "{{category}}", Scope.JOB
+)
 MEMORY_PREDICTED = Query(
-    f"sum by (rank) (zerotrain_memory_predicted_bytes{{{RANK_SEL}}})", "predicted model states", Scope.RANK
+    f"max by (zerotrain_job, category) (zerotrain_memory_predicted_bytes{{{RANK_SEL}}})",
+    "{{category}} planned",
+    Scope.JOB,
+)
+_RANK_TOTAL = f"sum by (zerotrain_job, rank) (zerotrain_memory_bytes{{{RANK_SEL}}})"
+MEMORY_TOP_RANKS = Query(f"topk(8, {_RANK_TOTAL})", "rank {{rank}}", Scope.JOB)
+MEMORY_ACROSS_RANKS = (
+    Query(f"min by (zerotrain_job) ({_RANK_TOTAL})", "min", Scope.JOB),
+    Query(f"quantile by (zerotrain_job) (0.5, {_RANK_TOTAL})", "median", Scope.JOB),
+    Query(f"max by (zerotrain_job) ({_RANK_TOTAL})", "max", Scope.JOB),
 )
 MEMORY_PEAKS = Query(
-    f"sum by (rank, category) (zerotrain_memory_peak_bytes{{{RANK_SEL}}})", "rank {{rank}} {{category}}", Scope.RANK
+    f"max by (zerotrain_job, category) (zerotrain_memory_peak_bytes{{{RANK_SEL}}})", "{{category}}", Scope.JOB
+)
+# The plan's relative error per rank and category: what a rank holds (its peak, for the categories that come and
+# go within a step) over what the plan predicted for it, less 1; categories the plan gives 0 are left out.
+_HELD = f'zerotrain_memory_bytes{{{RANK_SEL}, category=~"parameters|gradients|optimizer_states|gradient_arenas"}}'
+_PEAKED = f'zerotrain_memory_peak_bytes{{{RANK_SEL}, category=~"gathered_parameters|communication_buffers"}}'
+_PLANNED = f"(zerotrain_memory_predicted_bytes{{{RANK_SEL}}} > 0)"
+PLAN_ERROR = f"(({_HELD}) / {_PLANNED} or ({_PEAKED}) / {_PLANNED}) - 1"
+PLAN_ERROR_BY_CATEGORY = Query(
+    f"max by (zerotrain_job, category) (abs({PLAN_ERROR}))", "{{category}} (furthest rank)", Scope.JOB
+)
+PLAN_ERROR_TOP_RANKS = Query(
+    f"topk(8, max by (zerotrain_job, rank) (abs({PLAN_ERROR})))", "rank {{rank}}", Scope.JOB
 )
 MODEL_STATES_RATIO = Query(
     f'sum by (rank) (zerotrain_memory_bytes{{{RANK_SEL}, category=~"parameters|gradients|optimizer_states"}})'
-    f" / sum by (rank) (zerotrain_memory_predicted_bytes{{{RANK_SEL}}})",
+    f' / sum by (rank) (zerotrain_memory_predicted_bytes{{{RANK_SEL}, category=~"parameters|gradients|'
+    'optimizer_states"})',
     "rank {{rank}}",
     Scope.RANK,
 )
@@ -159,4 +185,4 @@ JOB_RESTARTS = Query(
 
 def all_queries() -> list[Query]:
     """Every query defined here (what the dashboard may use)."""
-    return [v for v in globals().values() if isinstance(v, Query)] + [*CUDA_ALLOCATOR]
+    return [v for v in globals().values() if isinstance(v, Query)] + [*CUDA_ALLOCATOR, *MEMORY_ACROSS_RANKS]
