@@ -14,6 +14,7 @@ which no plan knows, stay out of the comparison.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import os
@@ -55,6 +56,8 @@ class Case:
     checkpointing: bool
     world: int
     precision: str = "fp32"
+    system: str = "zerotrain"
+    """zerotrain, or fsdp2 (the same model under FSDP2's fully_shard, as bench/compare.py builds it)."""
 
     def spec(self) -> ZeroTrainingJobSpec:
         layers, hidden, heads, seq, micro = SIZES[self.size]
@@ -94,10 +97,8 @@ def _rank(rank: int, case: Case, port: int, out: str) -> None:
     warnings.simplefilter("ignore", UserWarning)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=case.world)
-    from zerotrain.runtime import ZeroEngine
     from zerotrain.runtime.examples.gpt import build
 
-    spec = case.spec()
     layers, hidden, heads, seq, micro = SIZES[case.size]
     live = LiveBytes()
     with live:
@@ -112,31 +113,44 @@ def _rank(rank: int, case: Case, port: int, out: str) -> None:
             n_heads=heads,
             max_bytes=CORPUS_BYTES,
         )
-        engine = ZeroEngine(task.model, spec.zero, optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-3))
+        system = _system(case, task.model)
         for _ in range(STEPS):
             batch = next(task.batches)
             with live.phase("backward"):
-                loss = task.loss(engine(task.inputs(batch)), batch)
-                engine.backward(loss)
+                loss = task.loss(system.forward(task.inputs(batch)), batch)
+                system.backward(loss)
                 del loss
             with live.phase("step"):
-                engine.step()
-        report = engine.memory_report()
-    Path(out, f"{rank}.json").write_text(
-        json.dumps({"peak": live.peak, "phases": live.phase_peaks, "report": report.model_dump(mode="json")})
-    )
-    del engine, task
+                system.step()
+        report = system.engine.memory_report().model_dump(mode="json") if case.system == "zerotrain" else None
+    Path(out, f"{rank}.json").write_text(json.dumps({"peak": live.peak, "phases": live.phase_peaks, "report": report}))
+    del system, task
     gc.collect()
     dist.destroy_process_group()
 
 
-def measure(case: Case) -> dict[str, Any]:
-    """Run the case's ranks and return the prediction, each rank's measured peak and the largest error."""
+def _system(case: Case, model: torch.nn.Module) -> Any:
+    from compare_systems import ZeroSystem, _torch_system
+
+    if case.system == "fsdp2":
+        return _torch_system("fsdp2", model)
+    from zerotrain.runtime import ZeroEngine
+
+    return ZeroSystem(ZeroEngine(model, case.spec().zero, optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-3)))
+
+
+def measure_peak(case: Case) -> tuple[int, list[dict[str, Any]]]:
+    """The largest rank's measured peak, and every rank's record."""
     with tempfile.TemporaryDirectory() as out:
         mp.spawn(_rank, args=(case, free_port(), out), nprocs=case.world)
         ranks = [json.loads(Path(out, f"{r}.json").read_text()) for r in range(case.world)]
+    return max(r["peak"] for r in ranks), ranks
+
+
+def measure(case: Case) -> dict[str, Any]:
+    """Run the case's ranks and return the prediction, each rank's measured peak and the largest error."""
+    measured, ranks = measure_peak(case)
     plan = predicted(case)
-    measured = max(r["peak"] for r in ranks)
     return {
         "case": asdict(case),
         "predicted": plan,
@@ -163,21 +177,30 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="one size at world 2")
     ap.add_argument("--precision", default="fp32", help="compute dtypes, comma-separated (fp32,bf16)")
+    ap.add_argument(
+        "--versus-fsdp2",
+        action="store_true",
+        help="also measure FSDP2 beside every stage-3 configuration without checkpointing",
+    )
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--plot", help="draw predicted against measured here (needs matplotlib)")
     args = ap.parse_args(argv)
     rows = []
     head = f"{'dtype':>5} {'size':>6} {'N':>2} {'stage':>5} {'ckpt':>4} {'predicted':>10} {'measured':>10} {'error':>7}"
-    print(head + "  phase")
+    print(head + "  phase" + ("      FSDP2  zerotrain ÷ FSDP2" if args.versus_fsdp2 else ""))
     for case in cases(args.quick, args.precision.split(",")):
         row = measure(case)
         rows.append(row)
+        versus = ""
+        if args.versus_fsdp2 and case.stage == 3 and not case.checkpointing:  # the peer runs without it
+            row["fsdp2_peak"], _ = measure_peak(dataclasses.replace(case, system="fsdp2"))
+            versus = f"  {format_bytes(row['fsdp2_peak']):>9}  {row['measured_peak'] / row['fsdp2_peak']:>17.2f}"
         c, p = row["case"], row["predicted"]
         print(
             f"{c['precision']:>5} {c['size']:>6} {c['world']:>2} {c['stage']:>5} "
             f"{'on' if c['checkpointing'] else 'off':>4} "
             f"{format_bytes(p['peak']):>10} {format_bytes(row['measured_peak']):>10} {row['error']:>+7.1%}  "
-            f"{p['peak_phase']}",
+            f"{p['peak_phase']:<8}{versus}",
             flush=True,
         )
     worst = max(abs(r["error"]) for r in rows)

@@ -93,9 +93,7 @@ PLAN_ERROR = f"(({_HELD}) / {_PLANNED} or ({_PEAKED}) / {_PLANNED}) - 1"
 PLAN_ERROR_BY_CATEGORY = Query(
     f"max by (zerotrain_job, category) (abs({PLAN_ERROR}))", "{{category}} (furthest rank)", Scope.JOB
 )
-PLAN_ERROR_TOP_RANKS = Query(
-    f"topk(8, max by (zerotrain_job, rank) (abs({PLAN_ERROR})))", "rank {{rank}}", Scope.JOB
-)
+PLAN_ERROR_TOP_RANKS = Query(f"topk(8, max by (zerotrain_job, rank) (abs({PLAN_ERROR})))", "rank {{rank}}", Scope.JOB)
 MODEL_STATES_RATIO = Query(
     f'sum by (rank) (zerotrain_memory_bytes{{{RANK_SEL}, category=~"parameters|gradients|optimizer_states"}})'
     f' / sum by (rank) (zerotrain_memory_predicted_bytes{{{RANK_SEL}, category=~"parameters|gradients|'
