@@ -14,9 +14,17 @@ from gpu_check_config import SIZES, Size
 from gpu_check_records import Checks
 from gpu_check_train import adamw, batches, device_of, init_group, make_task, teardown
 
+from zerotrain.peak import peak_plan
 from zerotrain.planner import format_bytes
 from zerotrain.runtime import ZeroConfig, ZeroEngine
 from zerotrain.runtime.collectives import SINGLE_RANK_ENV
+from zerotrain.runtime.memory import buffer_plan
+from zerotrain.spec import ModelShape
+from zerotrain.transformer_plan import activation_peak
+
+PEAK_RTOL = 0.10
+"""The whole-peak plan against torch.cuda.max_memory_allocated over the training steps: reported, and a check
+within 10% (on the CPU the plan is within 1-4% of live tensor bytes: docs/memory.md)."""
 
 
 def gb(n: float | None) -> str:
@@ -39,6 +47,8 @@ def train_bf16(device: torch.device, size: Size, stage: int) -> tuple[ZeroEngine
     data = batches(task, device, size.alloc_steps)
     cfg = ZeroConfig(stage=stage, unit_modules=task.unit_modules, precision="bf16", reduce_dtype="fp32")
     engine = ZeroEngine(task.model, cfg, optimizer=adamw)
+    if device.type == "cuda":  # the plan is the training step's peak, not the model's construction
+        torch.cuda.reset_peak_memory_stats(device)
     for batch in data:
         engine.backward(task.loss(engine(task.inputs(batch)), batch))
         engine.step()
@@ -68,7 +78,26 @@ def plan(rep: Any) -> tuple[bool, float, str, dict[str, Any]]:
     return plan_ok, slack, text, figures
 
 
-def cuda_check(checks: Checks, name: str, rep: Any, device: torch.device, retries0: int) -> None:
+def planned_peak(engine: ZeroEngine, rep: Any, gpt: dict[str, int]) -> int:
+    """`zerotrain plan`'s whole peak for this engine's units and the allocator model's shape (foreach AdamW, as
+    torch steps on CUDA)."""
+    shape = ModelShape(
+        layers=gpt["n_layers"],
+        hidden=gpt["d_model"],
+        heads=gpt["n_heads"],
+        sequence_length=gpt["seq_len"],
+        vocabulary=256,
+        micro_batch_size=gpt["batch_size"],
+    )
+    at_head, in_block, _ = activation_peak(shape, rep.bytes_per_weight, False, False)
+    p = buffer_plan(engine, rep.bytes_per_weight, rep.bytes_per_gradient, rep.optimizer_multiplier)
+    p = p.model_copy(update={"activations": at_head, "activations_in_block": in_block, "foreach_step": True})
+    return peak_plan(p).peak
+
+
+def cuda_check(
+    checks: Checks, name: str, rep: Any, device: torch.device, retries0: int, planned: int | None = None
+) -> None:
     """The allocator's figures now (the engine still alive) against the plan and memory_report()'s own."""
     plan_ok, slack, plan_text, figures = plan(rep)
     stats = torch.cuda.memory_stats(device)
@@ -91,6 +120,11 @@ def cuda_check(checks: Checks, name: str, rep: Any, device: torch.device, retrie
     problems += [] if retries == 0 else [f"{retries} allocation retries"]
     problems += [] if peak >= rep.predicted_model_state_bytes else ["peak allocated below the predicted model states"]
     problems += [] if agrees else ["memory_report()'s cuda_* figures differ from torch.cuda.memory_stats"]
+    if planned is not None:
+        figures.update(planned_peak_bytes=planned, peak_error=(planned - peak) / peak if peak else None)
+        plan_text += f"; whole peak planned {gb(planned)} against {gb(peak)} allocated at most"
+        if peak and abs(planned - peak) > PEAK_RTOL * peak:
+            problems.append(f"the planned whole peak is {(planned - peak) / peak:+.1%} off the allocator's")
     detail = (
         f"allocated {gb(alloc)}, reserved {gb(reserved)}, peak {gb(peak)} / {gb(peak_reserved)} reserved, "
         f"retries {retries}, fragmentation at peak {frag:.1%}; {plan_text}"
@@ -98,9 +132,12 @@ def cuda_check(checks: Checks, name: str, rep: Any, device: torch.device, retrie
     checks.add(name, not problems, detail + ("" if not problems else " -- " + "; ".join(problems)), **figures)
 
 
-def cpu_check(checks: Checks, name: str, rep: Any) -> None:
-    """On the CPU: the plan, and no allocator figures at all."""
+def cpu_check(checks: Checks, name: str, rep: Any, planned: int) -> None:
+    """On the CPU: the plan, and no allocator figures at all (the whole peak planned is reported: bench/bench_plan.py
+    measures it on the CPU)."""
     plan_ok, _, plan_text, figures = plan(rep)
+    figures["planned_peak_bytes"] = planned
+    plan_text += f"; whole peak planned {gb(planned)}"
     none = all(v is None for v in (rep.cuda_allocated_bytes, rep.cuda_reserved_bytes, rep.cuda_alloc_retries))
     checks.add(name, plan_ok and none, f"allocator: none on CPU (as expected); {plan_text}", **figures)
 
@@ -115,9 +152,10 @@ def phase_allocator(args: argparse.Namespace, checks: Checks) -> None:
         retries0 = fresh_allocator(cuda)
         engine, task, data = train_bf16(device, size, stage)
         rep = engine.memory_report()
+        planned = planned_peak(engine, rep, size.alloc)
         if cuda:
-            cuda_check(checks, f"bf16 stage {stage}", rep, device, retries0)
+            cuda_check(checks, f"bf16 stage {stage}", rep, device, retries0, planned)
         else:
-            cpu_check(checks, f"bf16 stage {stage}", rep)
+            cpu_check(checks, f"bf16 stage {stage}", rep, planned)
         del engine, task, data
     teardown()

@@ -186,3 +186,31 @@ def test_bad_shapes_are_refused_naming_the_field(
     assert needle in err and len(err.splitlines()) <= 2, err
     assert main(["validate", str(path)]) == 2
     assert needle in " ".join(capsys.readouterr().err.split())
+
+
+MEMORY_DOC = Path(__file__).resolve().parents[2] / "docs" / "memory.md"
+
+
+def test_the_docs_examples_run_and_print_what_they_show(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every `$ zerotrain ...` of docs/memory.md runs; where the doc shows its output, it is what it prints."""
+    import re
+    import shlex
+
+    blocks = re.findall(r"```console\n(.*?)```", MEMORY_DOC.read_text(), flags=re.S)
+    assert blocks
+    root = MEMORY_DOC.parents[1]
+    for block in blocks:
+        command, *shown = block.strip().splitlines()
+        assert command.startswith("$ zerotrain "), command
+        argv = [str(root / a) if a.startswith("examples/") else a for a in shlex.split(command[len("$ zerotrain ") :])]
+        assert main(argv) == 0, command
+        out = " ".join(capsys.readouterr().out.split()).replace(str(root) + "/", "")
+        if shown:
+            assert " ".join(" ".join(shown).split()) == out, command
+    # The figures its prose quotes for the quickstart.
+    spec = ZeroTrainingJobSpec.model_validate(yaml.safe_load(QUICKSTART.read_text())["spec"])
+    peak = plan_job(spec).stages[3].peak
+    assert peak is not None
+    text = " ".join(MEMORY_DOC.read_text().split())
+    quoted = f"{peak.peak / 1e6:.1f} MB per rank at stage 3, of which {peak.model_states / 1e6:.1f} MB are model states"
+    assert quoted in text and f"{peak.activations / 1e6:.1f} MB activations" in text
