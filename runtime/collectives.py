@@ -133,6 +133,9 @@ class Pending:
         except RuntimeError as e:
             raise collective_failure(self._comm.rank, self.unit, self.op, e) from e
         self.done = True
+        # Drop the Work once waited: it can hold gloo's temporaries (a full-size copy per reduce-scatter) for as long
+        # as anything holds this Pending, and an arena's ticket does until the arena's next use.
+        work, self._work = self._work, None
         if self._start is None:
             self._comm.stats.add_seconds(self.op, time.perf_counter() - t0)
             return
@@ -141,7 +144,7 @@ class Pending:
         compute, timing = torch.cuda.current_stream(), self._comm.timing_stream()
         timing.wait_stream(compute)
         with torch.cuda.stream(timing):
-            self._work.wait()
+            work.wait()
             end = torch.cuda.Event(enable_timing=True)
             end.record()
         self._comm.stats.time_on_device(self.op, self._start, end)
