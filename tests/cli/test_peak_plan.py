@@ -214,3 +214,43 @@ def test_the_docs_examples_run_and_print_what_they_show(capsys: pytest.CaptureFi
     text = " ".join(MEMORY_DOC.read_text().split())
     quoted = f"{peak.peak / 1e6:.1f} MB per rank at stage 3, of which {peak.model_states / 1e6:.1f} MB are model states"
     assert quoted in text and f"{peak.activations / 1e6:.1f} MB activations" in text
+
+
+DATA_DEPENDENT = """
+import torch
+from torch import nn
+from zerotrain.runtime.task import TrainingTask
+
+
+class Gate(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.fc(x)
+        return y if y.sum().item() > 0 else -y  # data-dependent control flow: no fake tensor can say which
+
+
+def build(rank, world_size):
+    def batches():
+        while True:
+            yield torch.randn(4, 8)
+
+    return TrainingTask(model=nn.Sequential(Gate()), loss=lambda out, x: out.square().mean(), batches=batches())
+"""
+
+
+def test_measure_names_what_fake_tensors_cannot_run_and_measures_it_for_real_when_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "gated.py").write_text(DATA_DEPENDENT)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = _job(tmp_path, {"entrypoint": "gated:build"})
+    assert main(["plan", "-f", str(path), "--measure"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "gated:build: the model cannot run under torch's fake tensors" in err and "--measure-real" in err, err
+    assert main(["plan", "-f", str(path), "--measure-real", "--output", "json"]) == 0
+    # fc's input is the batch (not counted: made before the meter), its output 4x8 fp32 and the loss's square.
+    measured = json.loads(capsys.readouterr().out)["activationBytes"]
+    assert 4 * 8 * 4 <= measured <= 8 * 4 * 8 * 4, measured

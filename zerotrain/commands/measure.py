@@ -59,9 +59,12 @@ def _meter(model: Any) -> Any:
     return ActivationBytes(model)
 
 
-def measure_activations(spec: ZeroTrainingJobSpec) -> int:
-    """Peak activation bytes of one rank's micro-batch (rank 0 of the job's world size); UserError naming the
-    operation when the model cannot run on the meta device."""
+def measure_activations(spec: ZeroTrainingJobSpec, real: bool = False) -> int:
+    """Peak activation bytes of one rank's micro-batch (rank 0 of the job's world size), under the fake-tensor mode;
+    UserError naming the operation when the model cannot run there. `real`: on real CPU tensors instead (the model's
+    memory and one micro-batch's, for a model fake tensors cannot run)."""
+    import contextlib
+
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -70,7 +73,9 @@ def measure_activations(spec: ZeroTrainingJobSpec) -> int:
     from zerotrain.runtime.task import build_task
 
     torch.manual_seed(spec.training.seed)  # as the runtime does before it builds the task
-    fake = FakeTensorMode(allow_non_fake_inputs=True)
+    fake: contextlib.AbstractContextManager[object] = (
+        contextlib.nullcontext() if real else FakeTensorMode(allow_non_fake_inputs=True)
+    )
     with fake:
         task = build_task(spec.entrypoint, rank=0, world_size=spec.world_size, args=spec.entrypoint_args)
         model, dtype = task.model, DTYPES[spec.zero.precision]
@@ -92,15 +97,15 @@ def measure_activations(spec: ZeroTrainingJobSpec) -> int:
     except (NotImplementedError, RuntimeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(
-            f"{spec.entrypoint}: the model cannot run on the meta device ({first}); state "
-            "spec.model.activationBytes from a measured run, or give spec.model.shape for the formula"
+            f"{spec.entrypoint}: the model cannot run under torch's fake tensors ({first}); measure it on real CPU "
+            "tensors with --measure-real (it allocates the model and one micro-batch), or give spec.model.shape"
         ) from None
     return int(meter.peak)
 
 
-def measure_command(path: str, as_json: bool) -> int:
+def measure_command(path: str, as_json: bool, real: bool = False) -> int:
     spec = load_job(path).spec
-    measured = measure_activations(spec)
+    measured = measure_activations(spec, real)
     if as_json:
         print(json.dumps({"activationBytes": measured}))
         return 0

@@ -69,6 +69,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="with -f: build the entry point's model on the meta device, run one micro-batch forward and backward "
         "without allocating memory, and print the activation bytes to put in spec.model.activationBytes",
     )
+    p.add_argument(
+        "--measure-real",
+        action="store_true",
+        help="as --measure, on real CPU tensors (for a model torch's fake tensors cannot run; allocates it)",
+    )
     p.set_defaults(func=run)
 
 
@@ -139,12 +144,12 @@ def _result(args: argparse.Namespace) -> MemoryPlan:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.measure:
+    if args.measure or args.measure_real:
         if not args.manifest:
             raise UserError("--measure: needs -f MANIFEST (the entry point to build)")
         from zerotrain.commands.measure import measure_command
 
-        return measure_command(args.manifest, args.output == Output.JSON.value)
+        return measure_command(args.manifest, args.output == Output.JSON.value, real=args.measure_real)
     result = _result(args)
     if args.output == Output.JSON.value:
         print(json.dumps(result.model_dump(mode="json", by_alias=True), indent=2))
