@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from zerotrain._model import SpecModel
-from zerotrain.peak import PeakInput, arena_bytes, gathered_bytes, pool_bytes
+from zerotrain.peak import PeakInput, arena_bytes, comm_bytes_per_step, gathered_bytes, pool_bytes
 from zerotrain.planner import PlanInput, element_bytes, stage_bytes
 from zerotrain.runtime import optimizer as opt_mod
-from zerotrain.runtime.config import Stage
+from zerotrain.runtime.config import GradientSync, Stage
 
 if TYPE_CHECKING:
     from zerotrain.runtime.engine import ZeroEngine
@@ -155,7 +155,15 @@ def buffer_plan(engine: ZeroEngine, w: float, g: float, k: float) -> PeakInput:
         prefetch_units=cfg.prefetch_units,
         contiguous_gradients=cfg.contiguous_gradients,
         accumulation_steps=cfg.gradient_accumulation_steps,
+        param_persistence_elements=cfg.param_persistence_elements,
+        boundary_sync=cfg.gradient_sync is GradientSync.BOUNDARY,
     )
+
+
+def planned_comm(engine: ZeroEngine) -> dict[str, int]:
+    """Bytes per optimizer step by op the plan says this rank's collectives send (`zerotrain.peak`)."""
+    compute = float(torch.empty(0, dtype=engine.dtypes.compute).element_size())
+    return comm_bytes_per_step(buffer_plan(engine, compute, compute, 0.0))
 
 
 def memory_report(engine: ZeroEngine) -> MemoryReport:

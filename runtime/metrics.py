@@ -25,7 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from zerotrain.runtime.device_memory import DeviceMemory, DeviceProbe
-from zerotrain.runtime.memory import MemoryReport
+from zerotrain.runtime.memory import MemoryReport, planned_comm
 
 # Step times from a fast CPU test model (tens of ms) to a large model's step (minutes).
 STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 150.0, 300.0)
@@ -103,6 +103,8 @@ class Snapshot:
 
     memory: MemoryReport | None = None
     comm: Mapping[str, tuple[int, int, int, float]] = field(default_factory=dict)
+    comm_planned: Mapping[str, int] = field(default_factory=dict)
+    """Bytes per optimizer step by op the plan predicts (`zerotrain.peak.comm_bytes_per_step`)."""
     device: DeviceMemory | None = None
     step: StepValues | None = None
     grad_norm: float | None = None
@@ -244,6 +246,14 @@ class SnapshotCollector(Collector):
             )
         ):
             yield self.f.by(CounterMetricFamily, name, doc, "op", {op: v[i] for op, v in s.comm.items()})
+        if s.comm_planned:
+            yield self.f.by(
+                GaugeMetricFamily,
+                "zerotrain_comm_planned_bytes_per_step",
+                "Bytes per optimizer step by op the plan predicts this rank sends (ring convention).",
+                "op",
+                dict(s.comm_planned),
+            )
 
     def _step(self, s: Snapshot) -> Iterator[Metric]:
         f, st = self.f, s.step
@@ -349,6 +359,7 @@ class RankMetrics:
             s,
             memory=engine.memory_report(),
             comm=comm,
+            comm_planned=s.comm_planned or planned_comm(engine),
             device=self.probe.read(),
             step=values,
             grad_norm=values.grad_norm if values.grad_norm is not None else s.grad_norm,

@@ -86,6 +86,10 @@ class PeakInput(SpecModel):
     """zero.contiguousGradients (stages 2 and 3)."""
     accumulation_steps: int = Field(default=1, ge=1)
     """zero.gradientAccumulationSteps."""
+    param_persistence_elements: int = Field(default=0, ge=0)
+    """zero.paramPersistenceElements (stage 3): units this small stay gathered."""
+    boundary_sync: bool = False
+    """zero.gradientSync boundary: stages 2/3 reduce once per step instead of every micro-batch."""
     foreach_step: bool = False
     """Whether the optimizer steps every view at once (torch's default on CUDA) rather than one at a time."""
     activations: int = Field(default=0, ge=0)
@@ -201,3 +205,32 @@ def peak_plan(p: PeakInput) -> PeakPlan:
         peak=persistent + max(backward, step),
         peak_phase="backward" if backward >= step else "step",
     )
+
+
+def comm_bytes_per_step(p: PeakInput) -> dict[str, int]:
+    """Bytes each rank's ZeRO collectives send per optimizer step, by op, in `comm_report()`'s ring convention (a
+    full tensor of n bytes: all-gather and reduce-scatter send n·(N-1)/N, all-reduce twice that): the paper's 2Ψ and
+    3Ψ made exact for the runtime. Stage 0 all-reduces, and stages 1/2 reduce-scatter, once per step; stages 2/3
+    reduce-scatter every micro-batch (once with gradientSync boundary); stages 1/2 gather the updated parameters once;
+    stage 3 gathers every unit in each forward and the blocks again in backward (the root stays gathered; a resident
+    unit is gathered once, after the step). The small control collectives (step vote, order check) are not here."""
+    n = p.world_size
+
+    def ring(elements: int, nbytes: float) -> int:
+        return int(elements * nbytes) * (n - 1) // n
+
+    units = [*p.blocks, *([p.root] if p.root else [])]
+    total, m = sum(units), p.accumulation_steps
+    reduces = 1 if p.stage < Stage.GRADIENTS or p.boundary_sync else m
+    if p.stage == Stage.DATA_PARALLEL:
+        return {"all_reduce": 2 * ring(total, p.reduce_bytes)}
+    out = {"reduce_scatter": reduces * ring(total, p.reduce_bytes)}
+    if p.stage < Stage.PARAMETERS:
+        out["all_gather"] = ring(total, p.compute_bytes)
+        return out
+    resident = [u for u in units if u <= p.param_persistence_elements]
+    blocks = [b for b in p.blocks if b > p.param_persistence_elements]
+    root = [p.root] if p.root and p.root > p.param_persistence_elements else []
+    gathered = m * (sum(blocks) * 2 + sum(root)) + sum(resident)
+    out["all_gather"] = ring(gathered, p.compute_bytes)
+    return out

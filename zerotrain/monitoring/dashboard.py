@@ -232,6 +232,24 @@ def communication_rows(d: db.Dashboard) -> db.Dashboard:
             )
         )
         .with_panel(series("Collective calls by op", "Calls per second.", "ops", q.COMM_CALLS, width=8))
+        .with_panel(
+            series(
+                "Bytes per step by op, against the plan",
+                "What the furthest rank's ZeRO collectives sent per optimizer step over the window, next to the plan "
+                "(dashed): the paper's 2Ψ (stages 0-2) and 3Ψ (stage 3, less the root, which stays gathered into "
+                "backward) in bytes, ring convention. A gap means the runtime sent what the plan does not know.",
+                "bytes",
+                q.COMM_PER_STEP,
+                q.COMM_PLANNED,
+                width=24,
+            ).override_by_regexp(
+                ".* planned",
+                [
+                    dm.DynamicConfigValue("custom.lineStyle", {"fill": "dash", "dash": [10, 10]}),
+                    dm.DynamicConfigValue("custom.lineWidth", 2),
+                ],
+            )
+        )
     )
 
 

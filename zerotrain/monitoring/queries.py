@@ -94,6 +94,19 @@ PLAN_ERROR_BY_CATEGORY = Query(
     f"max by (zerotrain_job, category) (abs({PLAN_ERROR}))", "{{category}} (furthest rank)", Scope.JOB
 )
 PLAN_ERROR_TOP_RANKS = Query(f"topk(8, max by (zerotrain_job, rank) (abs({PLAN_ERROR})))", "rank {{rank}}", Scope.JOB)
+# Communication per optimizer step by op: measured (the furthest rank) against the plan's 2Ψ/3Ψ made exact.
+_ZERO_OPS = 'op=~"all_reduce|reduce_scatter|all_gather"'
+COMM_PER_STEP = Query(
+    f"max by (zerotrain_job, op) (increase(zerotrain_comm_bytes_total{{{RANK_SEL}, {_ZERO_OPS}}}[{RATE}])"
+    f" / ignoring(op) group_left() increase(zerotrain_optimizer_steps_total{{{RANK_SEL}}}[{RATE}]))",
+    "{{op}} measured",
+    Scope.JOB,
+)
+COMM_PLANNED = Query(
+    f"max by (zerotrain_job, op) (zerotrain_comm_planned_bytes_per_step{{{RANK_SEL}, {_ZERO_OPS}}})",
+    "{{op}} planned",
+    Scope.JOB,
+)
 MODEL_STATES_RATIO = Query(
     f'sum by (rank) (zerotrain_memory_bytes{{{RANK_SEL}, category=~"parameters|gradients|optimizer_states"}})'
     f' / sum by (rank) (zerotrain_memory_predicted_bytes{{{RANK_SEL}, category=~"parameters|gradients|'
