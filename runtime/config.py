@@ -101,7 +101,8 @@ class ZeroConfig(SpecModel):
     loss_scale: LossScaleConfig = Field(default_factory=LossScaleConfig)
     """Dynamic loss scaling for fp16."""
     reduce_bucket_elements: int = Field(default=50_000_000, ge=1)
-    """Elements per gradient-reduction bucket (a constant-size, reused buffer; ZeRO-R)."""
+    """Elements per gradient-reduction bucket (a constant-size, reused buffer; ZeRO-R); also the largest unit whose
+    gradients get a contiguous arena (contiguousGradients)."""
     allgather_bucket_elements: int = Field(default=50_000_000, ge=1)
     """Elements per parameter all-gather bucket for stages 1 and 2."""
     prefetch_units: int = Field(default=1, ge=0)
@@ -111,7 +112,8 @@ class ZeroConfig(SpecModel):
     overlap_comm: bool = True
     """Launch gradient reduction while backward still runs."""
     contiguous_gradients: bool = True
-    """Keep reduced gradient shards in one contiguous buffer (ZeRO-R memory defragmentation)."""
+    """Stages 2/3: unsharded gradients land in reused arenas, units of at most reduceBucketElements (ZeRO-R memory
+    defragmentation)."""
     activation_checkpointing: bool = False
     """Recompute each unit's activations in backward instead of storing them (ZeRO-R)."""
     offload_activation_checkpoints: bool = False

@@ -5,7 +5,10 @@ Stages 2 and 3 drop unsharded gradients after every micro-batch's reduction. Lef
 gradient is a fresh allocation every micro-batch, freed moments later: the churn that fragments a caching
 allocator. Here two arenas, each the size of the largest unit's flat buffer, serve every unit in turn (a third is
 made only if a schedule ever needs it), and the root unit, whose gradients accumulate over the whole backward,
-has one of its own. An arena goes back once the reduction reading it has its data: either the collective read it
+has one of its own. Only units of at most `reduceBucketElements` elements are served (each is then reduced in one
+chunk), so the arenas, kept for the whole run, are bounded by the configuration and not by the model: a larger
+unit's gradients are autograd's, reduced and freed as without contiguous gradients (raise the bucket to keep it
+contiguous). An arena goes back once the reduction reading it has its data: either the collective read it
 directly and finished, or its chunks were queued to be copied into buckets, and then the arena carries the ticket
 of the last copy, which the next unit's `bind` waits for before zeroing it (on CUDA those copies run on the side
 stream, so reusing the arena earlier would send the next unit's gradients, or zeros). Nothing is allocated for
@@ -30,16 +33,28 @@ class GradArenas:
     """The arenas, and which unit holds which."""
 
     def __init__(
-        self, layouts: list[UnitLayout], dtype: torch.dtype, device: torch.device, pool: BucketPool, depth: int = 2
+        self,
+        layouts: list[UnitLayout],
+        dtype: torch.dtype,
+        device: torch.device,
+        pool: BucketPool,
+        limit: int,
+        depth: int = 2,
     ) -> None:
-        self.dtype, self.device, self.pool = dtype, device, pool
-        self.block_elements = max((la.padded for la in layouts if la.module is not None), default=0)
-        root = next((la for la in layouts if la.module is None), None)
+        self.dtype, self.device, self.pool, self.limit = dtype, device, pool, limit
+        served = [la for la in layouts if la.padded <= limit]
+        self.block_elements = max((la.padded for la in served if la.module is not None), default=0)
+        root = next((la for la in served if la.module is None), None)
         self._root = torch.zeros(root.padded, dtype=dtype, device=device) if root is not None else None
         self._every: list[torch.Tensor] = []
         self._free: list[tuple[torch.Tensor, SideWork[Pending] | None]] = (
             [(self._new(), None) for _ in range(depth)] if self.block_elements else []
         )
+
+    def serves(self, u: UnitState) -> bool:
+        """Whether the unit's gradients land in an arena: at most `limit` (reduceBucketElements) elements, so what
+        the arenas keep for the whole run is bounded by the configuration, not by the model."""
+        return u.layout.padded <= self.limit
 
     def _new(self) -> torch.Tensor:
         arena = torch.zeros(self.block_elements, dtype=self.dtype, device=self.device)
@@ -57,8 +72,9 @@ class GradArenas:
         return sum(t.numel() * t.element_size() for t in held)
 
     def bind(self, u: UnitState) -> None:
-        """Point the unit's trainable parameters' `.grad` at a zeroed arena (once per backward)."""
-        if u.arena is not None:
+        """Point the unit's trainable parameters' `.grad` at a zeroed arena (once per backward; never for a unit the
+        arenas do not serve, whose gradients stay autograd's)."""
+        if u.arena is not None or not self.serves(u):
             return
         if u.layout.module is None:
             assert self._root is not None

@@ -129,7 +129,7 @@ class Strategy:
 
     def enable_arenas(self, layouts: list[UnitLayout], device: torch.device) -> None:
         """Contiguous gradients: unsharded gradients in reused arenas (see `grad_arena`)."""
-        self.arenas = GradArenas(layouts, self.dtypes.compute, device, self.pool)
+        self.arenas = GradArenas(layouts, self.dtypes.compute, device, self.pool, self.reduce_bucket)
 
     def size_pool(self, layouts: list[UnitLayout]) -> None:
         """Fix the pooled buffers' size: the largest chunk any unit asks for, never more than a bucket needs."""
@@ -358,7 +358,7 @@ class GradientsStrategy(OptimizerStatesStrategy):
             self.arenas.bind(u)
 
     def reduce(self, u: UnitState, async_op: bool) -> None:
-        if self.arenas is not None:
+        if self.arenas is not None and self.arenas.serves(u):
             self._reduce_arena(u, self.arenas, async_op)
             return
         pairs = zip(u.layout.slots, u.params, strict=True)

@@ -5,8 +5,9 @@ A step has two moments that can set the peak, on top of the model states and the
 communication pool, the gradient arenas):
 
 - forward through backward: activations (saved tensors and backward's working set), the stage-3 gathered window
-  (the running unit, the units prefetched, the root, which stays gathered from forward into backward) and, without
-  contiguous gradients, autograd's own unsharded gradients awaiting their reduction;
+  (the running unit, the units prefetched, the root, which stays gathered from forward into backward) and autograd's
+  own unsharded gradients awaiting their reduction (without contiguous gradients, or of units larger than the reduce
+  bucket, which the arenas do not serve);
 - the optimizer step: the fp32 gradients mixed-precision stages 0/1 stage from reduction to step, and the
   optimizer's temporaries (torch's single-tensor AdamW holds three tensors the size of the view it updates; the
   foreach path, torch's default on CUDA, one per element of every view at once).
@@ -131,12 +132,19 @@ def pool_bytes(p: PeakInput) -> int:
     return int(total)
 
 
-def arena_bytes(p: PeakInput) -> int:
-    """Stages 2/3: the root's arena and `ARENA_DEPTH` the size of the largest block unit."""
+def served(p: PeakInput, unit: int) -> bool:
+    """Whether a unit's gradients land in an arena: contiguous gradients, and at most `reduceBucketElements`."""
+    return p.contiguous_gradients and unit <= p.reduce_bucket_elements
+
+
+def arena_bytes(p: PeakInput, kept: bool = True) -> int:
+    """Stages 2/3: the root's arena and `ARENA_DEPTH` the size of the largest block, over the units the arenas serve
+    (`kept`: held for the whole run); or over the others (autograd's gradients, alive only in backward)."""
     if p.stage < Stage.GRADIENTS:
         return 0
-    largest = max(p.blocks, default=0)
-    return int((ARENA_DEPTH * largest + p.root) * p.compute_bytes)
+    largest = max((b for b in p.blocks if served(p, b) == kept), default=0)
+    root = p.root if p.root and served(p, p.root) == kept else 0
+    return int((ARENA_DEPTH * largest + root) * p.compute_bytes)
 
 
 def gathered_bytes(p: PeakInput, running: bool = True) -> int:
@@ -184,19 +192,21 @@ def peak_plan(p: PeakInput) -> PeakPlan:
         )
     )
     pool, arenas, staged = pool_bytes(p), arena_bytes(p), fp32_gradient_bytes(p)
+    transient = arena_bytes(p, kept=False)
     in_block = p.activations if p.activations_in_block is None else p.activations_in_block
     backward = max(gathered_bytes(p, running=False) + p.activations, gathered_bytes(p) + in_block)
-    backward += 0 if p.contiguous_gradients else arenas
+    backward += transient
     # fp32 gradients are staged from a unit's reduction to the step: they grow as backward frees activations, and
     # all of them are alive when the step starts.
     step = step_bytes(p) + staged
-    persistent = w + g + k + pool + (arenas if p.contiguous_gradients else 0)
+    persistent = w + g + k + pool + arenas
     return PeakPlan(
         parameters=w,
         gradients=g,
         optimizer=k,
         communication_buffers=pool,
         gradient_arenas=arenas,
+        unsharded_gradients=transient,
         fp32_gradients=staged,
         gathered_parameters=gathered_bytes(p),
         activations=max(p.activations, in_block),

@@ -74,8 +74,10 @@ class PeakPlan(SpecModel):
     communication_buffers: int
     """The pool's fixed buffers, allocated at the first step and kept."""
     gradient_arenas: int
-    """Stages 2/3: the buffers unsharded gradients land in during backward (kept with contiguous gradients;
-    autograd's own, transient, without)."""
+    """Stages 2/3 with contiguous gradients: the arenas unsharded gradients land in, kept for the whole run, for
+    the units of at most reduceBucketElements."""
+    unsharded_gradients: int = 0
+    """Stages 2/3: autograd's own unsharded gradients during backward, of the units the arenas do not serve."""
     fp32_gradients: int
     """Mixed-precision stages 0/1: fp32 gradients from their reduction to the step (and stage 1's full-size fp32
     accumulator with several micro-batches)."""

@@ -254,3 +254,14 @@ def test_measure_names_what_fake_tensors_cannot_run_and_measures_it_for_real_whe
     # fc's input is the batch (not counted: made before the meter), its output 4x8 fp32 and the loss's square.
     measured = json.loads(capsys.readouterr().out)["activationBytes"]
     assert 4 * 8 * 4 <= measured <= 8 * 4 * 8 * 4, measured
+
+
+def test_arenas_serve_units_up_to_the_reduce_bucket_and_the_rest_are_autograds() -> None:
+    # Blocks of 64 elements over a 40-element bucket: their gradients are autograd's, alive only in backward; the
+    # root (32) still has its arena. What is kept for the run is bounded by the bucket, not by the model.
+    got = peak_plan(_input(stage=Stage.GRADIENTS, reduce_bucket_elements=40))
+    assert got.gradient_arenas == 32 * 4 and got.unsharded_gradients == 2 * 64 * 4
+    everything = peak_plan(_input(stage=Stage.GRADIENTS))
+    assert everything.gradient_arenas == (2 * 64 + 32) * 4 and everything.unsharded_gradients == 0
+    off = peak_plan(_input(stage=Stage.GRADIENTS, contiguous_gradients=False))
+    assert off.gradient_arenas == 0 and off.unsharded_gradients == (2 * 64 + 32) * 4

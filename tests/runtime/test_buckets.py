@@ -73,13 +73,17 @@ def test_a_bucket_smaller_than_the_world_size_is_refused(monkeypatch: pytest.Mon
         ZeroEngine(nn.Linear(8, 8), cfg, optimizer=lambda g: torch.optim.SGD(g, lr=0.1))
 
 
-def gradient_storages(rank: int, world: int, stage: int, contiguous: bool) -> dict[str, Any]:
+def gradient_storages(rank: int, world: int, stage: int, contiguous: bool, bucket: int = 50_000_000) -> dict[str, Any]:
     from zerotrain.runtime import ZeroConfig, ZeroEngine
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(WIDTH, WIDTH), *(Block() for _ in range(4)))
     cfg = ZeroConfig(
-        stage=stage, unit_modules=["Block"], contiguous_gradients=contiguous, gradient_accumulation_steps=2
+        stage=stage,
+        unit_modules=["Block"],
+        contiguous_gradients=contiguous,
+        gradient_accumulation_steps=2,
+        reduce_bucket_elements=bucket,
     )
     seen: list[set[int]] = []
     for p in model.parameters():  # before the engine's own hooks, which reduce and drop the gradient
@@ -117,3 +121,8 @@ def test_contiguous_gradients_land_in_reused_arenas_and_allocate_nothing_after_t
     assert len(set().union(*off["seen"])) > 3
     # Between steps the same gradient bytes are held either way (the fp32 shards).
     assert on["grad_bytes"] == off["grad_bytes"]
+    # Units larger than the reduce bucket get no arena: what is kept for the run is bounded by the configuration,
+    # and their gradients are autograd's, as without contiguous gradients.
+    small = run_ranks(gradient_storages, 2, stage, True, block // 4 - 1)[0]
+    assert small["arena_bytes"] == 0 and small["allocations"] == 0
+    assert len(set().union(*small["seen"])) > 3
