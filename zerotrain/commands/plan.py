@@ -196,20 +196,26 @@ PEAK_COLUMNS = (
     ("comm", "communication_buffers"),
     ("arenas", "gradient_arenas"),
     ("fp32 g", "fp32_gradients"),
+    ("autograd g", "unsharded_gradients"),
     ("step", "optimizer_step"),
 )
 
 
 def render_peaks(result: MemoryPlan, console: Console) -> None:
     """The whole peak per rank by category (docs/memory.md explains each term)."""
-    table = Table(title="whole peak per rank, from spec.model.shape (docs/memory.md explains each term)")
-    for col in ("stage", *(c for c, _ in PEAK_COLUMNS), "peak", "at"):
+    peaks = [sp.peak for sp in result.stages if sp.peak is not None]
+    # Only the terms some stage has, so the table fits a terminal.
+    columns = [(c, f) for c, f in PEAK_COLUMNS if any(getattr(p, f) for p in peaks)]
+    top = max(p.peak for p in peaks)
+    unit, scale = next(((u, f) for u, f in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)) if top >= f), ("B", 1))
+    table = Table(title=f"whole peak per rank ({unit}; docs/memory.md explains each term)")
+    for col in ("stage", *(c for c, _ in columns), "peak", "at"):
         table.add_column(col, justify="right", no_wrap=True)
     for sp in result.stages:
         if sp.peak is None:
             continue
-        cells = [format_bytes(getattr(sp.peak, f)) for _, f in PEAK_COLUMNS]
-        table.add_row(str(sp.stage.value), *cells, format_bytes(sp.peak.peak), sp.peak.peak_phase)
+        cells = [f"{getattr(sp.peak, f) / scale:.1f}" for _, f in columns]
+        table.add_row(str(sp.stage.value), *cells, f"{sp.peak.peak / scale:.1f}", sp.peak.peak_phase)
     console.print(table)
     host = max(sp.peak.host_activations for sp in result.stages if sp.peak is not None)
     if host:
