@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from zerotrain._model import SpecModel
-from zerotrain.peak import PeakInput, arena_bytes, comm_bytes_per_step, gathered_bytes, pool_bytes
+from zerotrain.peak import PeakInput, arena_bytes, comm_bytes_per_step, config_fields, gathered_bytes, pool_bytes
 from zerotrain.planner import PlanInput, element_bytes, stage_bytes
 from zerotrain.runtime import optimizer as opt_mod
-from zerotrain.runtime.config import GradientSync, Stage
+from zerotrain.runtime.config import Stage
 
 if TYPE_CHECKING:
     from zerotrain.runtime.engine import ZeroEngine
@@ -140,23 +140,14 @@ def predict(stage: Stage, psi: int, n: int, w: float, g: float, k: float) -> tup
 def buffer_plan(engine: ZeroEngine, w: float, g: float, k: float) -> PeakInput:
     """The whole-peak plan's input for the engine's own units and configuration (activations left out)."""
     layouts = [u.layout for u in engine.units]
-    cfg = engine.config
     return PeakInput(
-        stage=cfg.stage,
+        **config_fields(engine.config),
         world_size=engine.world_size,
         blocks=[la.padded for la in layouts if la.module is not None],
         root=sum(la.padded for la in layouts if la.module is None),
         compute_bytes=w,
         gradient_bytes=g,
-        reduce_bytes=float(torch.empty(0, dtype=engine.dtypes.reduce).element_size()),
         state_bytes=k,
-        reduce_bucket_elements=cfg.reduce_bucket_elements,
-        allgather_bucket_elements=cfg.allgather_bucket_elements,
-        prefetch_units=cfg.prefetch_units,
-        contiguous_gradients=cfg.contiguous_gradients,
-        accumulation_steps=cfg.gradient_accumulation_steps,
-        param_persistence_elements=cfg.param_persistence_elements,
-        boundary_sync=cfg.gradient_sync is GradientSync.BOUNDARY,
     )
 
 
@@ -214,7 +205,7 @@ def memory_report(engine: ZeroEngine) -> MemoryReport:
         predicted_optimizer_bytes=po,
         predicted_model_state_bytes=pp + pg + po,
         predicted_comm_buffer_peak_bytes=pool_bytes(buffers),
-        predicted_gradient_arena_bytes=arena_bytes(buffers) if engine.strategy.arenas is not None else 0,
+        predicted_gradient_arena_bytes=arena_bytes(buffers),
         predicted_gathered_peak_bytes=gathered_bytes(buffers),
     )
 

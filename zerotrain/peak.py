@@ -23,7 +23,7 @@ from pydantic import Field
 
 from zerotrain._model import SpecModel
 from zerotrain.planner import PeakPlan, PlanInput, stage_bytes
-from zerotrain.runtime.config import Stage
+from zerotrain.runtime.config import GradientSync, Precision, Stage, ZeroConfig
 
 ALIGN = 16
 """Elements every parameter and every rank's shard starts at a multiple of (32 bytes in bf16, 64 in fp32: cuBLAS
@@ -35,6 +35,10 @@ ARENA_DEPTH = 2
 SINGLE_TENSOR_STEP_TEMPORARIES = 3
 """Tensors the size of one view torch's single-tensor Adam(W) allocates at once (the square root, its quotient,
 the update); measured: tests/cli/test_peak_plan.py."""
+
+
+PRECISION_BYTES = {Precision.FP32: 4.0, Precision.BF16: 2.0, Precision.FP16: 2.0}
+"""Bytes of one element of each precision."""
 
 
 def align_up(n: int, multiple: int) -> int:
@@ -101,6 +105,21 @@ class PeakInput(SpecModel):
     `activations` (a measured figure covers both)."""
     host_activations: int = Field(default=0, ge=0)
     """Bytes of checkpointed inputs offloaded to host memory (not on the device)."""
+
+
+def config_fields(zero: ZeroConfig) -> dict[str, object]:
+    """The `PeakInput` fields `spec.zero` decides, one mapping for the job spec's plan and the runtime's."""
+    return {
+        "stage": zero.stage,
+        "reduce_bytes": PRECISION_BYTES[zero.reduce_dtype],
+        "reduce_bucket_elements": zero.reduce_bucket_elements,
+        "allgather_bucket_elements": zero.allgather_bucket_elements,
+        "prefetch_units": zero.prefetch_units,
+        "contiguous_gradients": zero.contiguous_gradients,
+        "accumulation_steps": zero.gradient_accumulation_steps,
+        "param_persistence_elements": zero.param_persistence_elements,
+        "boundary_sync": zero.gradient_sync is GradientSync.BOUNDARY,
+    }
 
 
 def _local(stage: Stage, padded: int, n: int, sharded_from: Stage) -> int:
@@ -194,7 +213,8 @@ def peak_plan(p: PeakInput) -> PeakPlan:
     pool, arenas, staged = pool_bytes(p), arena_bytes(p), fp32_gradient_bytes(p)
     transient = arena_bytes(p, kept=False)
     in_block = p.activations if p.activations_in_block is None else p.activations_in_block
-    backward = max(gathered_bytes(p, running=False) + p.activations, gathered_bytes(p) + in_block)
+    window = gathered_bytes(p)
+    backward = max(gathered_bytes(p, running=False) + p.activations, window + in_block)
     backward += transient
     # fp32 gradients are staged from a unit's reduction to the step: they grow as backward frees activations, and
     # all of them are alive when the step starts.
@@ -208,7 +228,7 @@ def peak_plan(p: PeakInput) -> PeakPlan:
         gradient_arenas=arenas,
         unsharded_gradients=transient,
         fp32_gradients=staged,
-        gathered_parameters=gathered_bytes(p),
+        gathered_parameters=window,
         activations=max(p.activations, in_block),
         optimizer_step=step,
         host_activations=p.host_activations,

@@ -7,13 +7,11 @@
 from __future__ import annotations
 
 from zerotrain import transformer_plan
-from zerotrain.peak import PeakInput, padded_elements, peak_plan
+from zerotrain.peak import PRECISION_BYTES, PeakInput, config_fields, padded_elements, peak_plan
 from zerotrain.planner import MemoryPlan, PlanInput, element_bytes, plan
 from zerotrain.quantity import parse_bytes
-from zerotrain.runtime.config import Precision, Stage
+from zerotrain.runtime.config import Stage
 from zerotrain.spec import OptimizerName, OptimizerSpec, ZeroTrainingJobSpec
-
-PRECISION_BYTES = {Precision.FP32: 4.0, Precision.BF16: 2.0, Precision.FP16: 2.0}
 
 
 def optimizer_state_bytes(opt: OptimizerSpec) -> float:
@@ -94,19 +92,13 @@ def peak_input(spec: ZeroTrainingJobSpec, foreach_step: bool | None = None) -> P
             shape, w, z.activation_checkpointing, z.offload_activation_checkpoints
         )
     return PeakInput(
-        stage=z.stage,
+        **config_fields(z),
         world_size=n,
         blocks=[padded_elements(transformer_plan.block_parameters(shape), n)] * shape.layers,
         root=padded_elements(transformer_plan.root_parameters(shape), n),
         compute_bytes=w,
         gradient_bytes=g,
-        reduce_bytes=PRECISION_BYTES[z.reduce_dtype],
         state_bytes=k,
-        reduce_bucket_elements=z.reduce_bucket_elements,
-        allgather_bucket_elements=z.allgather_bucket_elements,
-        prefetch_units=z.prefetch_units,
-        contiguous_gradients=z.contiguous_gradients,
-        accumulation_steps=z.gradient_accumulation_steps,
         foreach_step=spec.resources.gpu > 0 if foreach_step is None else foreach_step,
         activations=acts,
         activations_in_block=in_block,
