@@ -5,8 +5,8 @@
     python bench/bench_plan.py --json out.json --plot docs/memory-plan.png
 
 Each configuration trains the example GPT (`zerotrain.runtime.examples.gpt`) for three steps on gloo, with every
-rank under `bench.live_bytes.LiveBytes` from before its model is built, and prints the most bytes alive at once
-next to `zerotrain plan`'s whole peak for the same manifest (its `spec.model.shape`, the formula's activations).
+rank under `zerotrain.runtime.live_bytes.LiveBytes` from before its model is built, and prints the most bytes alive
+at once next to `zerotrain plan`'s whole peak for the same manifest (its `spec.model.shape`, the formula's activations).
 The error is (predicted - measured) / measured. The corpus is kept to 20 kB so the entry point's own tensors,
 which no plan knows, stay out of the comparison.
 """
@@ -30,12 +30,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling modules,
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from live_bytes import LiveBytes
 
 from zerotrain.peak import peak_plan
 from zerotrain.plan_inputs import peak_input
 from zerotrain.planner import format_bytes
 from zerotrain.runtime.launch import free_port
+from zerotrain.runtime.live_bytes import LiveBytes
 from zerotrain.spec import ZeroTrainingJobSpec
 
 SIZES = {  # name: (layers, hidden, heads, sequence length, sequences per rank)

@@ -12,8 +12,6 @@ checkpointed as the runtime does.
 from __future__ import annotations
 
 import json
-import weakref
-from typing import Any
 
 from rich.console import Console
 from rich.text import Text
@@ -22,41 +20,6 @@ from zerotrain.errors import UserError
 from zerotrain.manifest import load_job
 from zerotrain.planner import format_bytes
 from zerotrain.spec import ZeroTrainingJobSpec
-
-
-def _meter(model: Any) -> Any:
-    """A dispatch mode counting the bytes of tensors operators return, while they live (defined lazily: importing
-    torch costs seconds)."""
-    import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_leaves
-
-    class ActivationBytes(TorchDispatchMode):
-        def __init__(self, model: torch.nn.Module) -> None:
-            super().__init__()
-            self.live = self.peak = 0
-            self.sizes: dict[int, int] = {}
-            # The parameters' storages are the runtime's to count: views of them (a transposed weight autograd
-            # saves) are not activations.
-            self.held = {t.untyped_storage()._cdata for t in [*model.parameters(), *model.buffers()]}
-
-        def _gone(self, key: int) -> None:
-            self.live -= self.sizes.pop(key, 0)
-
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            out = func(*args, **(kwargs or {}))
-            for t in tree_leaves(out):
-                if isinstance(t, torch.Tensor):
-                    st = t.untyped_storage()
-                    key = st._cdata
-                    if key not in self.sizes and key not in self.held and st.nbytes():
-                        self.sizes[key] = st.nbytes()
-                        self.live += st.nbytes()
-                        self.peak = max(self.peak, self.live)
-                        weakref.finalize(st, self._gone, key)
-            return out
-
-    return ActivationBytes(model)
 
 
 def measure_activations(spec: ZeroTrainingJobSpec, real: bool = False) -> int:
@@ -69,6 +32,7 @@ def measure_activations(spec: ZeroTrainingJobSpec, real: bool = False) -> int:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from zerotrain.runtime.activations import apply_checkpointing
+    from zerotrain.runtime.live_bytes import LiveBytes
     from zerotrain.runtime.precision import DTYPES
     from zerotrain.runtime.task import build_task
 
@@ -88,7 +52,9 @@ def measure_activations(spec: ZeroTrainingJobSpec, real: bool = False) -> int:
         names = set(spec.zero.unit_modules or task.unit_modules)
         units = [m for m in model.modules() if type(m).__name__ in names]
         apply_checkpointing(units, False, lambda _t: None, torch.device("cpu"))
-    meter = _meter(model)
+    # The parameters are the runtime's to count: views of them (a transposed weight autograd saves) are not
+    # activations.
+    meter = LiveBytes(held=[*model.parameters(), *model.buffers()])
     try:
         with fake, meter:
             batch = next(task.batches)

@@ -6,13 +6,15 @@ outputs, autograd's own ops) hands back, counts its storage once (by the storage
 when the storage is freed (a weak-reference finalizer). A storage resized in place (`UntypedStorage.resize_`, how
 the runtime frees and re-allocates stage 3's gathered buffers without the tensors changing) is counted at its new
 size: the mode wraps `resize_` while it is active. Entered before the model is built, it sees everything the
-run allocates; `phase(name)` keeps the peak of each phase apart (forward, backward, step).
+run allocates; `phase(name)` keeps the peak of each phase apart (forward, backward, step). Storages of `held`
+tensors (a model's parameters, which the runtime counts in its own categories) are never counted, nor are views of
+them. `bench/bench_plan.py` checks the plan with it; `zerotrain plan --measure` counts activations with it.
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -24,8 +26,9 @@ from torch.utils._pytree import tree_leaves
 class LiveBytes(TorchDispatchMode):
     """Bytes of tensor storages alive now, the peak since entering, and the peak per named phase."""
 
-    def __init__(self) -> None:
+    def __init__(self, held: Iterable[torch.Tensor] = ()) -> None:
         super().__init__()
+        self._held = {t.untyped_storage()._cdata for t in held}
         self.live = 0
         self.peak = 0
         self.phase_peaks: dict[str, int] = {}
@@ -40,7 +43,7 @@ class LiveBytes(TorchDispatchMode):
 
     def _storage(self, st: torch.UntypedStorage) -> None:
         key, n = st._cdata, st.nbytes()
-        if key in self._sizes or n == 0:
+        if key in self._sizes or key in self._held or n == 0:
             return
         self._sizes[key] = n
         self.live += n
@@ -54,7 +57,7 @@ class LiveBytes(TorchDispatchMode):
         key = st._cdata
         if key not in self._sizes:
             self._storage(st)
-            return
+            return  # (a held storage stays uncounted)
         self.live += st.nbytes() - self._sizes[key]
         self._sizes[key] = st.nbytes()
         self._raise_peak()
@@ -68,7 +71,8 @@ class LiveBytes(TorchDispatchMode):
             tracker._resized(st)
             return out
 
-        torch.UntypedStorage.resize_ = counted  # type: ignore[method-assign]
+        # torch types `resize_` on its storage base class; this wrapper is for UntypedStorage, where it is installed.
+        torch.UntypedStorage.resize_ = counted  # type: ignore[method-assign,assignment]
         super().__enter__()
         return self
 
