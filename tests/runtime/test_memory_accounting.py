@@ -3,12 +3,19 @@ exactly its inputs for backward, so activations are K·B·d·4 bytes, whatever i
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 import torch
 from dist_helpers import run_ranks
 from torch import nn
 
 D, K, B = 16, 3, 5
+OPTIMIZERS: dict[str, Callable[[Any], torch.optim.Optimizer]] = {
+    "adamw": lambda g: torch.optim.AdamW(g, lr=1e-3),
+    "sgd": lambda g: torch.optim.SGD(g, lr=1e-3, momentum=0.9),
+}
 
 
 class Lin(nn.Module):
@@ -25,11 +32,7 @@ def categories(rank: int, world: int, stage: int, optimizer: str) -> dict[str, f
 
     torch.manual_seed(0)
     model = nn.Sequential(*(Lin() for _ in range(K)))
-    make = {
-        "adamw": lambda g: torch.optim.AdamW(g, lr=1e-3),
-        "sgd": lambda g: torch.optim.SGD(g, lr=1e-3, momentum=0.9),
-    }[optimizer]
-    engine = ZeroEngine(model, ZeroConfig(stage=stage, unit_modules=["Lin"]), optimizer=make)
+    engine = ZeroEngine(model, ZeroConfig(stage=stage, unit_modules=["Lin"]), optimizer=OPTIMIZERS[optimizer])
     before = engine.memory_report()  # no step yet: the prediction must not wait for the optimizer's state
     x = torch.randn(B, D)
     engine.backward(engine(x).sum())  # sum's backward saves nothing: only each unit's input stays
@@ -83,14 +86,10 @@ def held_after_a_step(rank: int, world: int) -> list[dict[str, int]]:
     for stage, precision, reduce, optimizer in PLAN_MATRIX:
         torch.manual_seed(0)
         model = nn.Sequential(*(Lin() for _ in range(K)))
-        make = {
-            "adamw": lambda g: torch.optim.AdamW(g, lr=1e-3),
-            "sgd": lambda g: torch.optim.SGD(g, lr=1e-3, momentum=0.9),
-        }[optimizer]
         # fp16 at scale 1: the default 2^16 overflows this model's first step, which is then skipped (no Adam state).
         scale = {"initial_scale": 1.0}
         cfg = ZeroConfig(stage=stage, unit_modules=["Lin"], precision=precision, reduce_dtype=reduce, loss_scale=scale)
-        engine = ZeroEngine(model, cfg, optimizer=make)
+        engine = ZeroEngine(model, cfg, optimizer=OPTIMIZERS[optimizer])
         engine.backward(engine(torch.randn(B, D)).float().sum())
         engine.step()
         r = engine.memory_report()

@@ -66,8 +66,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--measure",
         action="store_true",
-        help="with -f: build the entry point's model on the meta device, run one micro-batch forward and backward "
-        "without allocating memory, and print the activation bytes to put in spec.model.activationBytes",
+        help="with -f: build the entry point's model under torch's fake tensors, run one micro-batch forward and "
+        "backward without allocating memory, and print the activation bytes to put in spec.model.activationBytes",
     )
     p.add_argument(
         "--measure-real",
@@ -136,11 +136,10 @@ _OVERRIDES = ("params", "dp", "k", "bytes_per_weight", "bytes_per_grad", "device
 
 def _result(args: argparse.Namespace) -> MemoryPlan:
     """The manifest's own plan (whole peak with a shape) unless flags override its figures: then model states."""
-    p = make_input(_inputs(args))
     if args.manifest and not any(getattr(args, f) is not None for f in _OVERRIDES):
         spec, memory = _manifest_spec(args.manifest)
         return plan_job(spec, memory)
-    return plan(p)
+    return plan(make_input(_inputs(args)))
 
 
 def run(args: argparse.Namespace) -> int:
