@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from zerotrain.peak import chunk_capacity
+from zerotrain.peak import pool_capacity
 from zerotrain.runtime.buckets import BucketPool, chunks
 from zerotrain.runtime.collectives import Comm, Pending
 from zerotrain.runtime.config import Stage
@@ -133,8 +133,8 @@ class Strategy:
 
     def size_pool(self, layouts: list[UnitLayout]) -> None:
         """Fix the pooled buffers' size: the largest chunk any unit asks for, never more than a bucket needs."""
-        bucket = max(self.reduce_bucket, self.allgather_bucket)
-        self.pool.capacity = max(chunk_capacity(la.shard_numel, self.n, bucket) for la in layouts)
+        shards = [la.shard_numel for la in layouts]
+        self.pool.capacity = pool_capacity(shards, self.n, self.reduce_bucket, self.allgather_bucket)
 
     # Mixed precision with several micro-batches per step: accumulate them in fp32 (as stages 2/3 do), set by
     # the engine from the configuration.

@@ -126,6 +126,13 @@ def _local(stage: Stage, padded: int, n: int, sharded_from: Stage) -> int:
     return padded // n if stage >= sharded_from else padded
 
 
+def pool_capacity(shards: list[int], world_size: int, reduce_bucket: int, allgather_bucket: int) -> int:
+    """Elements of each pooled buffer: the largest chunk any unit's shard asks for, never more than a bucket needs
+    (the runtime sizes its pool with this)."""
+    bucket = max(reduce_bucket, allgather_bucket)
+    return max(chunk_capacity(shard, world_size, bucket) for shard in shards)
+
+
 def pool_bytes(p: PeakInput) -> int:
     """The communication pool: up to `POOL_DEPTH` buffers of the reduce dtype (one of the compute dtype for chunked
     stage 1/2 gathers), each as large as the largest chunk any unit asks for."""
@@ -133,13 +140,14 @@ def pool_bytes(p: PeakInput) -> int:
     if not units:
         return 0
     n = p.world_size
-    capacity = max(chunk_capacity(u // n, n, max(p.reduce_bucket_elements, p.allgather_bucket_elements)) for u in units)
+    capacity = pool_capacity([u // n for u in units], n, p.reduce_bucket_elements, p.allgather_bucket_elements)
     if p.stage == Stage.DATA_PARALLEL:
         # All-reduced in place when the gradients already have the reduce dtype, else chunk by chunk.
         source = 4.0 if p.compute_bytes != 4.0 and p.accumulation_steps > 1 else p.compute_bytes
-        dtypes = source != p.reduce_bytes
+        if source == p.reduce_bytes:
+            return 0
         chunks = sum(-(-u // capacity) for u in units)
-        return int(min(POOL_DEPTH, chunks) * capacity * p.reduce_bytes) if dtypes else 0
+        return int(min(POOL_DEPTH, chunks) * capacity * p.reduce_bytes)
     # The reduce-scatter's buckets, up to POOL_DEPTH in flight.
     width = chunk_width(n, p.reduce_bucket_elements)
     total = min(POOL_DEPTH, sum(-(-(u // n) // width) for u in units)) * capacity * p.reduce_bytes
