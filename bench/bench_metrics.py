@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 from zerotrain.runtime.launch import free_port
+from zerotrain.runtime.metrics_endpoint import Endpoint
 
 
 def _scraper(port: int, interval: float, stop: threading.Event, count: list[int]) -> None:
@@ -70,8 +71,7 @@ def _rank_main(rank: int, world: int, port: int, on: bool, args: argparse.Namesp
     metrics = RankMetrics("bench", rank, rank, world, args.stage, args.steps, enabled=on)
     observe_s: list[float] = []
     if on:
-        metrics_port = free_port()
-        metrics.serve(metrics_port, "127.0.0.1")
+        metrics_port = metrics.serve(Endpoint("127.0.0.1", 0, 0, "bench"))
         inner = metrics.observe_step
 
         def timed(*a: Any) -> None:

@@ -40,16 +40,17 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from zerotrain.gpu_env import gpu_env_missing
 from zerotrain.runtime.failures import consequence, exit_code, failure_time, how, last_line, log_files, root_cause
-from zerotrain.runtime.preemption import EXIT_PREEMPTED
+from zerotrain.runtime.preemption import EXIT_PREEMPTED, LAUNCHER_PID_ENV
 from zerotrain.runtime.task import ConfigError, check_arguments, is_script, load_entrypoint
 from zerotrain.spec import ZeroTrainingJobSpec
 
@@ -147,8 +148,6 @@ def preflight(spec: ZeroTrainingJobSpec) -> None:
         if not Path(spec.entrypoint).is_file():
             raise ConfigError(f"spec.entrypoint: script {spec.entrypoint!r} does not exist; fix the path")
         return
-    if os.getcwd() not in sys.path:
-        sys.path.append(os.getcwd())
     check_arguments(load_entrypoint(spec.entrypoint), spec.entrypoint, spec.entrypoint_args)
 
 
@@ -177,6 +176,7 @@ def rank_environment(plan: LaunchPlan, gpus: bool = False) -> dict[str, str]:
     asks for GPUs) also the GPU defaults of `zerotrain.gpu_env` this process's environment lacks (in an operator's
     pod it has them already, and whatever the job set wins)."""
     env: dict[str, str] = gpu_env_missing(os.environ) if gpus else {}
+    env[LAUNCHER_PID_ENV] = str(os.getpid())  # `preemption.die_with_launcher`
     if "OMP_NUM_THREADS" not in os.environ:
         # Ranks share the pod's CPUs; torch would otherwise start one thread per node core in every rank.
         env["OMP_NUM_THREADS"] = str(max(1, available_cpus() // plan.nproc_per_node))
@@ -253,6 +253,7 @@ def launch(
     quiet: bool = False,
     log_dir: Path | None = None,
     capture_stdout: bool = True,
+    on_interrupt: Callable[[str], None] | None = None,
 ) -> LaunchOutcome:
     """Start the plan's local ranks through torch.distributed's elastic launcher and wait for them.
 
@@ -265,7 +266,10 @@ def launch(
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL if quiet else logging.ERROR)
+    # torch gives each of its modules' loggers a level of its own: the package's alone would not hold.
+    for name in [*logging.root.manager.loggerDict, "torch.distributed.elastic"]:
+        if name.startswith("torch.distributed.elastic"):
+            logging.getLogger(name).setLevel(logging.CRITICAL if quiet else logging.ERROR)
     captured = Std.ALL if capture_stdout else Std.ERR
     config = LaunchConfig(
         min_nodes=plan.nnodes,
@@ -286,16 +290,61 @@ def launch(
             )
         ),
     )
+    env = rank_environment(plan, gpus=spec.resources.gpu > 0)
+    ctrl_c = CtrlC(on_interrupt) if on_interrupt is not None else None
+    if ctrl_c is not None:
+        config.signals_to_handle = "SIGTERM,SIGHUP,SIGQUIT"  # SIGINT is CtrlC's
+    previous = signal.signal(signal.SIGINT, ctrl_c) if ctrl_c is not None else None
     try:
-        with scoped_environ(rank_environment(plan, gpus=spec.resources.gpu > 0)):
+        with scoped_environ(env):
             elastic_launch(config, sys.executable)(*rank_command(spec, config_path))
     except ChildFailedError as e:
         return outcome_of_failures(e.failures, rank_log_folders(log_dir, e.failures))
     except SignalException as e:
         if e.sigval == signal.SIGTERM:
             return LaunchOutcome(0, Outcome.PREEMPTED, "SIGTERM: forwarded to every rank, all stopped")
+        if ctrl_c is not None and ctrl_c.count > 1:
+            return LaunchOutcome(128 + int(e.sigval), Outcome.INTERRUPTED, "SIGINT twice: every rank stopped at once")
         return LaunchOutcome(128 + int(e.sigval), Outcome.INTERRUPTED, f"{e.sigval.name}: ranks stopped")
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
     return LaunchOutcome(0, Outcome.SUCCEEDED, f"{plan.nproc_per_node} rank(s) finished")
+
+
+class CtrlC:
+    """SIGINT in an interactive launcher: the first asks every rank to finish its step, save and stop (torch's
+    launcher forwards it, as it does SIGTERM); a second kills the ranks at once. Without this the second would only
+    interrupt the launcher's wait, and it would then wait the whole shutdown timeout again."""
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self.say = say
+        self.count = 0
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+
+        self.count += 1
+        if self.count == 1:
+            self.say("Ctrl-C: every rank finishes its step, saves and stops; Ctrl-C again stops them at once")
+            raise SignalException(f"Process {os.getpid()} got signal: SIGINT", sigval=signal.SIGINT)
+        self.say("Ctrl-C again: stopping every rank now; a checkpoint not yet committed is not used")
+        for pid in child_pids():
+            with suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)  # each rank leads its own process group (torch starts it so)
+
+
+def child_pids(proc: Path = Path("/proc")) -> list[int]:
+    """This process's children (Linux): the ranks it started."""
+    me, children = os.getpid(), []
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == me:
+            children.append(int(stat.parent.name))
+    return children
 
 
 @contextmanager

@@ -13,7 +13,7 @@ target's `namespace` and `pod`; `job` belongs to Prometheus (its scrape job) and
 from __future__ import annotations
 
 import dataclasses
-import os
+import errno
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -26,27 +26,10 @@ from prometheus_client.registry import Collector
 
 from zerotrain.runtime.device_memory import DeviceMemory, DeviceProbe
 from zerotrain.runtime.memory import MemoryReport, planned_comm
+from zerotrain.runtime.metrics_endpoint import Endpoint, report_port
 
 # Step times from a fast CPU test model (tens of ms) to a large model's step (minutes).
 STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 150.0, 300.0)
-
-
-METRICS_ADDR_ENV = "ZEROTRAIN_METRICS_ADDR"  # address to listen on; the pod's every interface by default
-METRICS_PORTS_ENV = "ZEROTRAIN_METRICS_PORTS"  # `zerotrain run`: the port of each local rank, comma-separated
-
-
-def metrics_endpoint(base_port: int, local_rank: int, env: Mapping[str, str] | None = None) -> tuple[int, str, str]:
-    """(port, address, the setting that chose the port) for this local rank.
-
-    In a pod: spec.metrics.port + local rank on every interface, the ports the operator declares. `zerotrain run`
-    passes the free ports it found in ZEROTRAIN_METRICS_PORTS and binds 127.0.0.1.
-    """
-    e = os.environ if env is None else env
-    addr = e.get(METRICS_ADDR_ENV) or "0.0.0.0"
-    ports = [p for p in (e.get(METRICS_PORTS_ENV) or "").split(",") if p.strip()]
-    if local_rank < len(ports):
-        return int(ports[local_rank]), addr, METRICS_PORTS_ENV
-    return base_port + local_rank, addr, "spec.metrics.port"
 
 
 class Phase(str, Enum):
@@ -320,20 +303,33 @@ class RankMetrics:
         self._server: Any = None
         self.address: tuple[str, int] | None = None
 
-    def serve(self, port: int, addr: str, field_name: str = "spec.metrics.port") -> None:
-        """Serve /metrics on addr:port from a daemon thread; a taken port is a configuration error."""
+    def serve(self, endpoint: Endpoint) -> int:
+        """Serve /metrics from a daemon thread on the endpoint's first free port, and return it. In a pod the one
+        declared port must be free (a configuration error otherwise); a local run searches on."""
         from zerotrain.runtime.task import ConfigError
 
-        try:
-            self._server, _ = start_http_server(port, addr=addr, registry=self.registry)
-        except OSError as e:
-            local = self.labels["local_rank"]
-            raise ConfigError(
-                f"{field_name}: port {port} (local rank {local}) cannot be served on {addr}: {e.strerror or e}; "
-                f"another process in the pod or on the host uses it: set {field_name} to a free range of ports "
-                "(local rank r serves on port + r) or spec.metrics.enabled: false"
-            ) from None
-        self.address = (addr, port)
+        local = self.labels["local_rank"]
+        for port in endpoint.candidates():
+            try:
+                self._server, _ = start_http_server(port, addr=endpoint.addr, registry=self.registry)
+            except OSError as e:
+                if e.errno == errno.EADDRINUSE and endpoint.searches():
+                    continue
+                raise ConfigError(
+                    f"{endpoint.setting}: port {port} (local rank {local}) cannot be served on {endpoint.addr}: "
+                    f"{e.strerror or e}; another process uses it: set {endpoint.setting} to a free range of ports "
+                    "(local rank r serves on port + r), or turn metrics off (spec.metrics.enabled: false; "
+                    "`zerotrain run --no-metrics`)"
+                ) from None
+            port = int(self._server.server_port)
+            self.address = (endpoint.addr, port)
+            report_port(endpoint, int(self.labels["rank"]), port)
+            return port
+        raise ConfigError(
+            f"{endpoint.setting}: got {endpoint.first - int(local)}; every port local rank {local} may use from there "
+            f"up to 65535 is taken on {endpoint.addr}; pass a lower one, --metrics-port 0 (any free ports) or "
+            "--no-metrics"
+        )
 
     def stop(self) -> None:
         if self._server is not None:

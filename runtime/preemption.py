@@ -1,6 +1,7 @@
-"""SIGTERM as a request to checkpoint and stop, within a time budget, the same way on every rank.
+"""SIGTERM (and SIGINT, Ctrl-C) as a request to checkpoint and stop, within a time budget, the same way on every rank.
 
-Kubernetes sends SIGTERM before it evicts, preempts or deletes a pod; the launcher forwards it to every rank. A
+Kubernetes sends SIGTERM before it evicts, preempts or deletes a pod; the launcher forwards it to every rank, and
+forwards SIGINT the same way (`zerotrain run` on Ctrl-C; a launcher started from a terminal). A
 rank only notes it here (a signal handler must not run collectives). The training loop passes the note as a vote
 to the step's control all-reduce that runs anyway, so all ranks learn of it after the same step, even those whose
 pod was not signalled, with no extra collective; then each finishes that step, commits a checkpoint and exits
@@ -31,13 +32,18 @@ from types import FrameType
 EXIT_PREEMPTED = 128 + int(signal.SIGTERM)
 
 
-class Preempted(Exception):
-    """Every rank agreed to stop after `step` on SIGTERM; `saved` is the checkpoint committed then, if any."""
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+PEER_REQUEST = "a peer rank's stop request"
 
-    def __init__(self, step: int, saved: str | None, seconds: float) -> None:
+
+class Preempted(Exception):
+    """Every rank agreed to stop after `step` on a stop signal (`cause`: its name, or PEER_REQUEST for a rank that got
+    none itself); `saved` is the checkpoint committed then, if any."""
+
+    def __init__(self, step: int, saved: str | None, seconds: float, cause: str = "SIGTERM") -> None:
         where = f"checkpoint {saved} committed" if saved else "no checkpoint directory, nothing saved"
-        super().__init__(f"SIGTERM; every rank stopped after step {step}, {where} {seconds:.1f} s after the signal")
-        self.step, self.saved = step, saved
+        super().__init__(f"{cause}; every rank stopped after step {step}, {where} {seconds:.1f} s after the signal")
+        self.step, self.saved, self.cause = step, saved, cause
 
 
 class Preemption:
@@ -46,6 +52,7 @@ class Preemption:
     def __init__(self, budget_s: float, on_budget_spent: Callable[[str], None]) -> None:
         self.budget_s = budget_s
         self.requested_at: float | None = None
+        self.cause = PEER_REQUEST
         self._on_budget_spent = on_budget_spent
         self._watchdog: threading.Timer | None = None
         self._lock = threading.Lock()
@@ -55,9 +62,10 @@ class Preemption:
         return self.requested_at is not None
 
     def install(self) -> None:
-        """Take SIGTERM (call in the main thread, before training): noted by the handler, and by a thread reading the
-        wakeup descriptor when the main thread is held in C."""
-        signal.signal(signal.SIGTERM, self._on_signal)
+        """Take SIGTERM and SIGINT (call in the main thread, before training): noted by the handler, and by a thread
+        reading the wakeup descriptor when the main thread is held in C."""
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._on_signal)
         reader, writer = socket.socketpair()
         writer.setblocking(False)
         signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
@@ -72,18 +80,20 @@ class Preemption:
                 return
             if not data:
                 return
-            if int(signal.SIGTERM) in data:
-                self.request()
+            for sig in STOP_SIGNALS:
+                if int(sig) in data:
+                    self.request(sig.name)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self.request()
+        self.request(signal.Signals(signum).name)
 
-    def request(self) -> None:
-        """Start the budget (a second SIGTERM does not restart it)."""
+    def request(self, cause: str = "SIGTERM") -> None:
+        """Start the budget (a second signal does not restart it)."""
         with self._lock:  # the handler and the wakeup thread may both get here
             if self.requested_at is not None:
                 return
             self.requested_at = time.monotonic()
+            self.cause = cause
             self._watchdog = threading.Timer(self.budget_s, self._spent)
             self._watchdog.daemon = True
             self._watchdog.start()
@@ -98,7 +108,7 @@ class Preemption:
 
     def _spent(self) -> None:
         self._on_budget_spent(
-            f"SIGTERM; no checkpoint committed within spec.checkpoint.terminationBudgetSeconds="
+            f"{self.cause}; no checkpoint committed within spec.checkpoint.terminationBudgetSeconds="
             f"{self.budget_s:g}; the previous checkpoint stands (raise the budget if saves take longer)"
         )
 
@@ -110,3 +120,24 @@ def exit_preempted(message: str) -> None:
     print(f"zerotrain rank {os.environ.get('RANK', '?')}: {message}", file=sys.stderr, flush=True)
     write_failure_record(message, FailureKind.PREEMPTED)
     os._exit(EXIT_PREEMPTED)
+
+
+LAUNCHER_PID_ENV = "ZEROTRAIN_LAUNCHER_PID"  # set by the launcher for its ranks
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_launcher(env: dict[str, str] | None = None) -> None:
+    """Have Linux SIGKILL this rank when its launcher exits (a second Ctrl-C, a launcher killed outright).
+
+    The elastic launcher starts each rank in a session of its own, so neither the terminal's signals nor the
+    launcher's end would reach it: without this a rank whose launcher is gone trains on, an orphan holding its
+    ports and memory. Killing it is safe for checkpoints: the commit marker is renamed into place last.
+    """
+    launcher = (os.environ if env is None else env).get(LAUNCHER_PID_ENV)
+    if not launcher or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != int(launcher):  # it exited before the request took hold
+        os._exit(128 + int(signal.SIGKILL))

@@ -62,6 +62,11 @@ class ProgressLog:
         self._out.write(json.dumps({"resumed": path, "resumed_step": step}) + "\n")
         self._out.flush()
 
+    def stopped(self, step: int, saved: str | None, cause: str) -> None:
+        """Every rank stopped after `step` on `cause` (a signal's name), having committed `saved` if not None."""
+        self._out.write(json.dumps({"stopped": step, "saved": saved, "cause": cause}) + "\n")
+        self._out.flush()
+
     def close(self) -> None:
         self._reporter.close()
         if self._out is not sys.stdout:

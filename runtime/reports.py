@@ -67,6 +67,7 @@ def summary_record(
         "world_size": ctx.world_size,
         "stage": int(spec.zero.stage),
         "steps": spec.training.steps,
+        "first_step": result.first_step,
         "losses": result.losses,
         "grad_norms": result.grad_norms,
         "skipped_steps": result.skipped_steps,

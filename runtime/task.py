@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,6 +62,24 @@ def is_script(entrypoint: str) -> bool:
     return entrypoint.endswith(".py")
 
 
+ENTRYPOINT_PATH_ENV = "ZEROTRAIN_ENTRYPOINT_PATH"  # `zerotrain run`: the manifest's directory
+
+
+def entrypoint_dirs() -> list[str]:
+    """Where entry-point modules are found beyond the Python path: the directory of the manifest `zerotrain run`
+    was given."""
+    return [d for d in os.environ.get(ENTRYPOINT_PATH_ENV, "").split(os.pathsep) if d]
+
+
+def add_entrypoint_dirs() -> None:
+    """Append the working directory, then the manifest's directory, to sys.path: appended, never prepended, so a
+    folder there cannot shadow an installed module (this repository's operator/ would shadow the standard
+    library's)."""
+    for d in [os.getcwd(), *entrypoint_dirs()]:
+        if d not in sys.path:
+            sys.path.append(d)
+
+
 def load_entrypoint(entrypoint: str) -> Callable[..., Any]:
     """Import `package.module:function`; ConfigError (naming spec.entrypoint) when it cannot be found."""
     module_name, sep, attr = entrypoint.partition(":")
@@ -67,12 +87,15 @@ def load_entrypoint(entrypoint: str) -> Callable[..., Any]:
         raise ConfigError(
             f"spec.entrypoint: got {entrypoint!r}; expected `package.module:function` (or a script path ending in .py)"
         )
+    add_entrypoint_dirs()
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as e:
+        beside = "".join(f", {d}" for d in entrypoint_dirs())
         raise ConfigError(
-            f"spec.entrypoint: got {entrypoint!r}, but module {e.name!r} cannot be imported; "
-            "install it in the image (or on PYTHONPATH) or fix the module path"
+            f"spec.entrypoint: got {entrypoint!r}, but module {e.name!r} cannot be imported (looked on the Python "
+            f"path, in the working directory{beside}); install it in the image, put it beside the manifest or "
+            "on PYTHONPATH, or fix the module path"
         ) from None
     fn = getattr(module, attr, None)
     if fn is None:

@@ -23,6 +23,7 @@ import gc
 import json
 import logging
 import os
+import signal
 import sys
 import time
 import traceback
@@ -38,8 +39,16 @@ from zerotrain.errors import UserError
 from zerotrain.plan_inputs import declared_parameters
 from zerotrain.runtime.failures import DEBUG_ENV, FailureKind, classify, write_failure_record
 from zerotrain.runtime.launch import PROGRESS_ENV, SUMMARY_ENV
-from zerotrain.runtime.metrics import Phase, RankMetrics, StepValues, metrics_endpoint
-from zerotrain.runtime.preemption import EXIT_PREEMPTED, Preempted, Preemption, exit_preempted
+from zerotrain.runtime.metrics import Phase, RankMetrics, StepValues
+from zerotrain.runtime.metrics_endpoint import metrics_endpoint
+from zerotrain.runtime.preemption import (
+    EXIT_PREEMPTED,
+    PEER_REQUEST,
+    Preempted,
+    Preemption,
+    die_with_launcher,
+    exit_preempted,
+)
 from zerotrain.runtime.process_group import init_group
 from zerotrain.runtime.progress import ProgressLog, throughput
 from zerotrain.runtime.reports import gather_reports, summary_record
@@ -142,6 +151,8 @@ class TrainResult:
     """Samples all ranks processed together (0 when the task reports none)."""
     steps: int = 0
     """Steps this run took (after any it resumed past)."""
+    first_step: int = 1
+    """The first step this run took: 1, or the one after the checkpoint it resumed from."""
     skipped_steps: int = 0
     """fp16 steps skipped because gradients overflowed."""
     last_log: dict[str, Any] = field(default_factory=dict)
@@ -214,11 +225,11 @@ def run_steps(
 ) -> TrainResult:
     """The loop from `first_step`: accumulate micro-batches, step, checkpoint, log from rank 0, metrics.
 
-    Raises Preempted after the step at which any rank got SIGTERM, once that step's checkpoint is committed.
+    Raises Preempted after the step at which any rank got SIGTERM or SIGINT, once that step's checkpoint is committed.
     """
     loop = Loop(spec, ctx, metrics)
     accumulation, steps = spec.zero.gradient_accumulation_steps, spec.training.steps
-    result = TrainResult()
+    result = TrainResult(first_step=first_step)
     start = time.perf_counter()
     for step in range(first_step, steps + 1):
         step_start = time.perf_counter()
@@ -246,7 +257,11 @@ def run_steps(
             log.write({**result.last_log, "elapsed_s": time.perf_counter() - start})
         if stop:
             result.elapsed_s = time.perf_counter() - start
-            raise Preempted(step, None if saved is None else str(saved), preemption.elapsed() if preemption else 0.0)
+            cause = preemption.cause if preemption is not None else PEER_REQUEST
+            where = None if saved is None else str(saved)
+            if log is not None:
+                log.stopped(step, where, cause)
+            raise Preempted(step, where, preemption.elapsed() if preemption else 0.0, cause)
     result.elapsed_s = time.perf_counter() - start
     return result
 
@@ -343,7 +358,7 @@ def train(
 
 
 def start_metrics(job: str, spec: ZeroTrainingJobSpec, ctx: RankContext) -> RankMetrics:
-    """The rank's metrics, serving before the first collective (spec.metrics; `zerotrain run` picks the ports)."""
+    """The rank's metrics, serving before the first collective (spec.metrics; see `metrics_endpoint`)."""
     metrics = RankMetrics(
         job,
         ctx.rank,
@@ -354,7 +369,8 @@ def start_metrics(job: str, spec: ZeroTrainingJobSpec, ctx: RankContext) -> Rank
         enabled=spec.metrics.enabled,
     )
     if spec.metrics.enabled:
-        metrics.serve(*metrics_endpoint(spec.metrics.port, ctx.local_rank))
+        nproc = int(os.environ.get("LOCAL_WORLD_SIZE") or ctx.world_size)
+        metrics.serve(metrics_endpoint(spec.metrics.port, ctx.local_rank, nproc))
     return metrics
 
 
@@ -370,9 +386,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m zerotrain.runtime.train", description=__doc__)
     parser.add_argument("--config", required=True, help="the ZeroTrainingJob manifest (YAML or JSON)")
     args = parser.parse_args(argv)
-    # User entry points may live in the working directory; append it (never prepend: see tests/conftest.py).
-    if os.getcwd() not in sys.path:
-        sys.path.append(os.getcwd())
+    die_with_launcher()
     try:
         from zerotrain.manifest import load_job
 
@@ -390,6 +404,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Preempted as e:
         print(f"zerotrain rank {os.environ.get('RANK', '?')}: {e}", file=sys.stderr, flush=True)
         fail(str(e), EXIT_PREEMPTED, FailureKind.PREEMPTED)
+    except KeyboardInterrupt:  # SIGINT with spec.checkpoint.saveOnTermination false, or before training
+        print(f"zerotrain rank {os.environ.get('RANK', '?')}: SIGINT; stopped, nothing saved", file=sys.stderr)
+        fail("SIGINT; stopped, nothing saved", 128 + int(signal.SIGINT), FailureKind.PREEMPTED)
     except SystemExit as e:
         if e.code not in (0, None):
             fail(f"SystemExit: {e.code}", e.code if isinstance(e.code, int) else 1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import pytest
 import yaml
 
 from zerotrain.cli import main
+from zerotrain.commands.run import default_log_dir, effective_job
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"
@@ -20,7 +22,7 @@ QUICKSTART = ROOT / "examples" / "quickstart.yaml"
 @pytest.mark.slow
 def test_quickstart_trains_on_two_ranks_and_the_loss_falls(tmp_path: Path) -> None:
     summary_file = tmp_path / "summary.json"
-    argv = ["run", str(QUICKSTART), "--steps", "25", "--summary-file", str(summary_file)]
+    argv = ["run", str(QUICKSTART), "--steps", "25", "--summary-file", str(summary_file), "--no-metrics"]
     proc = subprocess.run(
         [sys.executable, "-m", "zerotrain.cli", *argv],
         capture_output=True,
@@ -70,7 +72,8 @@ def test_bad_overrides_exit_2(flag: str, value: str, capsys: pytest.CaptureFixtu
 @pytest.mark.parametrize("port", ["80", "70000"])
 def test_metrics_port_out_of_range_exits_2(port: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", str(QUICKSTART), "--metrics-port", port]) == 2
-    assert f"--metrics-port: got {port}; must be between 1024 and 65535" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"--metrics-port: got {port}; must be 0 (any free ports) or between 1024 and 65535" in err
 
 
 def test_scrape_config_labels_targets_like_the_pod_monitor() -> None:
@@ -98,7 +101,7 @@ def test_script_entry_point_runs_as_every_rank_with_spec_env(tmp_path: Path) -> 
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(doc))
     proc = subprocess.run(
-        [sys.executable, "-m", "zerotrain.cli", "run", str(job), "--nproc", "3"],
+        [sys.executable, "-m", "zerotrain.cli", "run", str(job), "--nproc", "3", "--no-metrics"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -115,7 +118,7 @@ def test_a_configuration_the_engine_refuses_exits_2(tmp_path: Path) -> None:
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(doc))
     proc = subprocess.run(
-        [sys.executable, "-m", "zerotrain.cli", "run", str(job), "--steps", "2"],
+        [sys.executable, "-m", "zerotrain.cli", "run", str(job), "--steps", "2", "--no-metrics"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -135,3 +138,19 @@ def test_unknown_entrypoint_args_exit_2_before_any_rank(tmp_path: Path, capsys: 
     assert main(["run", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "spec.entrypointArgs: got" in err and "'n_layer': 2" in err and "does not accept" in err
+
+
+def test_no_metrics_reaches_the_ranks_spec() -> None:
+    """The ranks read spec.metrics from the job `zerotrain run` hands them: --no-metrics must switch it off there,
+    not only in the launcher (they would serve on spec.metrics.port otherwise)."""
+    job, _ = effective_job(str(QUICKSTART), None, None, no_metrics=True)
+    assert job.spec.metrics.enabled is False
+    assert effective_job(str(QUICKSTART), None, None)[0].spec.metrics.enabled is True
+
+
+def test_log_directories_share_one_parent_and_the_oldest_go(tmp_path: Path) -> None:
+    made = []
+    for i in range(5):
+        made.append(default_log_dir(f"job{i}", root=tmp_path, keep=3))
+        os.utime(made[-1], (1000 + i, 1000 + i))  # distinct ages within one second
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in made[-3:])

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_run_preemption import job, metrics_port, rank_pids, start, wait_for_step
+from test_run_preemption import job, rank_pids, start, wait_for_step
 
 from zerotrain.cli import main
 
@@ -106,9 +106,8 @@ def test_an_exception_text_with_brackets_prints_verbatim_without_a_traceback(tmp
 
 @pytest.mark.slow
 def test_a_rank_killed_mid_run_is_named_first_and_its_peer_says_why_it_stopped(tmp_path: Path) -> None:
-    manifest, port = job(tmp_path), metrics_port()
-    proc = start(tmp_path, manifest, tmp_path / "ckpt", port)
-    wait_for_step(proc, port, 3)
+    proc = start(tmp_path, job(tmp_path), tmp_path / "ckpt")
+    wait_for_step(proc, 3)
     victim = next(p for p in rank_pids(proc.pid) if b"RANK=1\0" in Path(f"/proc/{p}/environ").read_bytes())
     os.kill(victim, signal.SIGKILL)  # as the OOM killer would
     killed_at = time.monotonic()

@@ -1,13 +1,16 @@
-"""SIGTERM mid-interval: every rank finishes its step, commits a checkpoint there and stops; a rerun resumes from
-that step and ends with exactly the parameters of a run never interrupted."""
+"""SIGTERM or Ctrl-C mid-interval: every rank finishes its step, commits a checkpoint there and stops; a rerun
+resumes from that step and ends with exactly the parameters of a run never interrupted. A second Ctrl-C stops the
+ranks at once, and a launcher killed outright leaves no rank behind."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -30,28 +33,48 @@ def job(tmp_path: Path) -> Path:
     return path
 
 
-def metrics_port() -> int:
-    """A first metrics port with the next one free too, below the ephemeral range: the ranks' own connections
-    (gloo, the rendezvous store) take ephemeral ports, and could take one between the check and the bind."""
-    import random
-    import socket
+class Run:
+    """`zerotrain run` in the background with its metrics on ports the system hands out (`--metrics-port 0`),
+    its output collected as it comes (the ranks say there which ports they hold)."""
 
-    for _ in range(200):
-        port = random.randrange(20000, 32000)
-        try:
-            for p in (port, port + 1):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", p))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError("no free pair of ports below 32000")
+    def __init__(self, tmp_path: Path, manifest: Path, ckpt: Path, *extra: str) -> None:
+        argv = [sys.executable, "-m", "zerotrain.cli", "run", str(manifest), "--checkpoint-dir", str(ckpt)]
+        argv += ["--metrics-port", "0", "--log-dir", str(tmp_path / "logs"), *extra]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
+        self.pid = self.proc.pid
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def rank0_port(self, timeout_s: float = 120) -> int:
+        deadline = time.monotonic() + timeout_s
+        while not (found := re.search(r"rank 0 http://127\.0\.0\.1:(\d+)/metrics", self.output)):
+            assert self.proc.poll() is None or self._reader.is_alive(), self.output
+            assert time.monotonic() < deadline, "the ranks never said where they serve:\n" + self.output
+            time.sleep(0.05)
+        return int(found.group(1))
+
+    def communicate(self, timeout: float) -> tuple[str, None]:
+        self.proc.wait(timeout=timeout)
+        self._reader.join(timeout=10)
+        return self.output, None
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode
 
 
-def start(tmp_path: Path, manifest: Path, ckpt: Path, port: int) -> subprocess.Popen[str]:
-    argv = [sys.executable, "-m", "zerotrain.cli", "run", str(manifest), "--checkpoint-dir", str(ckpt)]
-    argv += ["--metrics-port", str(port)]
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
+def start(tmp_path: Path, manifest: Path, ckpt: Path, *extra: str) -> Run:
+    return Run(tmp_path, manifest, ckpt, *extra)
 
 
 def step_of_rank0(port: int) -> int:
@@ -64,10 +87,11 @@ def step_of_rank0(port: int) -> int:
     return int(float(lines[0].rsplit(" ", 1)[1])) if lines else 0
 
 
-def wait_for_step(proc: subprocess.Popen[str], port: int, step: int) -> None:
+def wait_for_step(run: Run, step: int) -> None:
+    port = run.rank0_port()
     deadline = time.monotonic() + 120
     while step_of_rank0(port) < step:
-        assert proc.poll() is None, proc.communicate()[0]
+        assert run.proc.poll() is None, run.communicate(10)[0]
         assert time.monotonic() < deadline, "training did not reach the step in time"
         time.sleep(0.05)
 
@@ -94,31 +118,137 @@ def masters(checkpoint: Path) -> dict[str, torch.Tensor]:
     return out
 
 
+STOPS = {  # who is signalled, how, and what the local command then exits with
+    "sigterm-launcher": (signal.SIGTERM, "launcher", 143, "preempted: SIGTERM"),
+    "sigterm-ranks": (signal.SIGTERM, "ranks", 143, "preempted: SIGTERM"),
+    "ctrl-c": (signal.SIGINT, "launcher", 130, "interrupted: SIGINT"),
+}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("target", ["launcher", "ranks"])
-def test_sigterm_commits_the_current_step_and_a_rerun_continues_exactly(tmp_path: Path, target: str) -> None:
-    manifest, ckpt, port = job(tmp_path), tmp_path / "ckpt", metrics_port()
-    proc = start(tmp_path, manifest, ckpt, port)
-    wait_for_step(proc, port, 3)
+@pytest.mark.parametrize("how", list(STOPS))
+def test_a_stop_signal_commits_the_current_step_and_a_rerun_continues_exactly(tmp_path: Path, how: str) -> None:
+    sig, target, status, account = STOPS[how]
+    manifest, ckpt = job(tmp_path), tmp_path / "ckpt"
+    proc = start(tmp_path, manifest, ckpt)
+    wait_for_step(proc, 3)
     # The kubelet signals the pod's PID 1 (the launcher), which forwards; SIGTERM straight to the ranks counts too.
+    # A terminal's Ctrl-C reaches the launcher alone: torch starts each rank in a session of its own.
     for pid in [proc.pid] if target == "launcher" else rank_pids(proc.pid):
-        os.kill(pid, signal.SIGTERM)
+        os.kill(pid, sig)
     output, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 0, output
-    assert "preempted:" in output and "Traceback" not in output, output
+    # Unfinished work is never a success for the local command (a pod's launcher exits 0: the operator reads why).
+    assert proc.returncode == status, output
+    assert account in output and "Traceback" not in output, output
     saved = by_step(ckpt)
     assert len(saved) == 1, output
     ((stopped_at, path),) = saved.items()
     assert 3 <= stopped_at < STEPS and (path / "COMMITTED").is_file()
     assert json.loads((path / "COMMITTED").read_text())["micro_batches"] == stopped_at
+    assert f"every rank stopped after step {stopped_at} of {STEPS}, checkpoint {path} committed" in output, output
+    assert f"step {stopped_at}/{STEPS}" in output  # the bar ends where the ranks stopped
 
-    rerun = start(tmp_path, manifest, ckpt, metrics_port())
+    rerun = start(tmp_path, manifest, ckpt)
     output, _ = rerun.communicate(timeout=240)
     assert rerun.returncode == 0 and f"resumed from {path} at step {stopped_at}" in output, output
+    ran = STEPS - stopped_at
+    assert f"over steps {stopped_at + 1}–{STEPS} ({ran}, resumed after {stopped_at})" in output, output
 
-    straight = start(tmp_path, manifest, tmp_path / "straight", metrics_port())
-    assert straight.wait(timeout=240) == 0
+    straight = start(tmp_path, manifest, tmp_path / "straight")
+    assert straight.communicate(timeout=240) and straight.returncode == 0
     got, want = masters(by_step(ckpt)[STEPS]), masters(by_step(tmp_path / "straight")[STEPS])
     assert got.keys() == want.keys() and len(got) > 0
     for name, value in want.items():
         assert torch.equal(got[name], value), name
+
+
+# Steps slow enough that a stop takes seconds: what a second Ctrl-C cuts short.
+SLOW_TASK = """
+import time
+import torch
+from zerotrain.runtime.task import TrainingTask
+
+
+def batches(step_s):
+    while True:
+        time.sleep(step_s)
+        yield torch.ones(2, 4)
+
+
+def build(rank, world_size, step_s):
+    torch.manual_seed(0)
+    return TrainingTask(model=torch.nn.Linear(4, 1), loss=lambda out, b: out.square().mean(), batches=batches(step_s))
+"""
+
+
+def slow_job(tmp_path: Path, step_s: float) -> Path:
+    """A manifest whose entry point lives beside it (in `job/`), not in the working directory."""
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "slowtask.py").write_text(SLOW_TASK)
+    doc = {
+        "apiVersion": "zerotrain.dev/v1alpha1",
+        "kind": "ZeroTrainingJob",
+        "metadata": {"name": "slow"},
+        "spec": {
+            "image": "unused",
+            "entrypoint": "slowtask:build",
+            "entrypointArgs": {"step_s": step_s},
+            "replicas": 2,
+            "zero": {"stage": 2},
+            "training": {"steps": 1000, "logEvery": 1},
+            "checkpoint": {"intervalSteps": 1, "terminationBudgetSeconds": 120},
+        },
+    }
+    path = tmp_path / "job" / "slow.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_stops_every_rank_at_once_and_the_last_commit_stands(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    proc = start(tmp_path, slow_job(tmp_path, step_s=30.0), ckpt)
+    port = proc.rank0_port()
+    deadline = time.monotonic() + 120
+    while not by_step_or_none(ckpt):  # step 1 committed: the ranks are 30 s into step 2
+        assert proc.proc.poll() is None and time.monotonic() < deadline, proc.output
+        time.sleep(0.1)
+    ranks = rank_pids(proc.pid)
+    os.kill(proc.pid, signal.SIGINT)
+    time.sleep(1)
+    assert proc.proc.poll() is None and step_of_rank0(port) == 1, proc.output  # finishing step 2 first
+    os.kill(proc.pid, signal.SIGINT)
+    again = time.monotonic()
+    output, _ = proc.communicate(timeout=60)
+    # Killed, not waited for: the step had ~28 s left and the budget 120 s.
+    assert time.monotonic() - again < 15, output
+    assert proc.returncode == 130, output
+    assert "Ctrl-C again: stopping every rank now" in output and "interrupted: SIGINT twice" in output, output
+    assert "Traceback" not in output, output
+    assert sorted(by_step(ckpt)) == [1]  # nothing of step 2 was committed
+    assert not [p for p in ranks if Path(f"/proc/{p}").exists()], "a rank outlived its launcher"
+
+
+def by_step_or_none(root: Path) -> dict[int, Path]:
+    return by_step(root) if root.exists() else {}
+
+
+@pytest.mark.slow
+def test_a_launcher_killed_outright_leaves_no_rank_behind(tmp_path: Path) -> None:
+    proc = start(tmp_path, slow_job(tmp_path, step_s=0.05), tmp_path / "ckpt")
+    wait_for_step(proc, 2)
+    ranks = rank_pids(proc.pid)
+    assert len(ranks) == 2
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=30)
+    deadline = time.monotonic() + 15
+    while alive := [p for p in ranks if Path(f"/proc/{p}").exists() and b"zombie" not in state(p)]:
+        assert time.monotonic() < deadline, f"ranks {alive} outlived their launcher"
+        time.sleep(0.1)
+
+
+def state(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/status").read_bytes()
+    except OSError:
+        return b"zombie"

@@ -36,7 +36,8 @@ def tiny_job(tmp_path: Path, steps: int) -> Path:
 
 def run(tmp_path: Path, job: Path, name: str, checkpoints: Path | None, *extra: str) -> tuple[dict[str, Any], str]:
     summary = tmp_path / f"{name}.json"
-    argv = [sys.executable, "-m", "zerotrain.cli", "run", str(job), "--summary-file", str(summary), *extra]
+    argv = [sys.executable, "-m", "zerotrain.cli", "run", str(job), "--summary-file", str(summary), "--no-metrics"]
+    argv += extra
     if checkpoints is not None:
         argv += ["--checkpoint-dir", str(checkpoints)]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=240, cwd=tmp_path)
@@ -74,6 +75,7 @@ def test_resume_skips_a_corrupt_checkpoint_and_matches_an_uninterrupted_run(tmp_
     assert "rank-00001.safetensors does not match the SHA-256" in output
     assert f"resumed from {saved[4]} at step 4" in output
     assert len(resumed["losses"]) == 4  # steps 5-8
+    assert "over steps 5–8 (4, resumed after 4)" in output, output  # what this invocation ran, not the job's 8
 
     straight, _ = run(tmp_path, tiny_job(tmp_path, 8), "straight", None)
     # Same data order, same thread count: resuming from step 4 reproduces steps 5-8 bit for bit.
@@ -83,6 +85,7 @@ def test_resume_skips_a_corrupt_checkpoint_and_matches_an_uninterrupted_run(tmp_
     # Run again (as a gang restarted after its final checkpoint would): nothing left to train, and no failure.
     again, output = run(tmp_path, tiny_job(tmp_path, 8), "again", ckpt)
     assert f"resumed from {by_step(ckpt)[8]} at step 8" in output and "no steps left" in output
+    assert "step 8/8" in output, output  # the bar starts where the checkpoint left off
     assert again["losses"] == [] and again["final_loss"] is None
 
 

@@ -110,7 +110,7 @@ def test_dashboard_and_alert_queries_answer_for_every_rank(tmp_path: Path) -> No
             proc.send_signal(signal.SIGTERM)
             out, _ = proc.communicate(timeout=60)
     text = out.decode()
-    assert f"port(s) {port} taken, skipped" in text, text
+    assert f"port {port} taken, rank 0 on" in text, text
     served = re.search(r"rank 0 http://127\.0\.0\.1:(\d+)/metrics", text)
     assert served and int(served.group(1)) > port, text
 

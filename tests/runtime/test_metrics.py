@@ -13,8 +13,9 @@ import pytest
 from dist_helpers import run_ranks
 from prometheus_client.parser import text_string_to_metric_families
 
-from zerotrain.runtime.launch import PROGRESS_ENV, SUMMARY_ENV, free_port
-from zerotrain.runtime.metrics import Phase, RankMetrics, metrics_endpoint
+from zerotrain.runtime.launch import PROGRESS_ENV, SUMMARY_ENV
+from zerotrain.runtime.metrics import Phase, RankMetrics
+from zerotrain.runtime.metrics_endpoint import Endpoint, Served, metrics_endpoint, read_ports
 from zerotrain.runtime.resume import CHECKPOINT_DIR_ENV
 from zerotrain.runtime.task import ConfigError
 from zerotrain.runtime.train import RankContext, start_metrics, train
@@ -82,8 +83,7 @@ def train_and_scrape(rank: int, world: int, root: str) -> dict[str, Any]:
 
     ctx = RankContext(rank, world, rank)
     metrics = RankMetrics("unit", rank, rank, world, 3, STEPS)
-    port = free_port()
-    metrics.serve(port, "127.0.0.1")
+    port = metrics.serve(Endpoint("127.0.0.1", 0, 0, "test"))
     try:
         before = scrape(port)  # served before the first step
         train(spec(), ctx, engine_factory=factory, metrics=metrics)
@@ -150,15 +150,46 @@ def test_a_taken_port_is_a_configuration_error_naming_port_and_field() -> None:
         port = taken.getsockname()[1]
         metrics = RankMetrics("j", 1, 1, 2, 3, 10)
         with pytest.raises(ConfigError) as err:
-            metrics.serve(port, "127.0.0.1")
+            metrics.serve(metrics_endpoint(port - 1, 1, 2, {"ZEROTRAIN_METRICS_ADDR": "127.0.0.1"}))
     message = str(err.value)
     assert f"spec.metrics.port: port {port} (local rank 1)" in message and "spec.metrics.enabled: false" in message
 
 
 def test_ports_follow_the_spec_in_a_pod_and_the_launcher_locally() -> None:
-    assert metrics_endpoint(9400, 3, {}) == (9403, "0.0.0.0", "spec.metrics.port")
-    local = {"ZEROTRAIN_METRICS_PORTS": "9500,9502", "ZEROTRAIN_METRICS_ADDR": "127.0.0.1"}
-    assert metrics_endpoint(9400, 1, local) == (9502, "127.0.0.1", "ZEROTRAIN_METRICS_PORTS")
+    pod = metrics_endpoint(9400, 3, 4, {})
+    assert (pod.addr, list(pod.candidates()), pod.setting) == ("0.0.0.0", [9403], "spec.metrics.port")
+    local = metrics_endpoint(9400, 1, 2, {"ZEROTRAIN_METRICS_SEARCH": "9500"})
+    assert (local.addr, local.setting) == ("127.0.0.1", "--metrics-port")
+    assert list(local.candidates())[:3] == [9501, 9503, 9505]  # rank 0 has the even ones: never the same port
+    assert list(metrics_endpoint(9400, 1, 2, {"ZEROTRAIN_METRICS_SEARCH": "0"}).candidates()) == [0]
+
+
+def test_a_local_rank_skips_a_taken_port_and_reports_the_one_it_holds(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {"ZEROTRAIN_METRICS_SEARCH": str(port), "ZEROTRAIN_METRICS_REPORT_DIR": str(tmp_path)}
+        metrics = RankMetrics("j", 0, 0, 1, 3, 10)
+        try:
+            got = metrics.serve(metrics_endpoint(9400, 0, 1, env))
+            assert got > port
+            assert read_ports(tmp_path) == [Served(0, "127.0.0.1", got, port)]
+            assert scrape(got)  # it serves there
+        finally:
+            metrics.stop()
+
+
+def test_a_port_a_scrape_left_in_time_wait_is_served_again() -> None:
+    metrics = RankMetrics("j", 0, 0, 1, 3, 10)
+    port = metrics.serve(Endpoint("127.0.0.1", 0, 0, "test"))
+    scrape(port)  # the server closes first: its side of the connection sits in TIME_WAIT
+    metrics.stop()
+    again = RankMetrics("j", 0, 0, 1, 3, 10)
+    try:
+        assert again.serve(Endpoint("127.0.0.1", port, 0, "test")) == port
+    finally:
+        again.stop()
 
 
 def test_disabled_metrics_serve_nothing_and_record_nothing(monkeypatch: pytest.MonkeyPatch) -> None:

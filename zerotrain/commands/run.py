@@ -3,7 +3,12 @@
 The ranks start through the same launcher the pods use (torch's elastic launcher, static rendezvous on
 127.0.0.1), as CPU processes (CUDA hidden) on gloo. A progress bar follows rank 0's progress file; at the end
 a table shows each rank's memory by category (measured next to the ZeRO formula) and the bytes it communicated
-by op. The exit status is the ranks'.
+by op.
+
+Exit status: 0 when every step ran; 130 when Ctrl-C stopped the run (every rank finished its step and saved; a
+second Ctrl-C stops them at once), 143 when SIGTERM did, so `zerotrain run job.yaml && next` never continues after
+unfinished work (a pod's launcher exits 0 there instead: the operator reads its termination message); a failed
+rank's own status otherwise (2: a configuration error).
 """
 
 from __future__ import annotations
@@ -11,9 +16,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
+import shutil
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +28,12 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from zerotrain.commands.run_report import render_outcome, render_summary, throughput
+from zerotrain.commands.run_report import local_outcome, render_outcome, render_summary, throughput
 from zerotrain.errors import UserError
 from zerotrain.manifest import load_job
 from zerotrain.spec import ZeroTrainingJob
+
+KEEP_LOG_DIRS = 20
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -44,15 +52,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--metrics-port",
         type=int,
         default=None,
-        help="first port to try for the ranks' /metrics on 127.0.0.1 (default spec.metrics.port); a taken port is "
-        "skipped and the next free one used",
+        help="first port for the ranks' /metrics on 127.0.0.1 (default spec.metrics.port): rank r tries port + r, "
+        "and a taken one is skipped; 0: any free ports",
     )
     p.add_argument("--no-metrics", action="store_true", help="serve no /metrics (as spec.metrics.enabled: false)")
     p.add_argument(
         "--log-dir",
         default=None,
-        help="keep each rank's stdout, stderr and traceback under this directory (default: a new directory in the "
-        "system's temporary directory, printed at the start)",
+        help="keep each rank's stdout, stderr and traceback under this directory (default: a new directory under "
+        f"$TMPDIR/zerotrain-logs-UID/, printed at the start; the newest {KEEP_LOG_DIRS} there are kept)",
     )
     p.add_argument(
         "--debug",
@@ -64,29 +72,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--prometheus-config",
         default=None,
         metavar="FILE",
-        help="write a Prometheus configuration that scrapes this run's ranks to FILE (`prometheus --config.file`)",
+        help="write a Prometheus configuration that scrapes this run's ranks to FILE, relative to the working "
+        "directory, once every rank serves (`prometheus --config.file FILE`)",
     )
     p.set_defaults(func=run)
-
-
-def free_ports(first: int, count: int, host: str = "127.0.0.1", last: int = 65535) -> list[int]:
-    """`count` ports from `first` up that nobody listens on right now (a taken one is skipped)."""
-    found: list[int] = []
-    port = first
-    while len(found) < count and port <= last:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind((host, port))
-                found.append(port)
-            except OSError:
-                pass
-        port += 1
-    if len(found) < count:
-        raise UserError(
-            f"--metrics-port: got {first}; found only {len(found)} free port(s) of {count} from there up to {last}; "
-            "pick a lower port or pass --no-metrics"
-        )
-    return found
 
 
 def scrape_config(job: str, targets: list[str], interval_s: float = 5.0) -> dict[str, Any]:
@@ -106,33 +95,64 @@ def scrape_config(job: str, targets: list[str], interval_s: float = 5.0) -> dict
     }
 
 
-def metrics_ports(job: ZeroTrainingJob, nproc: int, args: argparse.Namespace, console: Console) -> list[int]:
-    """Free ports for the ranks' /metrics (none when disabled), said on the console; FILE written if asked."""
-    if args.no_metrics or not job.spec.metrics.enabled:
-        return []
-    first = args.metrics_port if args.metrics_port is not None else job.spec.metrics.port
-    if not 1024 <= first <= 65535:
-        raise UserError(f"--metrics-port: got {first}; must be between 1024 and 65535; pass a free unprivileged port")
-    ports = free_ports(first, nproc)
-    if ports[-1] != first + nproc - 1:
-        taken = sorted(set(range(first, ports[-1] + 1)) - set(ports))
-        console.print(f"metrics: port(s) {', '.join(map(str, taken))} taken, skipped", highlight=False)
-    targets = [f"127.0.0.1:{p}" for p in ports]
-    console.print(
-        "metrics: " + ", ".join(f"rank {r} http://{t}/metrics" for r, t in enumerate(targets)),
-        soft_wrap=True,
-        highlight=False,
-    )
-    if args.prometheus_config:
-        name = str(job.metadata.get("name") or "zerotrain")
-        Path(args.prometheus_config).write_text(yaml.safe_dump(scrape_config(name, targets), sort_keys=False))
-        console.print(Text(f"metrics: Prometheus configuration written to {args.prometheus_config}"))
-    return ports
+def first_metrics_port(job: ZeroTrainingJob, args: argparse.Namespace) -> int | None:
+    """The first port the ranks try for /metrics (None when metrics are off); UserError when out of range."""
+    if not job.spec.metrics.enabled:
+        return None
+    first = int(args.metrics_port if args.metrics_port is not None else job.spec.metrics.port)
+    if first != 0 and not 1024 <= first <= 65535:
+        raise UserError(
+            f"--metrics-port: got {first}; must be 0 (any free ports) or between 1024 and 65535; pass a free "
+            "unprivileged port"
+        )
+    return first
 
 
-def effective_job(path: str, nproc: int | None, steps: int | None) -> tuple[ZeroTrainingJob, int]:
+def metrics_env(first: int, report_dir: Path) -> dict[str, str]:
+    """What the ranks need to serve /metrics on 127.0.0.1 from `first` up and say which port each holds."""
+    from zerotrain.runtime.metrics_endpoint import METRICS_ADDR_ENV, METRICS_REPORT_ENV, METRICS_SEARCH_ENV
+
+    report_dir.mkdir()
+    return {METRICS_SEARCH_ENV: str(first), METRICS_ADDR_ENV: "127.0.0.1", METRICS_REPORT_ENV: str(report_dir)}
+
+
+class PortWatch(threading.Thread):
+    """Says where the ranks serve /metrics once each has bound its port (and writes --prometheus-config then)."""
+
+    def __init__(self, report_dir: Path, nproc: int, job: str, config: str | None, console: Console) -> None:
+        super().__init__(daemon=True)
+        self.report_dir, self.nproc, self.job, self.config, self.console = report_dir, nproc, job, config, console
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        from zerotrain.runtime.metrics_endpoint import read_ports
+
+        while not self.stop.wait(0.1):
+            served = read_ports(self.report_dir)
+            if len(served) == self.nproc:
+                self.announce(served)
+                return
+
+    def announce(self, served: list[Any]) -> None:
+        say = self.console.print
+        say(Text("metrics: " + ", ".join(f"rank {s.rank} http://{s.target}/metrics" for s in served)), soft_wrap=True)
+        moved = [s for s in served if s.wanted not in (0, s.port)]
+        if moved:
+            say(Text("metrics: " + ", ".join(f"port {s.wanted} taken, rank {s.rank} on {s.port}" for s in moved)))
+        if self.config:
+            text = yaml.safe_dump(scrape_config(self.job, [s.target for s in served]), sort_keys=False)
+            Path(self.config).write_text(text)
+            say(Text(f"metrics: Prometheus configuration written to {self.config}"), soft_wrap=True)
+
+
+def effective_job(
+    path: str, nproc: int | None, steps: int | None, no_metrics: bool = False
+) -> tuple[ZeroTrainingJob, int]:
     """The manifest with command-line overrides applied, and the number of ranks to start."""
     job = load_job(path)
+    if no_metrics:  # the ranks read the spec: off here is off there
+        metrics = job.spec.metrics.model_copy(update={"enabled": False})
+        job = job.model_copy(update={"spec": job.spec.model_copy(update={"metrics": metrics})})
     if nproc is not None and nproc < 1:
         raise UserError(f"--nproc: got {nproc}; must be at least 1; pass the number of ranks to start")
     if steps is not None:
@@ -144,12 +164,13 @@ def effective_job(path: str, nproc: int | None, steps: int | None) -> tuple[Zero
 
 
 class ProgressTail(threading.Thread):
-    """Follows rank 0's JSON-lines progress file into a rich progress bar."""
+    """Follows rank 0's JSON-lines progress file into a rich progress bar; keeps how the run stopped, if it did."""
 
     def __init__(self, path: Path, progress: Progress, task: TaskID) -> None:
         super().__init__(daemon=True)
         self.path, self.progress, self.task = path, progress, task
         self.stop = threading.Event()
+        self.stopped: dict[str, Any] | None = None
         self._offset = 0
         self._partial = ""
 
@@ -163,24 +184,21 @@ class ProgressTail(threading.Thread):
         lines = (self._partial + chunk).split("\n")
         self._partial = lines.pop()
         for line in filter(None, lines):
-            rec = json.loads(line)
-            if "checkpoint" in rec:
-                # A path must stay on one line to be copied.
-                self.progress.console.print(
-                    Text(f"checkpoint committed at step {rec['checkpoint_step']}: {rec['checkpoint']}"), soft_wrap=True
-                )
-                continue
-            if "resumed" in rec:
-                self.progress.console.print(
-                    Text(f"resumed from {rec['resumed']} at step {rec['resumed_step']}"), soft_wrap=True
-                )
-                continue
+            self.show(json.loads(line))
+
+    def show(self, rec: dict[str, Any]) -> None:
+        say = self.progress.console.print
+        if "checkpoint" in rec:  # a path must stay on one line to be copied
+            say(Text(f"checkpoint committed at step {rec['checkpoint_step']}: {rec['checkpoint']}"), soft_wrap=True)
+        elif "resumed" in rec:
+            say(Text(f"resumed from {rec['resumed']} at step {rec['resumed_step']}"), soft_wrap=True)
+            self.progress.update(self.task, completed=rec["resumed_step"])
+        elif "stopped" in rec:
+            self.stopped = rec
+            self.progress.update(self.task, completed=rec["stopped"])
+        else:
             self.progress.update(
-                self.task,
-                completed=rec["step"],
-                total=rec["steps"],
-                loss=f"{rec['loss']:.4f}",
-                tps=throughput(rec),
+                self.task, completed=rec["step"], total=rec["steps"], loss=f"{rec['loss']:.4f}", tps=throughput(rec)
             )
 
     def run(self) -> None:
@@ -189,58 +207,92 @@ class ProgressTail(threading.Thread):
         self.poll()
 
 
+def default_log_dir(name: str, root: Path | None = None, keep: int = KEEP_LOG_DIRS) -> Path:
+    """A new directory for this run's logs under one parent per user, the oldest beyond `keep` removed."""
+    root = root or Path(tempfile.gettempdir(), f"zerotrain-logs-{os.getuid()}")
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix=f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-", dir=root))
+    runs = sorted((d for d in root.iterdir() if d.is_dir()), key=lambda d: d.stat().st_mtime)
+    for old in runs[: max(0, len(runs) - keep)]:
+        if old != path:
+            shutil.rmtree(old, ignore_errors=True)
+    return path
+
+
 def run(args: argparse.Namespace) -> int:
-    job, nproc = effective_job(args.manifest, args.nproc, args.steps)
+    job, nproc = effective_job(args.manifest, args.nproc, args.steps, args.no_metrics)
     # Imported here so `zerotrain --help` and the other subcommands don't pay for torch.
     from zerotrain.runtime.failures import DEBUG_ENV
     from zerotrain.runtime.launch import PROGRESS_ENV, SUMMARY_ENV, preflight, scoped_environ
-    from zerotrain.runtime.metrics import METRICS_ADDR_ENV, METRICS_PORTS_ENV
     from zerotrain.runtime.resume import CHECKPOINT_DIR_ENV
+    from zerotrain.runtime.task import ENTRYPOINT_PATH_ENV, is_script
 
-    preflight(job.spec)
+    first_port = first_metrics_port(job, args)
     console = Console()
+    # Entry points are found in the working directory and beside the manifest (`runtime.task.add_entrypoint_dirs`).
+    beside = {ENTRYPOINT_PATH_ENV: str(Path(args.manifest).resolve().parent)}
+    with scoped_environ(beside):
+        preflight(job.spec)
     with tempfile.TemporaryDirectory(prefix="zerotrain-run-") as tmp:
         config = Path(tmp, "job.json")
         config.write_text(job.model_dump_json(by_alias=True, exclude_none=True))
         progress_file, summary_file = Path(tmp, "progress.jsonl"), Path(tmp, "summary.json")
-        name = job.metadata.get("name", Path(args.manifest).stem)
+        name = str(job.metadata.get("name", Path(args.manifest).stem))
         console.print(
             Text.assemble(
-                (str(name), "bold"),
+                (name, "bold"),
                 f": stage {job.spec.zero.stage.value}, {nproc} rank(s) on gloo, {job.spec.training.steps} steps, "
                 f"entry point {job.spec.entrypoint}",
             )
         )
-        log_dir = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix=f"zerotrain-{name}-logs-"))
+        log_dir = Path(args.log_dir) if args.log_dir else default_log_dir(name)
         console.print(Text(f"logs: {log_dir.resolve()}"), soft_wrap=True)
         # Local runs are CPU ranks on gloo even on a GPU machine: N ranks could not share one GPU under NCCL.
         local_env = {e.name: e.value for e in job.spec.env}  # spec.env, as the pods get it
         local_env |= {PROGRESS_ENV: str(progress_file), SUMMARY_ENV: str(summary_file), "CUDA_VISIBLE_DEVICES": ""}
+        local_env |= beside
         local_env[DEBUG_ENV] = "1" if args.debug or os.environ.get(DEBUG_ENV) == "1" else "0"
         if args.checkpoint_dir:
             local_env[CHECKPOINT_DIR_ENV] = str(Path(args.checkpoint_dir).resolve())
-        if ports := metrics_ports(job, nproc, args, console):
-            local_env |= {METRICS_PORTS_ENV: ",".join(map(str, ports)), METRICS_ADDR_ENV: "127.0.0.1"}
+        watch = None
+        if first_port is not None and not is_script(job.spec.entrypoint):
+            local_env |= metrics_env(first_port, Path(tmp, "metrics"))
+            watch = PortWatch(Path(tmp, "metrics"), nproc, name, args.prometheus_config, console)
         with scoped_environ(local_env):
-            outcome = _train_with_progress(job, config, nproc, progress_file, console, log_dir)
+            outcome, stopped = _train_with_progress(job, config, nproc, progress_file, console, log_dir, watch)
         summary = json.loads(summary_file.read_text()) if summary_file.exists() else None
     if summary is not None and args.summary_file:
         Path(args.summary_file).write_text(json.dumps(summary, indent=2) + "\n")
     if summary is not None:
         render_summary(summary, console)
+    outcome = local_outcome(outcome, stopped, job.spec.training.steps)
     render_outcome(outcome, console)
-    return outcome.exit_code
+    return int(outcome.exit_code)
 
 
 def _train_with_progress(
-    job: ZeroTrainingJob, config: Path, nproc: int, progress_file: Path, console: Console, log_dir: Path
-) -> Any:
+    job: ZeroTrainingJob,
+    config: Path,
+    nproc: int,
+    progress_file: Path,
+    console: Console,
+    log_dir: Path,
+    watch: PortWatch | None,
+) -> tuple[Any, dict[str, Any] | None]:
+    """Launch the ranks and follow them: (the launcher's outcome, rank 0's record of an early stop)."""
     from zerotrain.runtime.launch import launch, local_plan
     from zerotrain.runtime.task import is_script
 
     run_id = str(job.metadata.get("name", "local"))
+
+    def say(line: str) -> None:
+        console.print(Text(line, style="yellow"))
+
+    def start() -> Any:
+        return launch(job.spec, config, local_plan(nproc), run_id=run_id, quiet=True, log_dir=log_dir, on_interrupt=say)
+
     if is_script(job.spec.entrypoint):  # a script reports nothing to follow
-        return launch(job.spec, config, local_plan(nproc), run_id=run_id, quiet=True, log_dir=log_dir)
+        return start(), None
     columns = (
         TextColumn("[bold]training"),
         BarColumn(),
@@ -252,9 +304,13 @@ def _train_with_progress(
     with Progress(*columns, console=console, transient=False) as progress:
         task = progress.add_task("train", total=job.spec.training.steps, loss="-", tps="-")
         tail = ProgressTail(progress_file, progress, task)
-        tail.start()
+        followers: list[ProgressTail | PortWatch] = [tail, *([watch] if watch else [])]
+        for follower in followers:
+            follower.start()
         try:
-            return launch(job.spec, config, local_plan(nproc), run_id=run_id, quiet=True, log_dir=log_dir)
+            outcome = start()
         finally:
-            tail.stop.set()
-            tail.join()
+            for follower in followers:
+                follower.stop.set()
+                follower.join()
+        return outcome, tail.stopped  # read after the tail's last poll

@@ -6,6 +6,8 @@ is printed as plain `Text`, never parsed as rich markup: gloo's errors alone are
 
 from __future__ import annotations
 
+import dataclasses
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,23 @@ def throughput(record: dict[str, Any]) -> str:
     """A progress or summary record's throughput in the task's own unit (tokens/s, samples/s or steps/s)."""
     value, unit = record.get("throughput", 0.0), record.get("throughput_unit", "steps/s")
     return f"{value:,.2f} {unit}" if value < 100 else f"{value:,.0f} {unit}"
+
+
+def local_outcome(outcome: Any, stopped: dict[str, Any] | None, steps: int) -> Any:
+    """The launcher's outcome as a local command reports it: a run stopped before its last step exits 130 (SIGINT)
+    or 143 (SIGTERM), never 0, and says after which step it stopped and what it saved (rank 0's `stopped` record)."""
+    from zerotrain.runtime.launch import Outcome
+
+    if outcome.reason not in (Outcome.PREEMPTED, Outcome.INTERRUPTED):
+        return outcome
+    sig = signal.SIGINT if outcome.reason is Outcome.INTERRUPTED else signal.SIGTERM
+    message = outcome.message
+    if stopped is not None:
+        saved = f"checkpoint {stopped['saved']} committed" if stopped["saved"] else "no --checkpoint-dir, nothing saved"
+        message = f"{stopped['cause']}: every rank stopped after step {stopped['stopped']} of {steps}, {saved}"
+    elif outcome.reason is Outcome.INTERRUPTED:
+        message += "; the newest checkpoint committed before stands"
+    return dataclasses.replace(outcome, exit_code=128 + int(sig), message=message)
 
 
 def render_outcome(outcome: Any, console: Console) -> None:
@@ -66,9 +85,11 @@ def _bytes(n: float | None) -> str:
 
 def render_summary(summary: dict[str, Any], console: Console) -> None:
     """The run's loss and throughput, then per rank: memory measured vs predicted, bytes communicated by op."""
-    if summary["losses"]:
+    ran, first = len(summary["losses"]), summary.get("first_step", 1)
+    if ran:
+        which = f"{ran} steps" if first == 1 else f"steps {first}–{first + ran - 1} ({ran}, resumed after {first - 1})"
         console.print(
-            f"loss {summary['first_loss']:.4f} → {summary['final_loss']:.4f} over {summary['steps']} steps, "
+            f"loss {summary['first_loss']:.4f} → {summary['final_loss']:.4f} over {which}, "
             f"{throughput(summary)}, {summary['elapsed_s']:.1f} s",
             highlight=False,
             markup=False,
