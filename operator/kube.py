@@ -16,7 +16,6 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 from urllib.parse import urlencode
 
@@ -25,7 +24,8 @@ import kubernetes
 import urllib3
 
 from zerotrain import __version__
-from zerotrain.operator import naming
+from zerotrain.operator import connection, naming
+from zerotrain.operator.connection import ConnectionSource
 from zerotrain.spec import GROUP, PLURAL, VERSION
 
 log = logging.getLogger(__name__)
@@ -94,14 +94,6 @@ _MERGE = "application/merge-patch+json"
 _APPLIED_KEYS = ("spec", "data", "rules", "roleRef", "subjects")
 
 
-class ConnectionSource(str, Enum):
-    """Where the connection settings came from."""
-
-    IN_CLUSTER = "in-cluster"
-    KUBECONFIG = "kubeconfig"
-    EXPLICIT = "explicit"
-
-
 class KubeError(Exception):
     """An API answer that is not 2xx (after retries)."""
 
@@ -154,16 +146,11 @@ class Kube:
 
     @classmethod
     def connect(cls, kubeconfig: str | None = None, **kwargs: Any) -> Kube:
-        """In-cluster service account when running in a pod, else the kubeconfig (explicit path or default)."""
+        """In-cluster service account when running in a pod, else the kubeconfig (explicit path or default).
+
+        A UserError (one line, naming every place tried) when none loads."""
         config = kubernetes.client.Configuration()
-        if kubeconfig is None:
-            try:
-                kubernetes.config.load_incluster_config(client_configuration=config)
-                return cls(config, ConnectionSource.IN_CLUSTER, **kwargs)
-            except kubernetes.config.ConfigException:
-                pass
-        kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=config)
-        return cls(config, ConnectionSource.KUBECONFIG, **kwargs)
+        return cls(config, connection.load(config, kubeconfig), **kwargs)
 
     def close(self) -> None:
         self._api.close()

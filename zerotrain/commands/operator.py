@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
+import traceback
 from collections.abc import Sequence
+
+from zerotrain.errors import UserError
+
+# The same switch as `zerotrain run --debug`.
+DEBUG_ENV = "ZEROTRAIN_DEBUG"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -21,10 +29,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="NS",
         help="namespace to watch (repeatable); default: env ZEROTRAIN_NAMESPACES, empty = cluster-wide",
     )
-    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster service account, else ~/.kube/config)")
+    p.add_argument(
+        "--kubeconfig",
+        help="kubeconfig file, the only place tried (default: in-cluster service account, else $KUBECONFIG, else "
+        "~/.kube/config)",
+    )
     p.add_argument("--health-port", type=int, help="liveness endpoint port (/healthz; default 8080)")
     p.add_argument("--metrics-port", type=int, help="Prometheus /metrics port (default 9090; 0 disables)")
     p.add_argument("--gpu-memory", help="default memory of one GPU for the memory plan, e.g. 80Gi")
+    p.add_argument(
+        "--debug",
+        action="store_true",
+        help=f"when no kubeconfig loads, also print the traceback of the client's own error (also {DEBUG_ENV}=1)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -38,11 +55,17 @@ def run(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         gpu_memory=args.gpu_memory,
     )
-    return operate(settings, kubeconfig=args.kubeconfig)
+    try:
+        return operate(settings, kubeconfig=args.kubeconfig)
+    except UserError as e:
+        # The CLI prints the one line; the traceback (with the client's own exception as its cause) is for bug reports.
+        if args.debug or os.environ.get(DEBUG_ENV) == "1":
+            traceback.print_exception(e, file=sys.stderr)
+        raise
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `python -m zerotrain.operator` (errors print like the CLI's)."""
     from zerotrain.cli import main as cli_main
 
-    return cli_main(["operator", *(argv if argv is not None else __import__("sys").argv[1:])])
+    return cli_main(["operator", *(argv if argv is not None else sys.argv[1:])])

@@ -174,7 +174,7 @@ PROGRESS = Query(
     Scope.JOB,
 )
 HEARTBEAT_AGE = Query(f"time() - zerotrain_heartbeat_timestamp_seconds{{{RANK_SEL}}}", "rank {{rank}}", Scope.RANK)
-PHASE = Query(f"zerotrain_phase{{{RANK_SEL}}} == 1", "{{phase}}", Scope.RANK)
+PHASE = Query(f"zerotrain_phase{{{RANK_SEL}}} == 1", "rank {{rank}} {{phase}}", Scope.RANK)
 CHECKPOINT_SAVE = Query(
     f"zerotrain_checkpoint_last_save_duration_seconds{{{RANK_SEL}}}", "rank {{rank}} save", Scope.RANK
 )
