@@ -26,7 +26,11 @@ Exit status of the launcher:
   finished one. A rank that failed before the signal makes it a failure (next line).
 - the failing rank's status: a rank failed (the earliest failure wins; a rank killed by signal S counts
   as 128+S). 2 is a configuration error in every rank, also checked here before any rank starts.
-- 128+S: another signal S (SIGINT, SIGHUP, SIGQUIT) stopped the launcher.
+- 128+S: another signal S (SIGINT, SIGHUP, SIGQUIT) stopped the launcher; SIGINT is forwarded to the ranks, which
+  stop as on SIGTERM (`preemption`).
+
+`zerotrain run` reports its own status for the same outcomes: 130 or 143 for a run stopped by SIGINT or SIGTERM
+(work left undone is never a local success), and a second Ctrl-C kills the ranks at once (`CtrlC`).
 
 Termination message: the launcher writes one line, `<outcome>: <detail> (exit status <code>)` with <outcome> one
 of `Outcome`'s values (succeeded, preempted, rank-failed, interrupted, invalid-config), to
