@@ -4,6 +4,7 @@ ranks at once, and a launcher killed outright leaves no rank behind."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -125,9 +126,21 @@ STOPS = {  # who is signalled, how, and what the local command then exits with
 }
 
 
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
+    """The final training state of the job run once through, never stopped (one run for every way of stopping)."""
+    tmp_path = tmp_path_factory.mktemp("straight")
+    run = start(tmp_path, job(tmp_path), tmp_path / "ckpt")
+    output, _ = run.communicate(timeout=240)
+    assert run.returncode == 0, output
+    return masters(by_step(tmp_path / "ckpt")[STEPS])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("how", list(STOPS))
-def test_a_stop_signal_commits_the_current_step_and_a_rerun_continues_exactly(tmp_path: Path, how: str) -> None:
+def test_a_stop_signal_commits_the_current_step_and_a_rerun_continues_exactly(
+    tmp_path: Path, how: str, straight: dict[str, torch.Tensor]
+) -> None:
     sig, target, status, account = STOPS[how]
     manifest, ckpt = job(tmp_path), tmp_path / "ckpt"
     proc = start(tmp_path, manifest, ckpt)
@@ -154,11 +167,9 @@ def test_a_stop_signal_commits_the_current_step_and_a_rerun_continues_exactly(tm
     ran = STEPS - stopped_at
     assert f"over steps {stopped_at + 1}–{STEPS} ({ran}, resumed after {stopped_at})" in output, output
 
-    straight = start(tmp_path, manifest, tmp_path / "straight")
-    assert straight.communicate(timeout=240) and straight.returncode == 0
-    got, want = masters(by_step(ckpt)[STEPS]), masters(by_step(tmp_path / "straight")[STEPS])
-    assert got.keys() == want.keys() and len(got) > 0
-    for name, value in want.items():
+    got = masters(by_step(ckpt)[STEPS])
+    assert got.keys() == straight.keys() and len(got) > 0
+    for name, value in straight.items():
         assert torch.equal(got[name], value), name
 
 
@@ -170,6 +181,7 @@ from zerotrain.runtime.task import TrainingTask
 
 
 def batches(step_s):
+    yield torch.ones(2, 4)  # the first step at once, every later one step_s
     while True:
         time.sleep(step_s)
         yield torch.ones(2, 4)
@@ -242,9 +254,14 @@ def test_a_launcher_killed_outright_leaves_no_rank_behind(tmp_path: Path) -> Non
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=30)
     deadline = time.monotonic() + 15
-    while alive := [p for p in ranks if Path(f"/proc/{p}").exists() and b"zombie" not in state(p)]:
-        assert time.monotonic() < deadline, f"ranks {alive} outlived their launcher"
-        time.sleep(0.1)
+    try:
+        while alive := [p for p in ranks if Path(f"/proc/{p}").exists() and b"zombie" not in state(p)]:
+            assert time.monotonic() < deadline, f"ranks {alive} outlived their launcher"
+            time.sleep(0.1)
+    finally:  # never leave them running when this fails
+        for p in ranks:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
 
 
 def state(pid: int) -> bytes:
