@@ -33,7 +33,7 @@ EXIT_PREEMPTED = 128 + int(signal.SIGTERM)
 
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-PEER_REQUEST = "a peer rank's stop request"
+PEER_REQUEST = "a stop signal to another rank"
 
 
 class Preempted(Exception):

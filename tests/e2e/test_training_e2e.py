@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from zerotrain.operator.kube import Kube, path_of
+from zerotrain.runtime.preemption import PEER_REQUEST
 
 from .cluster import Cluster
 from .conftest import Operator
@@ -123,7 +124,11 @@ async def test_a_preempted_pod_saves_its_step_and_the_next_gang_resumes_there(
     assert job["status"]["phase"] == "Succeeded", f"{job['status']}\n{logs}"
     assert terminated.exit_code == 0 and all(p.exit_code == 0 for p in first), logs
     (resumed,) = {resumed_step(p.output()) for p in second}
-    assert all(f"SIGTERM; every rank stopped after step {resumed}, checkpoint" in p.output() for p in first), logs
+    assert all(f"every rank stopped after step {resumed}, checkpoint" in p.output() for p in first), logs
+    # The signalled pod's rank names the signal; pod 0's says it stopped for another rank's.
+    outputs = {p.name: p.output() for p in first}
+    assert f"SIGTERM; every rank stopped after step {resumed}" in outputs[f"{name}-worker-1"], logs
+    assert f"{PEER_REQUEST}; every rank stopped after step {resumed}" in outputs[f"{name}-worker-0"], logs
     assert 10 <= resumed < steps and resumed == saved["step"], (resumed, saved, logs)
     assert job["status"]["step"] == steps
 
