@@ -12,8 +12,8 @@ from zerotrain.operator import builders, naming, pod_template
 from zerotrain.operator.conditions import Reason
 from zerotrain.plan_inputs import declared_parameters, gpu_memory_bytes, min_world_size, plan_input, plan_job
 from zerotrain.planner import MemoryPlan, PlanInput, format_bytes, min_data_parallel
-from zerotrain.runtime.config import Stage
 from zerotrain.spec import ZeroTrainingJobSpec
+from zerotrain.zero_config import Stage
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """zerotrain.runtime: the torch.distributed ZeRO runtime.
 
-`config` is importable without torch; the engine is loaded on first use so the operator never pays
-for (or needs) torch.
+`ZeroConfig` (with `Stage` and `Precision`) lives in the torch-free core (`zerotrain.zero_config`) and is
+re-exported here; the engine is loaded on first use.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from zerotrain.runtime.config import Precision, Stage, ZeroConfig
+from zerotrain.zero_config import Precision, Stage, ZeroConfig
 
 # torch's CPU wheel does not depend on numpy and warns at import when it is absent; the runtime never
 # hands tensors to numpy, so the warning (printed once per rank) is only noise.

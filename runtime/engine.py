@@ -37,7 +37,6 @@ from zerotrain.runtime import control
 from zerotrain.runtime import optimizer as opt_mod
 from zerotrain.runtime.activations import apply_checkpointing
 from zerotrain.runtime.collectives import Comm
-from zerotrain.runtime.config import DivergenceCheck, GradientSync, Precision, Stage, ZeroConfig
 from zerotrain.runtime.consistency import Event, OrderCheck, PendingCheck
 from zerotrain.runtime.hooks import Gatherer, GradReadyHooks, on_output_grad
 from zerotrain.runtime.memory import MemoryReport, UnshardedGradients, memory_report
@@ -50,6 +49,7 @@ from zerotrain.runtime.setup_checks import check_buckets, model_device, world_si
 from zerotrain.runtime.strategies import STRATEGIES, Dtypes
 from zerotrain.runtime.streams import streams_for
 from zerotrain.runtime.unit import GradState, UnitState
+from zerotrain.zero_config import DivergenceCheck, GradientSync, Precision, Stage, ZeroConfig
 
 if TYPE_CHECKING:
     from zerotrain.runtime.checkpoint import Loaded

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from zerotrain.runtime.config import LossScaleConfig, Precision
+from zerotrain.zero_config import LossScaleConfig, Precision
 
 DTYPES: dict[Precision, torch.dtype] = {
     Precision.FP32: torch.float32,

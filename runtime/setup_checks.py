@@ -9,8 +9,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from zerotrain.runtime.config import Precision, ZeroConfig
 from zerotrain.runtime.errors import ZeroSetupError
+from zerotrain.zero_config import Precision, ZeroConfig
 
 
 def world_size_before_init() -> int:

@@ -44,12 +44,12 @@ from torch import nn
 from zerotrain.peak import pool_capacity
 from zerotrain.runtime.buckets import BucketPool, chunks
 from zerotrain.runtime.collectives import Comm, Pending
-from zerotrain.runtime.config import Stage
 from zerotrain.runtime.flat_buffer import FlatBuffer, fill_rows
 from zerotrain.runtime.grad_arena import GradArenas
 from zerotrain.runtime.partition import UnitLayout
 from zerotrain.runtime.streams import SideWork
 from zerotrain.runtime.unit import ParamState, UnitState
+from zerotrain.zero_config import Stage
 
 
 @dataclass

@@ -23,7 +23,7 @@ from pydantic import Field
 
 from zerotrain._model import SpecModel
 from zerotrain.planner import PeakPlan, PlanInput, stage_bytes
-from zerotrain.runtime.config import GradientSync, Precision, Stage, ZeroConfig
+from zerotrain.zero_config import GradientSync, Precision, Stage, ZeroConfig
 
 ALIGN = 16
 """Elements every parameter and every rank's shard starts at a multiple of (32 bytes in bf16, 64 in fp32: cuBLAS

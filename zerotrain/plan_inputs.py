@@ -10,8 +10,8 @@ from zerotrain import transformer_plan
 from zerotrain.peak import PRECISION_BYTES, PeakInput, config_fields, padded_elements, peak_plan
 from zerotrain.planner import MemoryPlan, PlanInput, element_bytes, plan
 from zerotrain.quantity import parse_bytes
-from zerotrain.runtime.config import Stage
 from zerotrain.spec import OptimizerName, OptimizerSpec, ZeroTrainingJobSpec
+from zerotrain.zero_config import Stage
 
 
 def optimizer_state_bytes(opt: OptimizerSpec) -> float:

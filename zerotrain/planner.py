@@ -20,7 +20,7 @@ import math
 from pydantic import Field
 
 from zerotrain._model import SpecModel
-from zerotrain.runtime.config import Stage
+from zerotrain.zero_config import Stage
 
 DEFAULT_HEADROOM = 0.2
 MASTER_BYTES = 4.0

@@ -14,7 +14,7 @@ from pydantic import Field, field_validator, model_validator
 
 from zerotrain._model import SpecModel, cel_rules
 from zerotrain.job_status import ZeroTrainingJobStatus
-from zerotrain.runtime.config import ZeroConfig
+from zerotrain.zero_config import ZeroConfig
 
 GROUP = "zerotrain.dev"
 VERSION = "v1alpha1"

@@ -14,9 +14,9 @@ import yaml
 from zerotrain.cli import main
 from zerotrain.peak import PeakInput, peak_plan, step_bytes
 from zerotrain.plan_inputs import peak_input, plan_job
-from zerotrain.runtime.config import Stage
 from zerotrain.spec import ModelShape, ZeroTrainingJobSpec
 from zerotrain.transformer_plan import activation_peak, parameters
+from zerotrain.zero_config import Stage
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml"
 SHAPE = {"layers": 4, "hidden": 128, "heads": 4, "sequenceLength": 128, "vocabulary": 256, "microBatchSize": 8}

@@ -16,3 +16,18 @@ def test_operator_modules_do_not_import_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_the_spec_and_the_operator_run_no_runtime_code() -> None:
+    """The core (spec, planner, CRD) and the operator never import zerotrain.runtime: its package runs code at
+    import (a process-wide warnings filter) that a spec reader must not get."""
+    code = (
+        "import sys\n"
+        "import zerotrain.spec, zerotrain.planner, zerotrain.peak, zerotrain.crd, zerotrain.plan_inputs\n"
+        "import zerotrain.operator.app, zerotrain.operator.admission, zerotrain.operator.handlers\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith('zerotrain.runtime'))\n"
+        "assert not loaded, loaded\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

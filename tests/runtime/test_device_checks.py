@@ -8,12 +8,12 @@ import torch
 import torch.distributed as dist
 from test_train_loop import job_spec
 
-from zerotrain.runtime.config import Precision
 from zerotrain.runtime.errors import ZeroSetupError
 from zerotrain.runtime.process_group import check_backend_serves, check_local_gpu, control_device
 from zerotrain.runtime.setup_checks import check_precision
 from zerotrain.runtime.task import ConfigError
 from zerotrain.runtime.train import RankContext, device_for, init_process_group
+from zerotrain.zero_config import Precision
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
@@ -61,8 +61,8 @@ def test_bf16_on_a_gpu_without_it_is_refused_naming_the_setting(monkeypatch: pyt
 
 
 def test_a_model_on_several_devices_or_none_is_refused() -> None:
-    from zerotrain.runtime.config import ZeroConfig
     from zerotrain.runtime.setup_checks import model_device
+    from zerotrain.zero_config import ZeroConfig
 
     split = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2, device="meta"))
     with pytest.raises(ZeroSetupError, match="several devices"):

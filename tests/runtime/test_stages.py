@@ -19,7 +19,7 @@ import torch
 from dist_helpers import run_ranks
 from tiny_models import batches, lm_loss, make_model, reference_train
 
-from zerotrain.runtime.config import Stage
+from zerotrain.zero_config import Stage
 
 if TYPE_CHECKING:
     from zerotrain.runtime import ZeroEngine

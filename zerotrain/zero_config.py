@@ -1,6 +1,7 @@
-"""The runtime's configuration (`spec.zero` of a ZeroTrainingJob).
+"""The ZeRO configuration (`spec.zero` of a ZeroTrainingJob), which the engine runs.
 
-Torch-free on purpose: the operator embeds this model in the CRD schema and must not import torch.
+Part of the torch-free core beside the spec it belongs to: the operator embeds this model in the CRD schema and the
+planner reads it, and neither may import torch or any of the runtime.
 """
 
 from __future__ import annotations
