@@ -16,8 +16,8 @@ from gpu_check_train import adamw, batches, device_of, init_group, make_task, te
 
 from zerotrain.peak import peak_plan
 from zerotrain.planner import format_bytes
+from zerotrain.pod_contract import SINGLE_RANK_COLLECTIVES_ENV as SINGLE_RANK_ENV
 from zerotrain.runtime import ZeroConfig, ZeroEngine
-from zerotrain.runtime.collectives import SINGLE_RANK_ENV
 from zerotrain.runtime.memory import buffer_plan
 from zerotrain.spec import ModelShape
 from zerotrain.transformer_plan import activation_peak

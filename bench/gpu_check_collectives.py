@@ -18,8 +18,8 @@ from gpu_check_config import SIZES
 from gpu_check_records import OK, Checks
 from gpu_check_train import adamw, batches, device_of, init_group, make_task, teardown
 
+from zerotrain.pod_contract import SINGLE_RANK_COLLECTIVES_ENV as SINGLE_RANK_ENV
 from zerotrain.runtime import ZeroConfig, ZeroEngine
-from zerotrain.runtime.collectives import SINGLE_RANK_ENV
 
 Case = tuple[str, Callable[[], torch.Tensor], torch.Tensor]
 """A collective's name, a call that returns its result, and the exact result expected."""

@@ -25,8 +25,8 @@ from gpu_check_train import (
     train_reference,
 )
 
-from zerotrain.runtime.collectives import SINGLE_RANK_ENV
-from zerotrain.runtime.streams import STREAM_MODEL_ENV
+from zerotrain.pod_contract import SINGLE_RANK_COLLECTIVES_ENV as SINGLE_RANK_ENV
+from zerotrain.pod_contract import STREAM_MODEL_ENV
 
 
 def max_abs(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> float:

@@ -15,7 +15,7 @@ from gpu_check_procs import first_line, last_error, run_child
 from gpu_check_records import FAILED, SKIPPED, Checks, read_records
 from gpu_check_train import batches, chunk_elements, device_of, init_group, make_task, teardown, train_engine
 
-from zerotrain.runtime.collectives import SINGLE_RANK_ENV
+from zerotrain.pod_contract import SINGLE_RANK_COLLECTIVES_ENV as SINGLE_RANK_ENV
 
 CSAN_MARK = "CSAN detected a possible data race"
 

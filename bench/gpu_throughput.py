@@ -39,7 +39,7 @@ from compare import LossDisagreement, _spawn, check_agreement, check_choices, ch
 from compare_systems import RunSpec, System, ZeroSystem, _adamw, _init_group, _train
 from torch import nn
 
-from zerotrain.runtime.collectives import SINGLE_RANK_ENV
+from zerotrain.pod_contract import SINGLE_RANK_COLLECTIVES_ENV as SINGLE_RANK_ENV
 from zerotrain.runtime.examples.gpt import GPT, VOCAB, build
 
 SYSTEMS = ("zero3", "fsdp2", "fsdp2-keep", "zero3-local")

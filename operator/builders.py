@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from zerotrain import gpu_env
+from zerotrain import pod_contract as contract
 from zerotrain.operator import kueue, naming, pod_template
 from zerotrain.spec import (
     API_VERSION,
@@ -176,16 +177,11 @@ def scheduler_name(spec: ZeroTrainingJobSpec) -> str | None:
 # (GPU jobs also get zerotrain.gpu_env.GPU_ENV, which both may set: those are defaults, not in this list.)
 FIXED_ENV = frozenset(
     {
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "NNODES",
-        "NODE_RANK",
-        "NPROC_PER_NODE",
-        "WORLD_SIZE",
-        "ZEROTRAIN_JOB_NAME",
-        "ZEROTRAIN_NAMESPACE",
-        "ZEROTRAIN_CHECKPOINT_DIR",
-        "POD_NAME",
+        *contract.RENDEZVOUS_ENV,
+        contract.JOB_NAME_ENV,
+        contract.NAMESPACE_ENV,
+        contract.CHECKPOINT_DIR_ENV,
+        contract.POD_NAME_ENV,
     }
 )
 
@@ -201,12 +197,12 @@ def pod_env(job: JobRef, spec: ZeroTrainingJobSpec, replica: int) -> list[Obj]:
         "NODE_RANK": str(replica),
         "NPROC_PER_NODE": str(spec.nproc_per_node),
         "WORLD_SIZE": str(spec.world_size),
-        "ZEROTRAIN_JOB_NAME": job.name,
-        "ZEROTRAIN_NAMESPACE": job.namespace,
-        "ZEROTRAIN_CHECKPOINT_DIR": spec.checkpoint.path,
+        contract.JOB_NAME_ENV: job.name,
+        contract.NAMESPACE_ENV: job.namespace,
+        contract.CHECKPOINT_DIR_ENV: spec.checkpoint.path,
     }
     env: list[Obj] = [{"name": k, "value": v} for k, v in fixed.items()]
-    env.append({"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
+    env.append({"name": contract.POD_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
     user = [{"name": e.name, "value": e.value} for e in spec.env if e.name not in FIXED_ENV]
     if spec.resources.gpu > 0:
         theirs = {e["name"] for e in user} | pod_template.trainer_env_names(spec.pod_template)
@@ -243,7 +239,8 @@ def _container(job: JobRef, spec: ZeroTrainingJobSpec, replica: int) -> Obj:
     }
     if spec.metrics.enabled:
         container["ports"] += [
-            {"name": f"metrics-{r}", "containerPort": spec.metrics.port + r} for r in range(spec.nproc_per_node)
+            {"name": f"metrics-{r}", "containerPort": contract.metrics_port(spec.metrics.port, r)}
+            for r in range(spec.nproc_per_node)
         ]
     if resources := _resources(spec):
         container["resources"] = resources

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from zerotrain import pod_contract as contract
 from zerotrain.spec import GROUP
 
 LABEL_JOB = f"{GROUP}/job"
@@ -15,9 +16,9 @@ LABEL_GANG = f"{GROUP}/gang"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGER = "zerotrain-operator"
 
-CONFIG_KEY = "job.yaml"
-CONFIG_DIR = "/etc/zerotrain"
-MASTER_PORT = 29500
+CONFIG_KEY = contract.CONFIG_KEY
+CONFIG_DIR = contract.CONFIG_DIR
+MASTER_PORT = contract.MASTER_PORT
 CONTAINER_NAME = "trainer"
 
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")

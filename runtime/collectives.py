@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from zerotrain.pod_contract import SINGLE_RANK_COLLECTIVES_ENV
 from zerotrain.runtime.errors import CollectiveError, CollectiveTimeoutError, PeerLostError
 
 # torch 2.13 renamed the flat collectives (the old names warn); older torch has only the old names.
@@ -82,9 +83,6 @@ class CommStats:
             else:
                 still.append((op, start, end))
         self._timed = still
-
-    def total_bytes(self) -> int:
-        return sum(s.bytes for s in self.ops.values())
 
     def hold(self, t: torch.Tensor) -> None:
         self.buffer_allocations += 1
@@ -173,7 +171,6 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-SINGLE_RANK_ENV = "ZEROTRAIN_SINGLE_RANK_COLLECTIVES"
 """`1`: a one-rank group still runs its collectives (single-rank communicators), so a GPU check on one GPU
 exercises NCCL; by default a world of one copies instead and launches nothing."""
 
@@ -188,7 +185,7 @@ class Comm:
         self.timeout = timedelta(seconds=timeout_seconds)
         self.stats = CommStats()
         initialized = dist.is_initialized()
-        self.local = self.world_size == 1 and not (initialized and os.environ.get(SINGLE_RANK_ENV) == "1")
+        self.local = self.world_size == 1 and not (initialized and os.environ.get(SINGLE_RANK_COLLECTIVES_ENV) == "1")
         """No collective is launched: one rank, no group asked to run them."""
         self._nccl = initialized and "nccl" in str(dist.get_backend(group))
         self._timing: torch.cuda.Stream | None = None

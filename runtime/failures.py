@@ -25,8 +25,6 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-# "1": every rank prints full tracebacks; "0": none (they go to TRACEBACK_FILE); unset: only for unexpected errors.
-DEBUG_ENV = "ZEROTRAIN_DEBUG"
 _TIME_KEY = "zerotrainTime"
 _KIND_KEY = "zerotrainKind"
 TRACEBACK_FILE = "traceback.txt"

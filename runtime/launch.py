@@ -53,17 +53,19 @@ from types import FrameType
 from typing import Any
 
 from zerotrain.gpu_env import gpu_env_missing
+from zerotrain.pod_contract import (
+    LAUNCHER_PID_ENV,
+    MASTER_PORT,
+    TERMINATION_LOG,
+    TERMINATION_LOG_ENV,
+)
 from zerotrain.runtime.failures import consequence, exit_code, failure_time, how, last_line, log_files, root_cause
-from zerotrain.runtime.preemption import EXIT_PREEMPTED, LAUNCHER_PID_ENV
+from zerotrain.runtime.preemption import EXIT_PREEMPTED
 from zerotrain.runtime.task import ConfigError, check_arguments, is_script, load_entrypoint
 from zerotrain.spec import ZeroTrainingJobSpec
 
-DEFAULT_PORT = 29500
 # Beyond the ranks' own SIGTERM budget: their watchdog ends them first, then the launcher has time to exit.
 SHUTDOWN_MARGIN_S = 5
-TERMINATION_LOG_ENV = "ZEROTRAIN_TERMINATION_LOG"
-PROGRESS_ENV = "ZEROTRAIN_PROGRESS_FILE"  # rank 0 appends JSON lines here (zerotrain.runtime.train)
-SUMMARY_ENV = "ZEROTRAIN_SUMMARY_FILE"  # rank 0 writes the end-of-run summary here
 
 
 @dataclass(frozen=True)
@@ -130,7 +132,7 @@ def plan_from_env(env: Mapping[str, str], spec: ZeroTrainingJobSpec) -> LaunchPl
     addr = env.get("MASTER_ADDR") or ("127.0.0.1" if nnodes == 1 else "")
     if not addr:
         raise ConfigError(f"environment MASTER_ADDR: not set, but the job has {nnodes} nodes; set it to node 0's host")
-    port = _int_env(env, "MASTER_PORT", 1) or DEFAULT_PORT
+    port = _int_env(env, "MASTER_PORT", 1) or MASTER_PORT
     return LaunchPlan(addr, port, nnodes, node_rank, nproc)
 
 
@@ -369,7 +371,7 @@ def scoped_environ(values: Mapping[str, str]) -> Iterator[None]:
 def write_termination_log(outcome: LaunchOutcome) -> None:
     """Kubernetes' termination message: to $ZEROTRAIN_TERMINATION_LOG, else to /dev/termination-log if it exists."""
     configured = os.environ.get(TERMINATION_LOG_ENV)
-    path = Path(configured or "/dev/termination-log")
+    path = Path(configured or TERMINATION_LOG)
     if not configured and not path.is_file():
         return  # not in a pod: never create files under /dev
     # Kubernetes keeps at most 4096 bytes of it.

@@ -19,9 +19,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-METRICS_ADDR_ENV = "ZEROTRAIN_METRICS_ADDR"  # address to listen on; the pod's every interface by default
-METRICS_SEARCH_ENV = "ZEROTRAIN_METRICS_SEARCH"  # `zerotrain run`: the first port to try (0: any), then search
-METRICS_REPORT_ENV = "ZEROTRAIN_METRICS_REPORT_DIR"  # `zerotrain run`: where each rank writes the port it holds
+from zerotrain.pod_contract import METRICS_ADDR_ENV, METRICS_REPORT_ENV, METRICS_SEARCH_ENV, metrics_port
+
 LOCAL_SETTING = "--metrics-port"
 LAST_PORT = 65535
 
@@ -62,7 +61,7 @@ def metrics_endpoint(base_port: int, local_rank: int, nproc: int, env: Mapping[s
     report_dir = Path(report) if report else None
     if search is None or search == "":
         addr = e.get(METRICS_ADDR_ENV) or "0.0.0.0"
-        return Endpoint(addr, base_port + local_rank, 0, "spec.metrics.port", report_dir)
+        return Endpoint(addr, metrics_port(base_port, local_rank), 0, "spec.metrics.port", report_dir)
     first = int(search)
     addr = e.get(METRICS_ADDR_ENV) or "127.0.0.1"
     return Endpoint(addr, first + local_rank if first else 0, max(1, nproc), LOCAL_SETTING, report_dir)

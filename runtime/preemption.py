@@ -28,6 +28,8 @@ import time
 from collections.abc import Callable
 from types import FrameType
 
+from zerotrain.pod_contract import LAUNCHER_PID_ENV
+
 # 128 + SIGTERM, as a shell reports a process stopped by it; the launcher reads it as "saved and stopped".
 EXIT_PREEMPTED = 128 + int(signal.SIGTERM)
 
@@ -122,7 +124,6 @@ def exit_preempted(message: str) -> None:
     os._exit(EXIT_PREEMPTED)
 
 
-LAUNCHER_PID_ENV = "ZEROTRAIN_LAUNCHER_PID"  # set by the launcher for its ranks
 PR_SET_PDEATHSIG = 1
 
 

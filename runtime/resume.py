@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from zerotrain.pod_contract import CHECKPOINT_DIR_ENV
 from zerotrain.runtime import checkpoint
 from zerotrain.runtime.metrics import Phase, RankMetrics
 from zerotrain.spec import CheckpointSpec
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # Set by the operator in every pod (the mounted checkpoint volume) and by `zerotrain run --checkpoint-dir`.
-CHECKPOINT_DIR_ENV = "ZEROTRAIN_CHECKPOINT_DIR"
 
 
 @dataclass(frozen=True)

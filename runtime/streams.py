@@ -36,9 +36,10 @@ from typing import Generic, TypeVar
 
 import torch
 
+from zerotrain.pod_contract import STREAM_MODEL_ENV
+
 T = TypeVar("T")
 
-STREAM_MODEL_ENV = "ZEROTRAIN_STREAM_MODEL"
 """`lazy` selects `LazyStreams` on CPU (tests); `delayed` the same on CPU and, on CUDA, side work that starts with a
 spin of about a millisecond (`DelayedCudaStreams`, the GPU check); unset or `host`, the plain order."""
 

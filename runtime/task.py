@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from zerotrain.errors import UserError
+from zerotrain.pod_contract import ENTRYPOINT_PATH_ENV
 
 
 class ConfigError(UserError):
@@ -60,9 +61,6 @@ class TrainingTask:
 def is_script(entrypoint: str) -> bool:
     """A `.py` path the launcher runs as a script, rather than a `module:function` it calls."""
     return entrypoint.endswith(".py")
-
-
-ENTRYPOINT_PATH_ENV = "ZEROTRAIN_ENTRYPOINT_PATH"  # `zerotrain run`: the manifest's directory
 
 
 def entrypoint_dirs() -> list[str]:

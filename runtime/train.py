@@ -37,8 +37,8 @@ import torch.distributed as dist
 
 from zerotrain.errors import UserError
 from zerotrain.plan_inputs import declared_parameters
-from zerotrain.runtime.failures import DEBUG_ENV, FailureKind, classify, write_failure_record
-from zerotrain.runtime.launch import PROGRESS_ENV, SUMMARY_ENV
+from zerotrain.pod_contract import DEBUG_ENV, PROGRESS_ENV, SUMMARY_ENV
+from zerotrain.runtime.failures import FailureKind, classify, write_failure_record
 from zerotrain.runtime.metrics import Phase, RankMetrics, StepValues
 from zerotrain.runtime.metrics_endpoint import metrics_endpoint
 from zerotrain.runtime.preemption import (

@@ -18,12 +18,20 @@ import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
 
+from zerotrain.pod_contract import (
+    JOB_NAME_ENV,
+    NAMESPACE_ENV,
+    SERVICE_ACCOUNT_DIR,
+    SERVICE_ACCOUNT_DIR_ENV,
+    STATUS_API_ENV,
+)
+
 log = logging.getLogger(__name__)
 
-SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-SA_DIR_ENV = "ZEROTRAIN_SERVICE_ACCOUNT_DIR"
+SA_DIR = Path(SERVICE_ACCOUNT_DIR)
+SA_DIR_ENV = SERVICE_ACCOUNT_DIR_ENV
 """Overrides where the projected service-account token and CA are read (a kubelet stand-in in tests)."""
-API_URL_ENV = "ZEROTRAIN_STATUS_API"
+API_URL_ENV = STATUS_API_ENV
 """Overrides the API server URL (tests, or a proxy); by default the in-cluster service address is used."""
 TIMEOUT_SECONDS = 5.0
 
@@ -51,7 +59,7 @@ def status_body(step: int, checkpoint_step: int | None, checkpoint_path: str | N
 
 def report_progress(step: int, checkpoint_step: int | None = None, checkpoint_path: str | None = None) -> None:
     """Record the latest optimizer step (and a newly committed checkpoint) in the job's status."""
-    name, namespace = os.environ.get("ZEROTRAIN_JOB_NAME"), os.environ.get("ZEROTRAIN_NAMESPACE")
+    name, namespace = os.environ.get(JOB_NAME_ENV), os.environ.get(NAMESPACE_ENV)
     if not name:
         return
     try:

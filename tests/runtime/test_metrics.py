@@ -13,10 +13,9 @@ import pytest
 from dist_helpers import run_ranks
 from prometheus_client.parser import text_string_to_metric_families
 
-from zerotrain.runtime.launch import PROGRESS_ENV, SUMMARY_ENV
+from zerotrain.pod_contract import CHECKPOINT_DIR_ENV, PROGRESS_ENV, SUMMARY_ENV
 from zerotrain.runtime.metrics import Phase, RankMetrics
 from zerotrain.runtime.metrics_endpoint import Endpoint, Served, metrics_endpoint, read_ports
-from zerotrain.runtime.resume import CHECKPOINT_DIR_ENV
 from zerotrain.runtime.task import ConfigError
 from zerotrain.runtime.train import RankContext, start_metrics, train
 from zerotrain.spec import ZeroTrainingJobSpec

@@ -16,7 +16,8 @@ from dist_helpers import run_ranks
 from test_stages import Case, _check_parity, engine_for, run_case
 from tiny_models import batches, lm_loss
 
-from zerotrain.runtime.streams import STREAM_MODEL_ENV, LazyStreams, SideWork, streams_for
+from zerotrain.pod_contract import STREAM_MODEL_ENV
+from zerotrain.runtime.streams import LazyStreams, SideWork, streams_for
 
 STEPS = 3
 SMALL = 16  # elements per bucket: every unit is reduced in several chunks

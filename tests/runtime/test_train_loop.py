@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
-from zerotrain.runtime.launch import PROGRESS_ENV, SUMMARY_ENV
+from zerotrain.pod_contract import PROGRESS_ENV, SUMMARY_ENV
 from zerotrain.runtime.task import ConfigError
 from zerotrain.runtime.train import RankContext, optimizer_factory, train
 from zerotrain.spec import OptimizerName, OptimizerSpec, ZeroTrainingJobSpec

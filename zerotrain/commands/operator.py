@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from zerotrain.errors import UserError
 
 # The same switch as `zerotrain run --debug`.
-DEBUG_ENV = "ZEROTRAIN_DEBUG"
+from zerotrain.pod_contract import DEBUG_ENV
 
 
 def register(sub: argparse._SubParsersAction) -> None:

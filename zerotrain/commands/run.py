@@ -110,7 +110,7 @@ def first_metrics_port(job: ZeroTrainingJob, args: argparse.Namespace) -> int | 
 
 def metrics_env(first: int, report_dir: Path) -> dict[str, str]:
     """What the ranks need to serve /metrics on 127.0.0.1 from `first` up and say which port each holds."""
-    from zerotrain.runtime.metrics_endpoint import METRICS_ADDR_ENV, METRICS_REPORT_ENV, METRICS_SEARCH_ENV
+    from zerotrain.pod_contract import METRICS_ADDR_ENV, METRICS_REPORT_ENV, METRICS_SEARCH_ENV
 
     report_dir.mkdir()
     return {METRICS_SEARCH_ENV: str(first), METRICS_ADDR_ENV: "127.0.0.1", METRICS_REPORT_ENV: str(report_dir)}
@@ -222,10 +222,9 @@ def default_log_dir(name: str, root: Path | None = None, keep: int = KEEP_LOG_DI
 def run(args: argparse.Namespace) -> int:
     job, nproc = effective_job(args.manifest, args.nproc, args.steps, args.no_metrics)
     # Imported here so `zerotrain --help` and the other subcommands don't pay for torch.
-    from zerotrain.runtime.failures import DEBUG_ENV
-    from zerotrain.runtime.launch import PROGRESS_ENV, SUMMARY_ENV, preflight, scoped_environ
-    from zerotrain.runtime.resume import CHECKPOINT_DIR_ENV
-    from zerotrain.runtime.task import ENTRYPOINT_PATH_ENV, is_script
+    from zerotrain.pod_contract import CHECKPOINT_DIR_ENV, DEBUG_ENV, ENTRYPOINT_PATH_ENV, PROGRESS_ENV, SUMMARY_ENV
+    from zerotrain.runtime.launch import preflight, scoped_environ
+    from zerotrain.runtime.task import is_script
 
     first_port = first_metrics_port(job, args)
     console = Console()

@@ -1,0 +1,49 @@
+"""The contract between who starts a rank and the rank: every environment variable and path, declared once.
+
+Torch-free, so the operator (which writes pods), `zerotrain run` (which starts local ranks) and the runtime (which
+reads them) import the same names. What the spec already says travels in the spec (the job's config file); the
+environment carries only where this pod sits in the gang, where its files go, and local-run plumbing.
+"""
+
+from __future__ import annotations
+
+# The job's manifest, mounted from its ConfigMap; the pod runs `python -m zerotrain.runtime --config CONFIG_PATH`.
+CONFIG_DIR = "/etc/zerotrain"
+CONFIG_KEY = "job.yaml"
+CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_KEY}"
+
+# Set by the operator in every pod (torchrun's names for the gang; ours for the job).
+MASTER_PORT = 29500  # node 0's rendezvous store; MASTER_PORT's default when unset
+JOB_NAME_ENV = "ZEROTRAIN_JOB_NAME"  # the ZeroTrainingJob whose status rank 0 reports to; unset outside a job
+NAMESPACE_ENV = "ZEROTRAIN_NAMESPACE"
+CHECKPOINT_DIR_ENV = "ZEROTRAIN_CHECKPOINT_DIR"  # spec.checkpoint.path in a pod; --checkpoint-dir locally
+POD_NAME_ENV = "POD_NAME"  # from the downward API
+RENDEZVOUS_ENV = ("MASTER_ADDR", "MASTER_PORT", "NNODES", "NODE_RANK", "NPROC_PER_NODE", "WORLD_SIZE")
+
+# Read by the runtime when present (tests and the process kubelet set them; a pod has the defaults).
+TERMINATION_LOG_ENV = "ZEROTRAIN_TERMINATION_LOG"  # else Kubernetes' terminationMessagePath
+TERMINATION_LOG = "/dev/termination-log"
+STATUS_API_ENV = "ZEROTRAIN_STATUS_API"  # the API server's URL, else the in-cluster service's
+SERVICE_ACCOUNT_DIR_ENV = "ZEROTRAIN_SERVICE_ACCOUNT_DIR"  # else the pod's projected service-account token
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+METRICS_ADDR_ENV = "ZEROTRAIN_METRICS_ADDR"  # the interface /metrics listens on (a pod's every one by default)
+DEBUG_ENV = "ZEROTRAIN_DEBUG"  # 1: every traceback; 0: none (kept in files); unset: unexpected errors only
+
+# Set by a launcher for the ranks it starts.
+LAUNCHER_PID_ENV = "ZEROTRAIN_LAUNCHER_PID"  # a rank dies with its launcher (`runtime.preemption`)
+
+# Set by `zerotrain run` for its local ranks.
+PROGRESS_ENV = "ZEROTRAIN_PROGRESS_FILE"  # rank 0 appends JSON lines here
+SUMMARY_ENV = "ZEROTRAIN_SUMMARY_FILE"  # rank 0 writes the end-of-run summary here
+METRICS_SEARCH_ENV = "ZEROTRAIN_METRICS_SEARCH"  # the first port to try (0: any), then search
+METRICS_REPORT_ENV = "ZEROTRAIN_METRICS_REPORT_DIR"  # where each rank writes the port it holds
+ENTRYPOINT_PATH_ENV = "ZEROTRAIN_ENTRYPOINT_PATH"  # the manifest's directory, searched for the entry point
+
+# Engine switches for tests and benchmarks.
+SINGLE_RANK_COLLECTIVES_ENV = "ZEROTRAIN_SINGLE_RANK_COLLECTIVES"
+STREAM_MODEL_ENV = "ZEROTRAIN_STREAM_MODEL"
+
+
+def metrics_port(base: int, local_rank: int) -> int:
+    """The port local rank `local_rank` of a pod serves /metrics on (the operator declares it as containerPort)."""
+    return base + local_rank
