@@ -317,7 +317,3 @@ def child_write(verb: str, obj: dict[str, Any]) -> Iterator[None]:
     except KubeError as e:
         md = obj.get("metadata", {})
         raise ChildWriteError(verb, obj.get("kind", "?"), obj.get("apiVersion", "?"), md.get("name", "?"), e) from e
-
-
-def job_of_pod(labels: dict[str, str] | None) -> str | None:
-    return (labels or {}).get(naming.LABEL_JOB)

@@ -27,12 +27,6 @@ class FlatBuffer:
     def view(self, slot: ParamSlot) -> torch.Tensor:
         return self.data[slot.offset : slot.offset + slot.numel].view(slot.shape)
 
-    def fill_from(self, params: list[nn.Parameter]) -> None:
-        """Copy the parameters' current values in (at construction, before they are re-pointed)."""
-        with torch.no_grad():
-            for slot, p in zip(self.layout.slots, params, strict=True):
-                self.view(slot).copy_(p.detach().reshape(slot.shape))
-
     def bind(self, params: list[nn.Parameter]) -> None:
         """Point every parameter's `.data` at its view (metadata only; later frees keep the views)."""
         for slot, p in zip(self.layout.slots, params, strict=True):

@@ -95,13 +95,6 @@ def check_uses_groups(opt: torch.optim.Optimizer, groups: list[dict[str, Any]]) 
         )
 
 
-def state_bytes(opt: torch.optim.Optimizer) -> int:
-    """Bytes of every tensor in the optimizer's state."""
-    return sum(
-        t.numel() * t.element_size() for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)
-    )
-
-
 def state_bytes_per_element(opt: torch.optim.Optimizer) -> float | None:
     """Bytes of per-element state per parameter element (scalars like Adam's `step` left out); None before a step."""
     elems = sum(p.numel() for g in opt.param_groups for p in g["params"])

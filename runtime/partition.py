@@ -104,10 +104,6 @@ class UnitLayout:
                 out.append(Segment(a - lo, b - lo, seg.kind))
         return out
 
-    @property
-    def trainable_numel(self) -> int:
-        return sum(s.numel for s in self.slots if s.kind is not ParamClass.FROZEN)
-
 
 def _unit_roots(model: nn.Module, unit_modules: list[str]) -> list[tuple[str, nn.Module]]:
     """Outermost modules whose class is named in `unit_modules` (a unit nested in a unit belongs to the outer one)."""
