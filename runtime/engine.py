@@ -129,6 +129,9 @@ class ZeroEngine:
         self.unsharded_gradients = UnshardedGradients()
         self.micro_steps = 0
         self.steps = 0
+        self._stepped_at = -1  # micro_steps at the last step: a boundary is stepped once
+        # Global samples in one micro-batch, when whoever feeds the data knows it: checkpoints record the position.
+        self.samples_per_micro_batch = 0
         self.last_grad_norm: float | None = None
         self._boundary = False
         if device.type == "cuda":
@@ -367,7 +370,10 @@ class ZeroEngine:
         for u in self.units:
             u.finish_gather()
 
-    _stepped_at = -1
+    def restore_counters(self, steps: int, micro_steps: int) -> None:
+        """Continue from a checkpoint's counters: `steps` applied, `micro_steps` consumed, that boundary stepped."""
+        self.steps, self.micro_steps = steps, micro_steps
+        self._stepped_at = micro_steps
 
     def _zero_grads(self) -> None:
         for u in self.units:

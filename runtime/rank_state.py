@@ -27,7 +27,7 @@ def position(engine: ZeroEngine) -> dict[str, int]:
     """Where training stands: micro-batches consumed, steps attempted (applied or skipped) and applied, and the
     global samples consumed (0 when the task does not say how many samples a micro-batch holds)."""
     accumulation = engine.config.gradient_accumulation_steps
-    per_micro_batch = getattr(engine, "samples_per_micro_batch", 0)  # set by the training loop when the task says
+    per_micro_batch = engine.samples_per_micro_batch
     return {
         "micro_batches": engine.micro_steps,
         "step": engine.micro_steps // accumulation,
@@ -68,8 +68,7 @@ def capture(engine: ZeroEngine) -> tuple[dict[str, torch.Tensor], dict[str, Any]
 def restore_counters(engine: ZeroEngine, record: dict[str, Any]) -> None:
     """Step counters and the loss scaler (identical on every rank, so any rank's record serves)."""
     pos = record["position"]
-    engine.steps, engine.micro_steps = int(pos["optimizer_steps"]), int(pos["micro_batches"])
-    engine._stepped_at = engine.micro_steps  # the restored boundary has been stepped already
+    engine.restore_counters(int(pos["optimizer_steps"]), int(pos["micro_batches"]))
     engine.scaler.load_state_dict(record["scaler"])
 
 
