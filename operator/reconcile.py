@@ -49,7 +49,10 @@ class Result(str, Enum):
 
 
 @dataclass(frozen=True)
-class Outcome:
+class PassOutcome:
+    """How one reconcile pass ended (not a launch's `runtime.launch.Outcome`): its result, why, and when to look
+    again."""
+
     result: Result
     message: str = ""
     requeue_after: float | None = None
@@ -104,7 +107,7 @@ class Reconciler:
     def backoff(self) -> Backoff:
         return Backoff(self.settings.restart_backoff_seconds, self.settings.max_restart_backoff_seconds)
 
-    def reconcile(self, namespace: str, name: str) -> Outcome | None:
+    def reconcile(self, namespace: str, name: str) -> PassOutcome | None:
         """Run a pass, or, if one is running for this job, make it run once more and return None."""
         key = (namespace, name)
         with self._mu:
@@ -155,7 +158,7 @@ class Reconciler:
         except Exception:  # the resync timer will try again
             log.exception("scheduled reconcile of %s/%s failed", namespace, name)
 
-    def _timed(self, key: Key) -> Outcome:
+    def _timed(self, key: Key) -> PassOutcome:
         start = time.perf_counter()
         try:
             outcome = self._once(*key)
@@ -168,11 +171,11 @@ class Reconciler:
                 self._states.pop(key, None)
         return outcome
 
-    def _once(self, namespace: str, name: str) -> Outcome:
+    def _once(self, namespace: str, name: str) -> PassOutcome:
         body = self.kube.get_job(namespace, name)
         if body is None or body.get("metadata", {}).get("deletionTimestamp"):
             self.metrics.forget((namespace, name))
-            return Outcome(Result.GONE)  # children go with the job through their owner references
+            return PassOutcome(Result.GONE)  # children go with the job through their owner references
         previous = read_status(body)
         now = self.clock()
         verdict = admit(body.get("spec"), name, self.settings.gpu_memory, self.settings.allow_host_path)
@@ -180,7 +183,7 @@ class Reconciler:
             new = invalid(previous, verdict.reason or "", verdict.message, now)
             new.memory_plan = verdict.plan
             self._write(body, previous, new)
-            return Outcome(Result.INVALID, verdict.message)
+            return PassOutcome(Result.INVALID, verdict.message)
         job = builders.JobRef.from_body(body)
         decision = compute_status(
             verdict.spec, observe_pods(self.kube.list_pods(namespace, name)), previous, now, self.backoff
@@ -203,11 +206,11 @@ class Reconciler:
         if decision.delete_job:
             # The job is being deleted (no finalizer holds it): a status write now would only meet a 404.
             self.metrics.forget((namespace, name))
-            return Outcome(Result.GONE)
+            return PassOutcome(Result.GONE)
         self._write(body, previous, decision.status)
         if decision.restart_cause:
             self.metrics.gang_restarted(decision.restart_cause)
-        return Outcome(Result.OK, requeue_after=decision.requeue_after)
+        return PassOutcome(Result.OK, requeue_after=decision.requeue_after)
 
     def _queue_missing(self, job: builders.JobRef) -> tuple[str, str] | None:
         """(reason, message) when the job's Kueue LocalQueue (or Kueue itself) is missing, else None."""
@@ -229,20 +232,20 @@ class Reconciler:
 
     def _queue_unavailable(
         self, body: dict[str, Any], previous: ZeroTrainingJobStatus | None, missing: tuple[str, str], now: datetime
-    ) -> Outcome:
+    ) -> PassOutcome:
         """No gang without its queue: say why, create nothing, look again with back-off."""
         new = (previous or ZeroTrainingJobStatus()).model_copy(deep=True)
         set_condition(new, ConditionType.QUEUE_UNAVAILABLE, True, missing[0], missing[1], now)
         delay = self._held_back(body, previous, new)
-        return Outcome(Result.OK, missing[1], requeue_after=max(delay, 1.0))
+        return PassOutcome(Result.OK, missing[1], requeue_after=max(delay, 1.0))
 
     def _write_failed(
         self, body: dict[str, Any], previous: ZeroTrainingJobStatus | None, err: ChildWriteError, now: datetime
-    ) -> Outcome:
+    ) -> PassOutcome:
         """A child write was refused: say so in status (one Event per new reason) and retry with back-off."""
         log.warning("%s/%s: %s", body["metadata"]["namespace"], body["metadata"]["name"], err)
         delay = self._held_back(body, previous, api_failure.failed_status(previous, err, now))
-        return Outcome(Result.ERROR, str(err), requeue_after=delay)
+        return PassOutcome(Result.ERROR, str(err), requeue_after=delay)
 
     def _held_back(
         self, body: dict[str, Any], previous: ZeroTrainingJobStatus | None, new: ZeroTrainingJobStatus

@@ -41,6 +41,7 @@ from zerotrain.pod_contract import DEBUG_ENV, PROGRESS_ENV, SUMMARY_ENV
 from zerotrain.runtime.failures import FailureKind, classify, write_failure_record
 from zerotrain.runtime.metrics import Phase, RankMetrics, StepValues
 from zerotrain.runtime.metrics_endpoint import metrics_endpoint
+from zerotrain.runtime.optimizer import OptimizerFactory
 from zerotrain.runtime.preemption import (
     EXIT_PREEMPTED,
     PEER_REQUEST,
@@ -58,7 +59,6 @@ from zerotrain.spec import OptimizerName, OptimizerSpec, ZeroTrainingJobSpec
 
 logger = logging.getLogger(__name__)
 
-OptimizerFactory = Callable[[list[dict[str, Any]]], torch.optim.Optimizer]
 EngineFactory = Callable[..., Any]
 
 
