@@ -5,6 +5,13 @@ The Lease names its holder and when it last renewed. A candidate takes it when i
 for `lease_seconds`; every write carries the resourceVersion it read, so two candidates racing for it get one 409
 between them. The leader renews every `renew_seconds`; if it cannot for `lease_seconds` it must stop (another may
 lead by then), and it releases the Lease on a clean stop so a standby takes over at once.
+
+Why not `kubernetes.leaderelection` (the client's own, read in kubernetes 37.0.2): its candidate and renew loops are
+`while True` around `time.sleep` with no way to stop them, so a standby could not be shut down with the operator;
+it never releases the Lease, so every clean stop (a rolling update of the chart) would leave the standby waiting a
+whole lease duration before it leads (client-go has ReleaseOnCancel for this); and its LeaseLock builds a
+`CoordinationV1Api()` on the process-wide default configuration, not on the operator's `Kube` connection (its
+kubeconfig, and the call catalogue the chart's RBAC is tested against).
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ from zerotrain.spec import ZeroTrainingJobSpec
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]  # (namespace, name)
-# Status fields written by the runtime's rank 0 (zerotrain.status_report), never by the operator.
+# Status fields written by the runtime's rank 0 (runtime.status_report), never by the operator.
 RUNTIME_OWNED = ("step", "lastCheckpoint")
 # Pod creates in flight at once when a gang starts (the Kubernetes Job controller creates in batches too).
 POD_CREATE_PARALLELISM = 16

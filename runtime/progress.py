@@ -11,7 +11,7 @@ from typing import Any, TextIO
 
 
 class StepReporter:
-    """Rank 0's latest step into the job's status (`zerotrain.status_report`), off the training thread.
+    """Rank 0's latest step into the job's status (`runtime.status_report`), off the training thread.
 
     At most one report every `interval_s` and one in flight; the last step is always sent. Outside a job
     (ZEROTRAIN_JOB_NAME unset, as in `zerotrain run`) report_progress does nothing.
@@ -24,7 +24,7 @@ class StepReporter:
 
     def report(self, step: int, final: bool = False, checkpoint: tuple[int, str] | None = None) -> None:
         """Send `step` (and a newly committed checkpoint, which is never throttled away)."""
-        from zerotrain.status_report import report_progress
+        from zerotrain.runtime.status_report import report_progress
 
         busy = self._thread is not None and self._thread.is_alive()
         if not final and checkpoint is None and (busy or time.monotonic() - self._last < self.interval_s):

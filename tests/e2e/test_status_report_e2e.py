@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from zerotrain import status_report
 from zerotrain.operator.kube import Kube, path_of
+from zerotrain.runtime import status_report
 
 from .cluster import Cluster, project_token, until_async
 from .conftest import Operator

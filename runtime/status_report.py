@@ -1,4 +1,4 @@
-"""Progress reports from the runtime's rank 0 into its ZeroTrainingJob's status (torch-free, stdlib only).
+"""Progress reports from the runtime's rank 0 into its ZeroTrainingJob's status, through the kubernetes client.
 
 The operator gives every job's pods a ServiceAccount whose Role allows exactly one thing: `patch` on
 `zerotrainingjobs/status` for this job's name. Rank 0 merge-patches `status.step` and
@@ -10,13 +10,12 @@ raises into training: a failed report is logged and training goes on.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import ssl
-import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
+
+import kubernetes
 
 from zerotrain.pod_contract import (
     JOB_NAME_ENV,
@@ -25,6 +24,7 @@ from zerotrain.pod_contract import (
     SERVICE_ACCOUNT_DIR_ENV,
     STATUS_API_ENV,
 )
+from zerotrain.spec import GROUP, PLURAL, VERSION
 
 log = logging.getLogger(__name__)
 
@@ -68,20 +68,34 @@ def report_progress(step: int, checkpoint_step: int | None = None, checkpoint_pa
         log.warning("could not report step %s to %s/%s: %s", step, namespace, name, e)
 
 
+def _api(base: str) -> kubernetes.client.ApiClient:
+    """A client for `base` with the pod's service-account token (re-read each time: bound tokens rotate) and CA."""
+    config = kubernetes.client.Configuration()
+    config.host = base
+    sa_dir = Path(os.environ.get(SA_DIR_ENV) or SA_DIR)
+    token_file = sa_dir / "token"
+    if token_file.exists():
+        config.api_key = {"authorization": token_file.read_text().strip()}
+        config.api_key_prefix = {"authorization": "Bearer"}
+    ca = sa_dir / "ca.crt"
+    if base.startswith("https://") and ca.exists():
+        config.ssl_ca_cert = str(ca)
+    return kubernetes.client.ApiClient(config)
+
+
 def _patch(name: str, namespace: str, body: dict[str, object]) -> None:
     base = _api_url()
     if base is None:
         raise RuntimeError(f"no API server address: set KUBERNETES_SERVICE_HOST or {API_URL_ENV}")
-    url = f"{base}/apis/zerotrain.dev/v1alpha1/namespaces/{namespace}/zerotrainingjobs/{name}/status"
-    headers = {"Content-Type": "application/merge-patch+json", "Accept": "application/json"}
-    sa_dir = Path(os.environ.get(SA_DIR_ENV) or SA_DIR)
-    token_file = sa_dir / "token"
-    if token_file.exists():  # re-read each time: bound service-account tokens rotate
-        headers["Authorization"] = f"Bearer {token_file.read_text().strip()}"
-    context = None
-    if url.startswith("https://"):
-        ca = sa_dir / "ca.crt"
-        context = ssl.create_default_context(cafile=str(ca) if ca.exists() else None)
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="PATCH")
-    with urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS, context=context) as response:
-        response.read()
+    with _api(base) as client:
+        kubernetes.client.CustomObjectsApi(client).patch_namespaced_custom_object_status(
+            GROUP,
+            VERSION,
+            namespace,
+            PLURAL,
+            name,
+            body,
+            # A dict would otherwise go as the first JSON type the endpoint lists, a JSON Patch.
+            _content_type="application/merge-patch+json",
+            _request_timeout=TIMEOUT_SECONDS,
+        )
