@@ -10,9 +10,9 @@ import re
 from enum import Enum
 from typing import Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator
 
-from zerotrain._model import SpecModel, cel_rules
+from zerotrain._model import Rule, SpecModel
 from zerotrain.job_status import ZeroTrainingJobStatus
 from zerotrain.zero_config import ZeroConfig
 
@@ -53,10 +53,12 @@ class OptimizerName(str, Enum):
 class Resources(SpecModel):
     """Compute resources of one pod (all its local ranks together)."""
 
-    model_config = cel_rules(
-        (
+    rules = (
+        Rule(
             "!has(self.gpuMemory) || (has(self.gpu) && self.gpu > 0)",
+            lambda r: r.gpu_memory is None or r.gpu > 0,
             "gpuMemory is set but gpu is 0; request GPUs with resources.gpu or drop gpuMemory",
+            ("gpu_memory", "gpu"),
         ),
     )
 
@@ -68,12 +70,6 @@ class Resources(SpecModel):
     """`nvidia.com/gpu` per pod; normally equal to nprocPerNode."""
     gpu_memory: str | None = Field(default=None, pattern=_QUANTITY)
     """Memory of one GPU (e.g. "80Gi"), used by admission to check the memory plan fits."""
-
-    @model_validator(mode="after")
-    def _gpu_memory_needs_gpu(self) -> Resources:
-        if self.gpu_memory is not None and self.gpu == 0:
-            raise ValueError("gpuMemory is set but gpu is 0; request GPUs with resources.gpu or drop gpuMemory")
-        return self
 
 
 class Attention(str, Enum):
@@ -91,8 +87,13 @@ class ModelShape(SpecModel):
     """A decoder-only transformer's shape, from which the plan derives its units and its activations per micro-batch
     (pre-norm blocks of attention and a GeLU MLP, learned positions, the output projection tied to the embedding)."""
 
-    model_config = cel_rules(
-        ("self.hidden % self.heads == 0", "shape.heads must divide shape.hidden; use a divisor of hidden"),
+    rules = (
+        Rule(
+            "self.hidden % self.heads == 0",
+            lambda m: m.hidden % m.heads == 0,
+            "shape.heads must divide shape.hidden; use a divisor of hidden",
+            ("heads", "hidden"),
+        ),
     )
 
     layers: int = Field(ge=1)
@@ -113,15 +114,6 @@ class ModelShape(SpecModel):
     """fused (flash / scaled_dot_product_attention) or materialized scores."""
     dropout: bool = False
     """Whether the layers apply dropout (each dropout keeps a 1-byte mask per element for backward)."""
-
-    @model_validator(mode="after")
-    def _heads_divide_hidden(self) -> ModelShape:
-        if self.hidden % self.heads:
-            raise ValueError(
-                f"shape.heads: got {self.heads}, which does not divide shape.hidden={self.hidden}; use a divisor of "
-                f"{self.hidden}"
-            )
-        return self
 
 
 class ModelInfo(SpecModel):
@@ -207,12 +199,14 @@ class MetricsSpec(SpecModel):
 class FailurePolicy(SpecModel):
     """What a failed rank does to the job."""
 
-    model_config = cel_rules(
-        (
+    rules = (
+        Rule(
             "!has(self.permanentExitCodes) || !has(self.retryableExitCodes) || "
             "self.permanentExitCodes.all(c, !(c in self.retryableExitCodes))",
+            lambda f: not set(f.permanent_exit_codes) & set(f.retryable_exit_codes),
             "an exit code is both permanent and retryable; list each code in only one of "
             "permanentExitCodes and retryableExitCodes",
+            ("permanent_exit_codes", "retryable_exit_codes"),
         ),
     )
 
@@ -222,16 +216,6 @@ class FailurePolicy(SpecModel):
     """Exit codes that fail the job at once (2: the runtime refused its configuration)."""
     retryable_exit_codes: list[int] = Field(default_factory=list, max_length=64)
     """If non-empty, only these codes restart the gang; any other non-zero code fails the job."""
-
-    @model_validator(mode="after")
-    def _disjoint(self) -> FailurePolicy:
-        both = sorted(set(self.permanent_exit_codes) & set(self.retryable_exit_codes))
-        if both:
-            raise ValueError(
-                f"exit codes {both} are both permanent and retryable; list each code in only one of "
-                "permanentExitCodes and retryableExitCodes"
-            )
-        return self
 
 
 class Toleration(SpecModel):
@@ -252,10 +236,12 @@ class Toleration(SpecModel):
 class Scheduling(SpecModel):
     """Placement of the job's pods."""
 
-    model_config = cel_rules(
-        (
+    rules = (
+        Rule(
             "!has(self.gang) || self.gang != 'volcano' || !has(self.schedulerName) || self.schedulerName == 'volcano'",
+            lambda s: s.gang != GangMode.VOLCANO or s.scheduler_name in (None, "volcano"),
             "gang=volcano needs schedulerName volcano; drop schedulerName or set it to volcano",
+            ("gang", "scheduler_name"),
         ),
     )
 
@@ -271,15 +257,6 @@ class Scheduling(SpecModel):
     """Gang scheduling: none, coscheduling (scheduler-plugins PodGroup) or volcano (Volcano PodGroup)."""
     startup_timeout_seconds: int = Field(default=600, ge=1)
     """A pod Pending longer than this is reported in the Unschedulable condition."""
-
-    @model_validator(mode="after")
-    def _volcano_scheduler(self) -> Scheduling:
-        if self.gang == GangMode.VOLCANO and self.scheduler_name not in (None, "volcano"):
-            raise ValueError(
-                f"gang=volcano needs schedulerName volcano, got {self.scheduler_name!r}; "
-                "drop schedulerName or set it to volcano"
-            )
-        return self
 
 
 class EnvVar(SpecModel):
@@ -307,11 +284,13 @@ class VolumeMount(SpecModel):
 class ZeroTrainingJobSpec(SpecModel):
     """Desired state of a ZeRO training job."""
 
-    model_config = cel_rules(
-        (
+    rules = (
+        Rule(
             "!has(self.resources) || !has(self.resources.gpu) || self.resources.gpu == 0 || "
             "self.resources.gpu == (has(self.nprocPerNode) ? self.nprocPerNode : 1)",
+            lambda s: s.resources.gpu in (0, s.nproc_per_node),
             "resources.gpu must equal nprocPerNode (one GPU per rank) or be 0 for CPU training",
+            ("resources.gpu", "nproc_per_node"),
         ),
     )
 
@@ -376,15 +355,6 @@ class ZeroTrainingJobSpec(SpecModel):
         if not _ENTRYPOINT.match(v):
             raise ValueError("must be `package.module:function` or a script path ending in .py")
         return v
-
-    @model_validator(mode="after")
-    def _one_gpu_per_rank(self) -> ZeroTrainingJobSpec:
-        if self.resources.gpu not in (0, self.nproc_per_node):
-            raise ValueError(
-                f"resources.gpu is {self.resources.gpu} but nprocPerNode is {self.nproc_per_node}; each rank "
-                "drives one GPU, so set resources.gpu to nprocPerNode (or 0 for CPU training)"
-            )
-        return self
 
     @property
     def world_size(self) -> int:

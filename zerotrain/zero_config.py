@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from enum import Enum, IntEnum
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
-from zerotrain._model import SpecModel, cel_rules
+from zerotrain._model import Rule, SpecModel
 
 
 class Stage(IntEnum):
@@ -72,21 +72,29 @@ class LossScaleConfig(SpecModel):
 class ZeroConfig(SpecModel):
     """How the ZeRO runtime partitions, communicates and saves memory."""
 
-    model_config = cel_rules(
-        (
+    rules = (
+        Rule(
             "!has(self.offloadActivationCheckpoints) || !self.offloadActivationCheckpoints "
             "|| (has(self.activationCheckpointing) && self.activationCheckpointing)",
+            lambda z: not z.offload_activation_checkpoints or z.activation_checkpointing,
             "offloadActivationCheckpoints needs activationCheckpointing; enable it or turn the offload off",
+            ("offload_activation_checkpoints", "activation_checkpointing"),
         ),
-        (
+        Rule(
             "!has(self.gradientSync) || self.gradientSync != 'boundary' || !has(self.precision) "
             "|| self.precision == 'fp32'",
-            "gradientSync: boundary sums unsharded gradients in the compute dtype; use every_micro_batch with bf16",
+            lambda z: z.gradient_sync is not GradientSync.BOUNDARY or z.precision is Precision.FP32,
+            "gradientSync: boundary sums unsharded gradients across micro-batches in the compute dtype, where every "
+            "stage sums them in fp32; use gradientSync: every_micro_batch with bf16 or fp16, or precision: fp32",
+            ("gradient_sync", "precision"),
         ),
-        (
+        Rule(
             "!has(self.partitionActivations) || !self.partitionActivations",
-            "partitionActivations: activation checkpoints are partitioned across a tensor-parallel group, and this "
-            "runtime is data parallel only; remove it and use activationCheckpointing",
+            lambda z: not z.partition_activations,
+            "partitionActivations: ZeRO-R partitions activation checkpoints across a tensor-parallel group, and this "
+            "runtime is data parallel only (each rank holds its own micro-batch's activations: nothing to "
+            "partition); remove it, and use activationCheckpointing (and offloadActivationCheckpoints)",
+            ("partition_activations",),
         ),
     )
 
@@ -142,33 +150,3 @@ class ZeroConfig(SpecModel):
     the memory of full gradients; needs precision fp32)."""
     collective_timeout_seconds: int = Field(default=300, ge=1)
     """A collective not finished in this time fails with an error naming the rank and unit, never hangs."""
-
-    @model_validator(mode="after")
-    def _no_partitioned_activations(self) -> ZeroConfig:
-        if self.partition_activations:
-            raise ValueError(
-                "partitionActivations=true: ZeRO-R partitions activation checkpoints across a tensor-parallel "
-                "group, and this runtime is data parallel only (each rank holds its own micro-batch's activations: "
-                "nothing to partition); remove it, and use activationCheckpointing (and offloadActivationCheckpoints) "
-                "to save activation memory"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _boundary_sync_in_fp32(self) -> ZeroConfig:
-        if self.gradient_sync is GradientSync.BOUNDARY and self.precision is not Precision.FP32:
-            raise ValueError(
-                f"gradientSync=boundary with precision={self.precision.value}: the unsharded gradients would be summed "
-                "across micro-batches in the compute dtype, where every stage sums them in fp32; use "
-                "gradientSync: every_micro_batch, or precision: fp32"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _offload_needs_checkpointing(self) -> ZeroConfig:
-        if self.offload_activation_checkpoints and not self.activation_checkpointing:
-            raise ValueError(
-                "offloadActivationCheckpoints=true needs activationCheckpointing=true; "
-                "enable activationCheckpointing or turn the offload off"
-            )
-        return self
