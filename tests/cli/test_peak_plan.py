@@ -172,7 +172,7 @@ def test_measure_prints_the_figure_for_the_manifest(capsys: pytest.CaptureFixtur
 @pytest.mark.parametrize(
     ("model", "needle"),
     [
-        ({"shape": {**SHAPE, "heads": 5}}, "shape.heads must divide shape.hidden; use a divisor of hidden (got heads=5"),
+        ({"shape": {**SHAPE, "heads": 5}}, "must divide shape.hidden; use a divisor of hidden (got heads=5,"),
         ({"parameters": 7_000_000, "shape": SHAPE}, "has 842,496 parameters, but spec.model.parameters is 7,000,000"),
         ({"activationBytes": -1}, "activationBytes"),
     ],
