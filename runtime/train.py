@@ -41,7 +41,7 @@ from zerotrain.pod_contract import DEBUG_ENV, PROGRESS_ENV, SUMMARY_ENV
 from zerotrain.runtime.failures import FailureKind, classify, write_failure_record
 from zerotrain.runtime.metrics import Phase, RankMetrics, StepValues
 from zerotrain.runtime.metrics_endpoint import metrics_endpoint
-from zerotrain.runtime.optimizer import OptimizerFactory
+from zerotrain.runtime.optimizer import optimizer_factory
 from zerotrain.runtime.preemption import (
     EXIT_PREEMPTED,
     PEER_REQUEST,
@@ -50,52 +50,16 @@ from zerotrain.runtime.preemption import (
     die_with_launcher,
     exit_preempted,
 )
-from zerotrain.runtime.process_group import init_group
+from zerotrain.runtime.process_group import device_for, init_group
 from zerotrain.runtime.progress import ProgressLog, throughput
 from zerotrain.runtime.reports import gather_reports, summary_record
 from zerotrain.runtime.resume import CheckpointPolicy, resume, save_checkpoint
 from zerotrain.runtime.task import ConfigError, TrainingTask, build_task, check_declared_parameters, is_script
-from zerotrain.spec import OptimizerName, OptimizerSpec, ZeroTrainingJobSpec
+from zerotrain.spec import ZeroTrainingJobSpec
 
 logger = logging.getLogger(__name__)
 
 EngineFactory = Callable[..., Any]
-
-
-def optimizer_factory(opt: OptimizerSpec) -> OptimizerFactory:
-    """spec.training.optimizer as the `optimizer=` callable the engine applies to its shard's param groups."""
-    if opt.name == OptimizerName.ADAMW:
-        return lambda groups: torch.optim.AdamW(
-            groups, lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay
-        )
-    if opt.name == OptimizerName.ADAM:
-        return lambda groups: torch.optim.Adam(
-            groups, lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay
-        )
-    if opt.name == OptimizerName.SGD:
-        return lambda groups: torch.optim.SGD(groups, lr=opt.lr, momentum=opt.momentum, weight_decay=opt.weight_decay)
-    raise ConfigError(f"spec.training.optimizer.name: got {opt.name!r}; use one of {[o.value for o in OptimizerName]}")
-
-
-def device_for(spec: ZeroTrainingJobSpec, local_rank: int) -> torch.device:
-    """One GPU per rank when the job asks for GPUs (spec.resources.gpu > 0), else the CPU; a job that asks for GPUs
-    on a rank that has none is refused before the process group forms, naming the setting."""
-    if spec.resources.gpu == 0:
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        build = "a CPU-only torch build" if torch.version.cuda is None else f"torch built for CUDA {torch.version.cuda}"
-        raise ConfigError(
-            f"spec.resources.gpu: got {spec.resources.gpu}, but this rank sees no CUDA device ({build}, "
-            f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}); set resources.gpu: 0 to "
-            "train on CPU, or run on GPU nodes with a CUDA build of torch"
-        )
-    if local_rank >= torch.cuda.device_count():
-        raise ConfigError(
-            f"spec.resources.gpu: local rank {local_rank} has no GPU of its own ({torch.cuda.device_count()} "
-            "visible); set nprocPerNode to at most the GPUs per node"
-        )
-    torch.cuda.set_device(local_rank)
-    return torch.device("cuda", local_rank)
 
 
 def to_device(batch: Any, device: torch.device) -> Any:

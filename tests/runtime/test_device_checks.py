@@ -9,10 +9,10 @@ import torch.distributed as dist
 from test_train_loop import job_spec
 
 from zerotrain.runtime.errors import ZeroSetupError
-from zerotrain.runtime.process_group import check_backend_serves, check_local_gpu, control_device
+from zerotrain.runtime.process_group import check_backend_serves, check_local_gpu, control_device, device_for
 from zerotrain.runtime.setup_checks import check_precision
 from zerotrain.runtime.task import ConfigError
-from zerotrain.runtime.train import RankContext, device_for, init_process_group
+from zerotrain.runtime.train import RankContext, init_process_group
 from zerotrain.zero_config import Precision
 
 
