@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -27,6 +27,9 @@ from prometheus_client.registry import Collector
 from zerotrain.runtime.device_memory import DeviceMemory, DeviceProbe
 from zerotrain.runtime.memory import MemoryReport, planned_comm
 from zerotrain.runtime.metrics_endpoint import Endpoint, report_port
+
+if TYPE_CHECKING:
+    from zerotrain.runtime.engine import ZeroEngine
 
 # Step times from a fast CPU test model (tens of ms) to a large model's step (minutes).
 STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 150.0, 300.0)
@@ -342,7 +345,7 @@ class RankMetrics:
         self.current_phase = phase
         self.heartbeat = time.time()
 
-    def observe_step(self, engine: Any, values: StepValues) -> None:
+    def observe_step(self, engine: ZeroEngine, values: StepValues) -> None:
         """Once per optimizer step, from what the engine and the loop already hold: no sync, no collective."""
         if not self.enabled:
             return

@@ -13,6 +13,7 @@ import torch.distributed as dist
 from zerotrain.runtime.progress import throughput
 
 if TYPE_CHECKING:
+    from zerotrain.runtime.engine import ZeroEngine
     from zerotrain.runtime.train import RankContext, TrainResult
     from zerotrain.spec import ZeroTrainingJobSpec
 
@@ -54,7 +55,7 @@ def gather_json(record: dict[str, Any], ctx: RankContext, device: torch.device) 
     return [json.loads(bytes(b[: int(n.item())].tolist())) for b, n in zip(bufs, sizes, strict=True)]
 
 
-def gather_reports(engine: Any, ctx: RankContext, device: torch.device) -> list[Any] | None:
+def gather_reports(engine: ZeroEngine, ctx: RankContext, device: torch.device) -> list[Any] | None:
     """Every rank's memory and comm report on rank 0; taken before the gather, so the gather is not counted."""
     mine = {"rank": ctx.rank, "memory": to_jsonable(engine.memory_report()), "comm": to_jsonable(engine.comm_report())}
     return gather_json(mine, ctx, device)

@@ -14,7 +14,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from zerotrain.pod_contract import CHECKPOINT_DIR_ENV
 from zerotrain.runtime import checkpoint
@@ -68,7 +68,7 @@ class CheckpointPolicy:
         return None
 
 
-def save_checkpoint(engine: Any, policy: CheckpointPolicy, step: int, metrics: RankMetrics | None) -> Path:
+def save_checkpoint(engine: ZeroEngine, policy: CheckpointPolicy, step: int, metrics: RankMetrics | None) -> Path:
     """Save and commit, timed for the metrics (the bytes are this rank's own file)."""
     if metrics is not None:
         metrics.phase(Phase.CHECKPOINTING)
@@ -91,7 +91,7 @@ def skip_data(task: TrainingTask, micro_batches: int) -> None:
 
 
 def resume(
-    engine: Any, task: TrainingTask, policy: CheckpointPolicy | None, metrics: RankMetrics | None = None
+    engine: ZeroEngine, task: TrainingTask, policy: CheckpointPolicy | None, metrics: RankMetrics | None = None
 ) -> checkpoint.Loaded | None:
     """Load the newest good checkpoint and move the data to where it stopped; what was loaded, if anything."""
     if policy is None:

@@ -30,7 +30,7 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -56,6 +56,9 @@ from zerotrain.runtime.reports import gather_reports, summary_record
 from zerotrain.runtime.resume import CheckpointPolicy, resume, save_checkpoint
 from zerotrain.runtime.task import ConfigError, TrainingTask, build_task, check_declared_parameters, is_script
 from zerotrain.spec import ZeroTrainingJobSpec
+
+if TYPE_CHECKING:
+    from zerotrain.runtime.engine import StepResult, ZeroEngine
 
 logger = logging.getLogger(__name__)
 
@@ -139,7 +142,7 @@ def make_engine(task: TrainingTask, spec: ZeroTrainingJobSpec, device: torch.dev
 
 
 def run_micro_batches(
-    engine: Any,
+    engine: ZeroEngine,
     task: TrainingTask,
     device: torch.device,
     accumulation: int,
@@ -176,7 +179,7 @@ class Loop:
 
 
 def run_steps(
-    engine: Any,
+    engine: ZeroEngine,
     task: TrainingTask,
     spec: ZeroTrainingJobSpec,
     ctx: RankContext,
@@ -206,7 +209,7 @@ def run_steps(
         # control all-reduce; the norm is computed only for the steps that are logged (or clipped).
         outcome = engine.step(vote=asked, report_grad_norm=logged)
         step_loss, stop = outcome.loss, outcome.votes > 0
-        if not outcome.applied and not outcome.overflow:
+        if step_loss is None or (not outcome.applied and not outcome.overflow):
             raise RuntimeError(
                 f"step {step}: the engine did not step after {accumulation} micro-batches; its accumulation "
                 "boundary disagrees with spec.zero.gradientAccumulationSteps"
@@ -231,13 +234,13 @@ def run_steps(
 
 
 def record_step(
-    engine: Any,
+    engine: ZeroEngine,
     task: TrainingTask,
     loop: Loop,
     result: TrainResult,
     step: int,
     step_loss: float,
-    outcome: Any,
+    outcome: StepResult,
     step_s: float,
 ) -> None:
     """One finished step into the result, the metrics and the progress record."""
