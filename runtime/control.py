@@ -35,10 +35,10 @@ class Slot(IntEnum):
     LOSS = 0
     VOTES = 1
     NORM_SQ = 2
-    PRINT_LO = 3
-    PRINT_LO_SQ = 4
-    PRINT_HI = 5
-    PRINT_HI_SQ = 6
+    FINGERPRINT_LO = 3
+    FINGERPRINT_LO_SQ = 4
+    FINGERPRINT_HI = 5
+    FINGERPRINT_HI_SQ = 6
 
 
 def fingerprint_bits(world_size: int) -> int:
@@ -81,7 +81,7 @@ def pack(
         mask = (1 << bits) - 1
         lo, hi = fingerprint & mask, (fingerprint >> bits) & mask
         pieces = torch.tensor([lo, lo * lo, hi, hi * hi], dtype=torch.float64)
-        out[Slot.PRINT_LO : Slot.PRINT_HI_SQ + 1] = pieces.to(device)
+        out[Slot.FINGERPRINT_LO : Slot.FINGERPRINT_HI_SQ + 1] = pieces.to(device)
     return out
 
 
@@ -90,7 +90,7 @@ def unpack(summed: torch.Tensor, world_size: int, micro_batches: int, had_loss: 
     v = summed.cpu().tolist()
     consistent = all(
         world_size * v[sq] == v[s] * v[s]
-        for s, sq in ((Slot.PRINT_LO, Slot.PRINT_LO_SQ), (Slot.PRINT_HI, Slot.PRINT_HI_SQ))
+        for s, sq in ((Slot.FINGERPRINT_LO, Slot.FINGERPRINT_LO_SQ), (Slot.FINGERPRINT_HI, Slot.FINGERPRINT_HI_SQ))
     )
     loss = v[Slot.LOSS] / (world_size * micro_batches) if had_loss else None
     return Agreed(loss=loss, votes=round(v[Slot.VOTES]), norm_sq=v[Slot.NORM_SQ], consistent=consistent)

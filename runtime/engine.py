@@ -35,6 +35,7 @@ from torch import nn
 
 from zerotrain.runtime import control
 from zerotrain.runtime import optimizer as opt_mod
+from zerotrain.runtime.activation_meter import SavedActivations
 from zerotrain.runtime.activations import apply_checkpointing
 from zerotrain.runtime.collectives import Comm
 from zerotrain.runtime.consistency import Event, OrderCheck, PendingCheck
@@ -43,7 +44,6 @@ from zerotrain.runtime.memory import MemoryReport, UnshardedGradients, memory_re
 from zerotrain.runtime.partition import ParamClass, UnitLayout, build_units
 from zerotrain.runtime.precision import DTYPES, LossScaler, cast_inputs
 from zerotrain.runtime.process_group import check_backend_serves, control_device, init_from_env
-from zerotrain.runtime.saved import SavedActivations
 from zerotrain.runtime.schedule import ReductionSchedule
 from zerotrain.runtime.setup_checks import check_buckets, model_device, world_size_before_init
 from zerotrain.runtime.strategies import STRATEGIES, Dtypes
@@ -307,7 +307,7 @@ class ZeroEngine:
                 self.gatherer.free(u)
         if self.strategy.accumulate_fp32 and not self._boundary and not self.strategy.reduce_every_micro_batch:
             for u in self.units:
-                self.strategy.fold(u)  # stages 0/1: micro-batches sum in fp32, as in stages 2/3
+                self.strategy.fold_into_fp32(u)  # stages 0/1: micro-batches sum in fp32, as in stages 2/3
         self.micro_steps += 1
 
     def train(self, mode: bool = True) -> ZeroEngine:

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 150.0, 300.0)
 
 
-class Phase(str, Enum):
+class RankPhase(str, Enum):
     """What the rank is doing; exported as `zerotrain_phase{phase=...}` (1 for the current one, 0 for the rest)."""
 
     STARTING = "starting"
@@ -155,7 +155,7 @@ class SnapshotCollector(Collector):
             "zerotrain_phase",
             "The rank's current phase (1) among all phases (0).",
             "phase",
-            {p.value: float(p is o.current_phase) for p in Phase},
+            {p.value: float(p is o.current_phase) for p in RankPhase},
         )
         yield from self._memory(s)
         yield from self._device(s)
@@ -291,7 +291,7 @@ class RankMetrics:
         self.labels = {"zerotrain_job": job, "rank": str(rank), "local_rank": str(local_rank), "stage": str(stage)}
         self.world_size, self.total_steps = world_size, total_steps
         self.snapshot = Snapshot()
-        self.current_phase = Phase.STARTING
+        self.current_phase = RankPhase.STARTING
         self.heartbeat = time.time()
         self.registry = CollectorRegistry()
         self.registry.register(SnapshotCollector(self))
@@ -340,7 +340,7 @@ class RankMetrics:
             self._server.server_close()
             self._server = None
 
-    def phase(self, phase: Phase) -> None:
+    def phase(self, phase: RankPhase) -> None:
         """Enter `phase`; also a heartbeat."""
         self.current_phase = phase
         self.heartbeat = time.time()

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from zerotrain.pod_contract import CHECKPOINT_DIR_ENV
 from zerotrain.runtime import checkpoint
-from zerotrain.runtime.metrics import Phase, RankMetrics
+from zerotrain.runtime.metrics import RankMetrics, RankPhase
 from zerotrain.spec import CheckpointSpec
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ class CheckpointPolicy:
 def save_checkpoint(engine: ZeroEngine, policy: CheckpointPolicy, step: int, metrics: RankMetrics | None) -> Path:
     """Save and commit, timed for the metrics (the bytes are this rank's own file)."""
     if metrics is not None:
-        metrics.phase(Phase.CHECKPOINTING)
+        metrics.phase(RankPhase.CHECKPOINTING)
     t0 = time.perf_counter()
     saved = policy.save(engine)
     if metrics is not None:
@@ -97,7 +97,7 @@ def resume(
     if policy is None:
         return None
     if metrics is not None:
-        metrics.phase(Phase.RESTORING)
+        metrics.phase(RankPhase.RESTORING)
     t0 = time.perf_counter()
     loaded = policy.resume_newest(engine)
     if loaded is None:

@@ -119,11 +119,11 @@ class Strategy:
         """Unit-coordinate range whose fp32 master this rank holds: all of it in stage 0, its shard above."""
         return (0, layout.padded) if not self.shards_optimizer else layout.shard_range(self.comm.rank)
 
-    def _pre(self, t: torch.Tensor) -> None:
+    def _divide_before_reduce(self, t: torch.Tensor) -> None:
         if self.dtypes.reduce == torch.float16 and self.n > 1 and not self.comm.averages(t):
             t.div_(self.n)
 
-    def _post(self, t: torch.Tensor) -> None:
+    def _divide_after_reduce(self, t: torch.Tensor) -> None:
         if self.dtypes.reduce != torch.float16 and self.n > 1 and not self.comm.averages(t):
             t.div_(self.n)
 
@@ -140,7 +140,7 @@ class Strategy:
     # the engine from the configuration.
     accumulate_fp32 = False
 
-    def fold(self, u: UnitState) -> torch.Tensor:
+    def fold_into_fp32(self, u: UnitState) -> torch.Tensor:
         """Add this micro-batch's compute-dtype gradients into the fp32 accumulator and clear them; the
         accumulator (stage 0: the fp32 gradient buffer itself, reduced in place at the boundary)."""
         assert u.grad_full is not None
@@ -155,7 +155,7 @@ class Strategy:
     def _reduce_source(self, u: UnitState) -> torch.Tensor:
         """What the boundary reduction sends: the flat gradients, or their fp32 accumulation."""
         assert u.grad_full is not None
-        return self.fold(u) if self.accumulate_fp32 else u.grad_full.data
+        return self.fold_into_fp32(u) if self.accumulate_fp32 else u.grad_full.data
 
     def reduce(self, u: UnitState, async_op: bool) -> None:
         """Launch the unit's gradient all-reduce (at the accumulation boundary only): in place when the
@@ -164,11 +164,11 @@ class Strategy:
         if src.dtype == self.dtypes.reduce:
 
             def send() -> Pending:
-                self._pre(src)
+                self._divide_before_reduce(src)
                 return self.comm.all_reduce(src, u.name, async_op=True, mean=True)
 
             def finish_in_place() -> None:
-                self._post(src)
+                self._divide_after_reduce(src)
                 if src.data_ptr() != u.grad_shard.data_ptr():
                     self._fp32_grads(u).copy_(src)
 
@@ -180,7 +180,7 @@ class Strategy:
 
                 def send_chunk(buf: torch.Tensor = buf, a: int = a, b: int = b) -> Pending:
                     buf.copy_(src[a:b])
-                    self._pre(buf)
+                    self._divide_before_reduce(buf)
                     return self.comm.all_reduce(buf, u.name, async_op=True, mean=True)
 
                 self.pool.launch(send_chunk, self._apply_all_reduced(u, buf, a, b), buf)
@@ -189,7 +189,7 @@ class Strategy:
 
     def _apply_all_reduced(self, u: UnitState, buf: torch.Tensor, a: int, b: int) -> Callable[[], None]:
         def finish() -> None:
-            self._post(buf)
+            self._divide_after_reduce(buf)
             self._fp32_grads(u)[a:b].copy_(buf)
 
         return finish
@@ -298,7 +298,7 @@ class OptimizerStatesStrategy(Strategy):
             ) -> Pending:
                 if copy:
                     fill(bucket.view(self.n, b - a), a, b)
-                self._pre(bucket)
+                self._divide_before_reduce(bucket)
                 return self.comm.reduce_scatter(out, bucket, u.name, async_op=True, mean=True)
 
             finish = self._apply(u, out, a, b, accumulate)
@@ -313,7 +313,7 @@ class OptimizerStatesStrategy(Strategy):
 
     def _apply(self, u: UnitState, out: torch.Tensor, a: int, b: int, accumulate: bool) -> Callable[[], None]:
         def finish() -> None:
-            self._post(out)
+            self._divide_after_reduce(out)
             if accumulate:
                 u.grad_shard[a:b].add_(out)
             else:

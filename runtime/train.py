@@ -39,7 +39,7 @@ from zerotrain.errors import UserError
 from zerotrain.plan_inputs import declared_parameters
 from zerotrain.pod_contract import DEBUG_ENV, PROGRESS_ENV, SUMMARY_ENV
 from zerotrain.runtime.failures import FailureKind, classify, write_failure_record
-from zerotrain.runtime.metrics import Phase, RankMetrics, StepValues
+from zerotrain.runtime.metrics import RankMetrics, RankPhase, StepValues
 from zerotrain.runtime.metrics_endpoint import metrics_endpoint
 from zerotrain.runtime.optimizer import optimizer_factory
 from zerotrain.runtime.preemption import (
@@ -153,7 +153,7 @@ def run_micro_batches(
     """Forward and backward of one optimizer step's micro-batches (the engine keeps their losses for the step)."""
     for _ in range(accumulation):
         if metrics is not None:
-            metrics.phase(Phase.FORWARD)
+            metrics.phase(RankPhase.FORWARD)
         try:
             batch = to_device(next(task.batches), device)
         except StopIteration:
@@ -165,7 +165,7 @@ def run_micro_batches(
         output = engine(*inputs) if isinstance(inputs, tuple) else engine(inputs)
         loss = task.loss(output, batch)
         if metrics is not None:
-            metrics.phase(Phase.BACKWARD)
+            metrics.phase(RankPhase.BACKWARD)
         engine.backward(loss)
 
 
@@ -202,7 +202,7 @@ def run_steps(
         step_start = time.perf_counter()
         run_micro_batches(engine, task, device, accumulation, step, steps, metrics)
         if metrics is not None:
-            metrics.phase(Phase.OPTIMIZER)
+            metrics.phase(RankPhase.OPTIMIZER)
         asked = preemption is not None and preemption.requested
         logged = step % spec.training.log_every == 0 or step in (1, steps)
         # The loss mean, the stop vote (every rank stops after the same step) and the norm ride the step's one
@@ -312,7 +312,7 @@ def train(
         if log is not None:
             log.close()
     if metrics is not None:
-        metrics.phase(Phase.FINISHED)
+        metrics.phase(RankPhase.FINISHED)
     ranks = gather_reports(engine, ctx, device)
     if ranks is not None:
         record = json.dumps(summary_record(spec, ctx, result, ranks))

@@ -14,7 +14,7 @@ from dist_helpers import run_ranks
 from prometheus_client.parser import text_string_to_metric_families
 
 from zerotrain.pod_contract import CHECKPOINT_DIR_ENV, PROGRESS_ENV, SUMMARY_ENV
-from zerotrain.runtime.metrics import Phase, RankMetrics
+from zerotrain.runtime.metrics import RankMetrics, RankPhase
 from zerotrain.runtime.metrics_endpoint import Endpoint, Served, metrics_endpoint, read_ports
 from zerotrain.runtime.task import ConfigError
 from zerotrain.runtime.train import RankContext, start_metrics, train
@@ -113,7 +113,7 @@ def test_served_metrics_equal_the_engines_reports_at_the_same_step(tmp_path: Pat
         ident = {"zerotrain_job": "unit", "rank": str(rank), "local_rank": str(rank), "stage": "3"}
         assert all(set(ident.items()) <= labels for _, labels in s), "every series carries the rank's labels"
         assert value(res["before"], "zerotrain_phase", phase="starting") == 1.0
-        assert value(s, "zerotrain_phase", phase=Phase.FINISHED.value) == 1.0
+        assert value(s, "zerotrain_phase", phase=RankPhase.FINISHED.value) == 1.0
         for category, field in MEASURED.items():
             assert value(s, "zerotrain_memory_bytes", category=category) == mem[field], category
         for category, field in PEAKS.items():
