@@ -29,15 +29,11 @@ from zerotrain.spec import GROUP, PLURAL, VERSION
 log = logging.getLogger(__name__)
 
 SA_DIR = Path(SERVICE_ACCOUNT_DIR)
-SA_DIR_ENV = SERVICE_ACCOUNT_DIR_ENV
-"""Overrides where the projected service-account token and CA are read (a kubelet stand-in in tests)."""
-API_URL_ENV = STATUS_API_ENV
-"""Overrides the API server URL (tests, or a proxy); by default the in-cluster service address is used."""
 TIMEOUT_SECONDS = 5.0
 
 
 def _api_url() -> str | None:
-    if url := os.environ.get(API_URL_ENV):
+    if url := os.environ.get(STATUS_API_ENV):
         return url.rstrip("/")
     host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
     if not host:
@@ -72,7 +68,7 @@ def _api(base: str) -> kubernetes.client.ApiClient:
     """A client for `base` with the pod's service-account token (re-read each time: bound tokens rotate) and CA."""
     config = kubernetes.client.Configuration()
     config.host = base
-    sa_dir = Path(os.environ.get(SA_DIR_ENV) or SA_DIR)
+    sa_dir = Path(os.environ.get(SERVICE_ACCOUNT_DIR_ENV) or SA_DIR)
     token_file = sa_dir / "token"
     if token_file.exists():
         config.api_key = {"authorization": token_file.read_text().strip()}
@@ -86,7 +82,7 @@ def _api(base: str) -> kubernetes.client.ApiClient:
 def _patch(name: str, namespace: str, body: dict[str, object]) -> None:
     base = _api_url()
     if base is None:
-        raise RuntimeError(f"no API server address: set KUBERNETES_SERVICE_HOST or {API_URL_ENV}")
+        raise RuntimeError(f"no API server address: set KUBERNETES_SERVICE_HOST or {STATUS_API_ENV}")
     with _api(base) as client:
         kubernetes.client.CustomObjectsApi(client).patch_namespaced_custom_object_status(
             GROUP,

@@ -9,6 +9,7 @@ import celpy
 import pytest
 import yaml
 from pydantic import ValidationError
+from test_rules import BASE, CASES  # one set of cases for every rule test
 
 from zerotrain.crd import CRD_FILENAME, build_crd, render_crd_yaml
 from zerotrain.spec import ZeroTrainingJobSpec
@@ -70,26 +71,6 @@ def at(doc: dict[str, Any], path: str) -> Any:
     for part in path.split(".")[1:]:
         doc = doc[part]
     return doc
-
-
-BASE = {"image": "img", "entrypoint": "m:f"}
-CASES = [
-    {"resources": {"gpu": 0, "gpuMemory": "80Gi"}},
-    {"resources": {"gpu": 1, "gpuMemory": "80Gi"}},
-    {"failurePolicy": {"permanentExitCodes": [2, 3], "retryableExitCodes": [3]}},
-    {"failurePolicy": {"permanentExitCodes": [2], "retryableExitCodes": [1]}},
-    {"scheduling": {"gang": "volcano", "schedulerName": "default-scheduler"}},
-    {"scheduling": {"gang": "volcano", "schedulerName": "volcano"}},
-    {"scheduling": {"gang": "coscheduling", "schedulerName": "scheduler-plugins"}},
-    {"zero": {"offloadActivationCheckpoints": True}},
-    {"zero": {"offloadActivationCheckpoints": True, "activationCheckpointing": True}},
-    {"zero": {"gradientSync": "boundary"}},
-    {"zero": {"gradientSync": "boundary", "precision": "bf16"}},
-    {"zero": {"gradientSync": "every_micro_batch", "precision": "bf16"}},
-    {"zero": {"gradientSync": "boundary", "precision": "fp32"}},
-    {"nprocPerNode": 4, "resources": {"gpu": 2}},
-    {"nprocPerNode": 4, "resources": {"gpu": 4}},
-]
 
 
 @pytest.mark.parametrize("patch", CASES)

@@ -30,6 +30,7 @@ CASES: list[dict[str, Any]] = [
     {"zero": {"gradientSync": "boundary"}},
     {"zero": {"gradientSync": "boundary", "precision": "bf16"}},
     {"zero": {"gradientSync": "every_micro_batch", "precision": "bf16"}},
+    {"zero": {"gradientSync": "boundary", "precision": "fp32"}},
     {"zero": {"partitionActivations": True}},
     {"zero": {"partitionActivations": False}},
     {"nprocPerNode": 4, "resources": {"gpu": 2}},

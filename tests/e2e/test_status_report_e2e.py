@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from zerotrain.operator.kube import Kube, path_of
+from zerotrain.pod_contract import SERVICE_ACCOUNT_DIR_ENV, STATUS_API_ENV
 from zerotrain.runtime import status_report
 
 from .cluster import Cluster, project_token, until_async
@@ -23,10 +24,10 @@ async def test_report_progress_patches_step_and_checkpoint(
     # As rank 0 in pod lambda-worker-0 would: with the job's runtime ServiceAccount, whose Role allows only this.
     pod = await asyncio.to_thread(kube.request, "GET", path_of("v1", "pods", ns, "lambda-worker-0"))
     await asyncio.to_thread(project_token, cluster, kube, "lambda-runtime", pod, tmp_path / "sa")
-    monkeypatch.setenv(status_report.SA_DIR_ENV, str(tmp_path / "sa"))
+    monkeypatch.setenv(SERVICE_ACCOUNT_DIR_ENV, str(tmp_path / "sa"))
     monkeypatch.setenv("ZEROTRAIN_JOB_NAME", "lambda")
     monkeypatch.setenv("ZEROTRAIN_NAMESPACE", ns)
-    monkeypatch.setenv(status_report.API_URL_ENV, cluster.configuration.host)
+    monkeypatch.setenv(STATUS_API_ENV, cluster.configuration.host)
     await asyncio.to_thread(status_report.report_progress, 40, 40, "/checkpoints/step-40")
     await asyncio.to_thread(status_report.report_progress, 41)
     job = await until_async(lambda: (j := kube.get_job(ns, "lambda")) and j["status"].get("step") == 41 and j)
@@ -39,12 +40,12 @@ async def test_report_progress_patches_step_and_checkpoint(
 
 def test_report_progress_is_a_noop_outside_a_job(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("ZEROTRAIN_JOB_NAME", raising=False)
-    monkeypatch.setenv(status_report.API_URL_ENV, "http://127.0.0.1:9")  # would fail if it tried
+    monkeypatch.setenv(STATUS_API_ENV, "http://127.0.0.1:9")  # would fail if it tried
     status_report.report_progress(1, 1, "/x")
 
 
 def test_report_progress_never_raises(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setenv("ZEROTRAIN_JOB_NAME", "j")
-    monkeypatch.setenv(status_report.API_URL_ENV, "http://127.0.0.1:9")  # nothing listens on the discard port
+    monkeypatch.setenv(STATUS_API_ENV, "http://127.0.0.1:9")  # nothing listens on the discard port
     status_report.report_progress(5)
     assert "could not report step 5" in caplog.text

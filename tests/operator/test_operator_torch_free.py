@@ -14,8 +14,7 @@ def test_operator_modules_do_not_import_torch() -> None:
         "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))\n"
         "print('ok')\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+    assert_runs_fresh(code)
 
 
 def test_the_spec_and_the_operator_run_no_runtime_code() -> None:
@@ -29,5 +28,10 @@ def test_the_spec_and_the_operator_run_no_runtime_code() -> None:
         "assert not loaded, loaded\n"
         "print('ok')\n"
     )
+    assert_runs_fresh(code)
+
+
+def assert_runs_fresh(code: str) -> None:
+    """`code` exits 0 printing ok in a new interpreter (nothing already imported by the test run)."""
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
