@@ -337,8 +337,7 @@ def apply(engine: ZeroEngine, ready: Prepared) -> Loaded:
     rank_state.restore_counters(engine, (own or readers[0]).record)
     if own is not None:
         rank_state.restore_rng({n: own.tensor(n) for n in own.names if n.startswith("rng.")}, own.record)
-    for u in engine.units:
-        engine.strategy.after_step(u)
+    engine.refresh_parameters()
     step = int(ready.marker["step"])
     return Loaded(ready.path, step, ready.stats.bytes_read, ready.stats.largest_read_bytes)
 

@@ -13,7 +13,7 @@ barrier, no device sync, no extra collective.
 Averages: a reduction asked for the mean (`mean=True`) averages on NCCL itself (AVG: each rank's values times 1/N
 before adding, so fp16 cannot overflow; bf16 only at a power-of-two N, see `Comm.averages`); gloo has neither, so
 there it is a plain SUM and the caller divides (before the sum when reducing in fp16, after it otherwise;
-`averages(t)` says which, see `strategies`). gloo has no uneven collectives either:
+`averages(t)` says which, see `unit_context`). gloo has no uneven collectives either:
 every buffer reaching this module is padded to a multiple of N (`partition`). Both are said here
 rather than emulated: an uneven size raises.
 """

@@ -24,7 +24,7 @@ import torch
 if TYPE_CHECKING:
     from zerotrain.runtime.collectives import Comm
     from zerotrain.runtime.consistency import OrderCheck
-    from zerotrain.runtime.unit import UnitState
+    from zerotrain.runtime.unit import Unit
 
 _EXACT_BITS = 52  # float64 holds every integer below 2^53: keep each sum under 2^52
 
@@ -96,7 +96,7 @@ def unpack(summed: torch.Tensor, world_size: int, micro_batches: int, had_loss: 
     return Agreed(loss=loss, votes=round(v[Slot.VOTES]), norm_sq=v[Slot.NORM_SQ], consistent=consistent)
 
 
-def local_norm_sq(units: list[UnitState]) -> torch.Tensor:
+def local_norm_sq(units: list[Unit]) -> torch.Tensor:
     """This rank's squared norm of the fp32 gradients the optimizer reads (its shard, or all of them in stage 0)."""
     norms = torch._foreach_norm([u.grad_shard for u in units])  # fp32 shards, one multi-tensor kernel
     return (torch.stack(norms).double() ** 2).sum().reshape(1)
@@ -114,7 +114,7 @@ class StepControl:
         seen = loss.detach().float()
         self.loss_sum = seen if self.loss_sum is None else self.loss_sum + seen
 
-    def agree(self, units: list[UnitState], vote: bool, need_norm: bool) -> tuple[Agreed, float | None]:
+    def agree(self, units: list[Unit], vote: bool, need_norm: bool) -> tuple[Agreed, float | None]:
         """The all-reduce, and the global gradient norm when asked; raises on rank divergence before any update."""
         local_sq = local_norm_sq(units) if need_norm else None
         fingerprint = self.order_check.hash if self.order_check is not None else None

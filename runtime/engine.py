@@ -1,6 +1,7 @@
-"""`ZeroEngine`: orchestration only. Layout in `partition`, per-stage behaviour in `strategies`,
-hooks in `hooks`, collectives in `collectives` (the group in `process_group`), buckets in `buckets`,
-streams in `streams`, accounting in `memory`, divergence detection in `consistency`, checkpoints in `checkpoint`.
+"""`ZeroEngine`: orchestration only. Layout in `partition`; each unit's lifecycle in `unit` (the stage is the
+`ShardPolicy` it reads, `unit_context`); when to gather and reduce in `hooks` and `schedule`; collectives in
+`collectives` (the group in `process_group`), buckets in `buckets`, streams in `streams`, accounting in `memory`,
+divergence detection in `consistency`, checkpoints in `checkpoint`.
 
 Contract for callers:
 - The engine trains where the model is, as DDP does: move the model to its GPU before wrapping it.
@@ -37,24 +38,24 @@ from zerotrain.runtime import control
 from zerotrain.runtime import optimizer as opt_mod
 from zerotrain.runtime.activation_meter import SavedActivations
 from zerotrain.runtime.activations import apply_checkpointing
+from zerotrain.runtime.buckets import BucketPool
 from zerotrain.runtime.collectives import Comm
 from zerotrain.runtime.consistency import Event, OrderCheck, PendingCheck
-from zerotrain.runtime.hooks import Gatherer, GradReadyHooks, on_output_grad
-from zerotrain.runtime.memory import MemoryReport, UnshardedGradients, memory_report
-from zerotrain.runtime.partition import ParamClass, UnitLayout, build_units
+from zerotrain.runtime.grad_arena import GradArenas
+from zerotrain.runtime.hooks import GradReadyHooks, Prefetcher, on_output_grad
+from zerotrain.runtime.memory import BufferBytes, MemoryReport, UnshardedGradients, memory_report
+from zerotrain.runtime.partition import UnitLayout, build_units
 from zerotrain.runtime.precision import DTYPES, LossScaler, cast_inputs
 from zerotrain.runtime.process_group import check_backend_serves, control_device, init_from_env
 from zerotrain.runtime.schedule import ReductionSchedule
 from zerotrain.runtime.setup_checks import check_buckets, model_device, world_size_before_init
-from zerotrain.runtime.strategies import STRATEGIES, Dtypes
 from zerotrain.runtime.streams import streams_for
-from zerotrain.runtime.unit import GradState, UnitState
-from zerotrain.zero_config import DivergenceCheck, GradientSync, Precision, Stage, ZeroConfig
+from zerotrain.runtime.unit import GradState, Unit, build_unit
+from zerotrain.runtime.unit_context import Dtypes, ShardPolicy, UnitContext
+from zerotrain.zero_config import DivergenceCheck, GradientSync, Precision, ZeroConfig
 
 if TYPE_CHECKING:
     from zerotrain.runtime.checkpoint import Loaded
-
-_TRAINABLE = (ParamClass.DECAY, ParamClass.NO_DECAY)
 
 
 @dataclass
@@ -95,38 +96,30 @@ class ZeroEngine:
         self.comm = Comm(config.collective_timeout_seconds)
         self.rank, self.world_size = self.comm.rank, self.comm.world_size
         self.dtypes = Dtypes(DTYPES[config.precision], DTYPES[config.reduce_dtype])
-        self.strategy = STRATEGIES[config.stage](
-            self.comm, self.dtypes, config.reduce_bucket_elements, config.allgather_bucket_elements
-        )
         self.device = device
-        self.units = self._build_units(layouts, device)
-        self.strategy.pool.streams = streams_for(device)
-        self.strategy.size_pool(layouts)
-        mixed = self.dtypes.compute != torch.float32
-        self.strategy.accumulate_fp32 = mixed and config.gradient_accumulation_steps > 1
-        if config.contiguous_gradients and config.stage >= Stage.GRADIENTS:
-            self.strategy.enable_arenas(layouts, device)
+        self._ctx = self._unit_context(layouts, device)
+        self.units: list[Unit] = self._build_units(layouts, device)
         self.root = next((u for u in self.units if u.layout.module is None), None)
         each = config.gradient_sync is GradientSync.EVERY_MICRO_BATCH
-        self._reduce_each = self.strategy.reduce_every_micro_batch and each
-        """Stages 2/3 reduce (and free) every micro-batch's gradients, unless told to sync only at the boundary."""
+        self._reduce_each = self._ctx.policy.gradients and each
+        """Sharded gradients are reduced (and freed) every micro-batch, unless told to sync only at the boundary."""
         self.optimizer = self._build_optimizer(optimizer)
         self._zero_grads()  # views exist now; buffers a stage holds only during a step can go
         self.scaler = LossScaler(config.loss_scale, enabled=config.precision is Precision.FP16)
-        self.gatherer: Gatherer | None = None
+        self._prefetcher = Prefetcher(self.units, config.prefetch_units)
         checks = self.world_size > 1 and config.divergence_check is not DivergenceCheck.OFF
         self.order_check = OrderCheck(self.comm, [u.name for u in self.units], check_device) if checks else None
         self._check_passes = config.divergence_check is DivergenceCheck.EVERY_PASS
         # Stage 3's backward gathers follow its forward: a divergent forward must be caught before backward.
-        self._check_forward = self._check_passes or config.stage is Stage.PARAMETERS
+        self._check_forward = self._check_passes or self._prefetcher.active
         self._forward_check: PendingCheck | None = None
-        shards = self.strategy.shards_optimizer
+        shards = self._ctx.policy.optimizer
         self.control = control.StepControl(self.comm, self.order_check, config.gradient_accumulation_steps, shards)
         self._forward_order: list[int] = []
         self._schedule = ReductionSchedule(len(self.units), self._reduce)
-        self.activations = SavedActivations()
+        self._activations = SavedActivations()
         self._install_hooks()
-        self.unsharded_gradients = UnshardedGradients()
+        self._unsharded_gradients = UnshardedGradients()
         self.micro_steps = 0
         self.steps = 0
         self._stepped_at = -1  # micro_steps at the last step: a boundary is stepped once
@@ -141,7 +134,26 @@ class ZeroEngine:
 
     # ----------------------------------------------------------------- setup
 
-    def _build_units(self, layouts: list[UnitLayout], device: torch.device) -> list[UnitState]:
+    def _unit_context(self, layouts: list[UnitLayout], device: torch.device) -> UnitContext:
+        config = self.config
+        pool = BucketPool(self.comm)
+        pool.streams = streams_for(device)
+        ctx = UnitContext(
+            self.comm,
+            self.dtypes,
+            ShardPolicy.of(config.stage),
+            pool,
+            config.reduce_bucket_elements,
+            config.allgather_bucket_elements,
+            accumulate_fp32=self.dtypes.compute != torch.float32 and config.gradient_accumulation_steps > 1,
+        )
+        ctx.size_pool(layouts)
+        if config.contiguous_gradients and ctx.policy.gradients:
+            # Contiguous gradients: unsharded gradients in reused arenas (see `grad_arena`).
+            ctx.arenas = GradArenas(layouts, self.dtypes.compute, device, pool, config.reduce_bucket_elements)
+        return ctx
+
+    def _build_units(self, layouts: list[UnitLayout], device: torch.device) -> list[Unit]:
         named = dict(self.module.named_parameters())
         units = []
         for i, layout in enumerate(layouts):
@@ -151,23 +163,18 @@ class ZeroEngine:
                 init[s.offset : s.offset + s.numel].copy_(p.detach().reshape(-1))
             # Every rank starts from rank 0's values, whatever seed each used.
             self.comm.broadcast(init, 0, layout.name)
-            u = self.strategy.build(i, layout, params, init)
-            persistent = layout.padded <= self.config.param_persistence_elements
-            u.resident = self.config.stage < Stage.PARAMETERS or persistent
-            units.append(u)
+            units.append(build_unit(self._ctx, i, layout, params, init, self.config.param_persistence_elements))
         return units
 
     def _install_hooks(self) -> None:
-        if self.config.stage is Stage.PARAMETERS:
-            self.gatherer = Gatherer(self.units, self.comm, self.config.prefetch_units)
-            self.gatherer.install()
+        self._prefetcher.install()
         modules = [u.layout.module for u in self.units if u.layout.module is not None]
         if self.config.activation_checkpointing:
             apply_checkpointing(
-                modules, self.config.offload_activation_checkpoints, self.activations.observe, self.device
+                modules, self.config.offload_activation_checkpoints, self._activations.observe, self.device
             )
         self._grad_hooks = GradReadyHooks(self.units, self._on_grads_ready)
-        if getattr(self.strategy, "arenas", None) is not None:
+        if self._ctx.arenas is not None:
             for u in self.units:
                 if u.layout.module is not None:
                     u.layout.module.register_forward_hook(lambda _m, _i, out, u=u: self._bind_arena_on_grad(u, out))
@@ -179,11 +186,8 @@ class ZeroEngine:
         shard_params = []
         where: dict[int, tuple[int, int, int]] = {}
         for u in self.units:
-            lo = self.master_range(u)[0]
-            if self.strategy.shards_optimizer:
-                segs = u.layout.shard_segments(self.rank, _TRAINABLE)
-            else:
-                segs = [s for s in u.layout.class_segments() if s.kind in _TRAINABLE]
+            lo = u.master_range[0]
+            segs = u.optimizer_segments(self.rank)
             made = opt_mod.shard_params(u.master, u.grad_shard, [(s.start, s.stop, s.kind) for s in segs])
             for s, (_, p) in zip(segs, made, strict=True):
                 where[id(p)] = (u.index, lo + s.start, lo + s.stop)
@@ -196,15 +200,15 @@ class ZeroEngine:
         self.optimizer_segments = [where.get(id(p), (-1, 0, 0)) for g in opt.param_groups for p in g["params"]]
         return opt
 
-    def _bind_arena_on_grad(self, u: UnitState, output: Any) -> None:
+    def _bind_arena_on_grad(self, u: Unit, output: Any) -> None:
         """Bind the unit's gradient arena when backward reaches its output, before its backward."""
-        arenas = self.strategy.arenas
+        arenas = self._ctx.arenas
         if arenas is not None:
             on_output_grad(output, lambda: arenas.bind(u))
 
-    def master_range(self, u: UnitState) -> tuple[int, int]:
+    def master_range(self, u: Unit) -> tuple[int, int]:
         """The unit-coordinate range of `u` whose fp32 master this rank holds."""
-        return self.strategy.master_range(u.layout)
+        return u.master_range
 
     # ----------------------------------------------------------------- forward / backward
 
@@ -216,17 +220,16 @@ class ZeroEngine:
         args, kwargs = cast_inputs(args, kwargs, self.dtypes.compute)
         self._forward_order = []
         if self.root is not None:
-            self.root.finish_gather()  # stages 1/2: the post-step gather; block units wait in their pre-hook
-        if self.gatherer is not None:
-            self.gatherer.begin_forward(self.root)
-        with self.activations.measure(self._parameter_storages()):
+            self.root.wait_for_unshard()  # stages 1/2: the post-step gather; block units wait in their pre-hook
+        self._prefetcher.begin_forward(self.root)
+        with self._activations.measure(self._parameter_storages()):
             out = self.module(*args, **kwargs)
         # Before any gradient collective: a rank that ran other units fails here, naming them.
         if self.order_check is not None and self._check_forward:
             self._finish_forward_check()  # a forward without backward (evaluation) left one in flight
             # Waited for as backward starts: the loss computation in between hides its latency.
             self._forward_check = self.order_check.launch("end of forward")
-        return out if self.gatherer is None else self.gatherer.end_forward(self.root, out)
+        return self._prefetcher.end_forward(self.root, out)
 
     def _parameter_storages(self) -> set[int]:
         # Storage identities, not data pointers: a stage-3 buffer gathered during the forward gets a new pointer
@@ -245,26 +248,15 @@ class ZeroEngine:
             self.order_check.note(event, unit)
 
     def _on_forward(self, unit: int) -> None:
-        self.units[unit].finish_gather()
+        self.units[unit].wait_for_unshard()
         self._forward_order.append(unit)
         self._note(Event.FORWARD, unit)
 
-    def _on_grads_ready(self, u: UnitState) -> None:
+    def _on_grads_ready(self, u: Unit) -> None:
         self._note(Event.GRADS_READY, u.index)
-        u.unsharded_bytes = self._unsharded_bytes(u)
-        self.unsharded_gradients.add(u.unsharded_bytes)
+        u.unsharded_bytes = u.unsharded_grad_bytes()
+        self._unsharded_gradients.add(u.unsharded_bytes)
         self._schedule.mark_ready(u.index)
-
-    def _unsharded_bytes(self, u: UnitState) -> int:
-        if u.arena is not None:
-            return u.arena.numel() * u.arena.element_size()
-        if u.grad_full is not None:
-            return u.grad_full.nbytes()
-        return sum(p.grad.numel() * p.grad.element_size() for p in u.params if p.grad is not None)
-
-    def _replay_pre_backward(self, index: int) -> None:
-        if self.gatherer is not None and index not in self.gatherer.backward_seen:
-            self.gatherer.pre_backward(self.units[index])
 
     def _reduce(self, index: int) -> None:
         u = self.units[index]
@@ -272,13 +264,9 @@ class ZeroEngine:
             return
         # Off the boundary with gradientSync: boundary the gradients stay unsharded; the parameters are freed anyway.
         if self._boundary or self._reduce_each:
-            u.move_grads(GradState.REDUCING)
-            self.strategy.reduce(u, async_op=self.config.overlap_comm)
-            if self.strategy.reduce_every_micro_batch:  # stages 2/3 drop them once reduced
-                self.unsharded_gradients.drop(u.unsharded_bytes)
-                u.unsharded_bytes = 0
-        if self.gatherer is not None and not u.has_frozen:
-            self.gatherer.free(u)
+            self._unsharded_gradients.drop(u.reduce(async_op=self.config.overlap_comm))
+        if not u.has_frozen:
+            u.reshard()  # nothing tells when autograd is done with frozen parameters: those wait for the end
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of `loss / gradient_accumulation_steps` (times the fp16 loss scale) and gradient reduction."""
@@ -286,28 +274,24 @@ class ZeroEngine:
         self._finish_forward_check()
         GradReadyHooks.arm(self.units)
         self._schedule.begin(self._forward_order)
-        self.unsharded_gradients.live = 0  # a new backward: stages 0/1 count their flat buffers again as ready
-        if self.gatherer is not None:
-            self.gatherer.backward_seen = set()
+        self._unsharded_gradients.live = 0  # a new backward: stages 0/1 count their flat buffers again as ready
+        self._prefetcher.begin_backward()
         for u in self.units:
-            self.strategy.prepare_backward(u)
+            u.prepare_backward()
         scale = self.scaler.scale / self.config.gradient_accumulation_steps
         self.control.note_loss(loss)
         (loss * scale).backward()
         # Units some parameters of which got no gradient: reduce them now, in schedule order. The check
         # comes after, so a rank whose backward skipped units still issues every collective the others did.
-        self._schedule.finish(before=self._replay_pre_backward)
+        self._schedule.finish(before=self._prefetcher.replay_pre_backward)
         reduced = self._boundary or self._reduce_each
         if self.order_check is not None and self._check_passes and reduced:
             self.order_check.verify("end of backward")
-        self.strategy.drain()
-        self.strategy.pool.streams.join()
-        if self.gatherer is not None:
-            for u in self.units:
-                self.gatherer.free(u)
-        if self.strategy.accumulate_fp32 and not self._boundary and not self.strategy.reduce_every_micro_batch:
-            for u in self.units:
-                self.strategy.fold_into_fp32(u)  # stages 0/1: micro-batches sum in fp32, as in stages 2/3
+        self._ctx.pool.drain()
+        self._ctx.pool.streams.join()
+        for u in self.units:
+            u.reshard()
+            u.end_backward(self._boundary)
         self.micro_steps += 1
 
     def train(self, mode: bool = True) -> ZeroEngine:
@@ -352,7 +336,7 @@ class ZeroEngine:
         self.optimizer.step()
         self._zero_grads()
         for i in self._gather_order():
-            self.strategy.after_step(self.units[i], async_op=self.config.overlap_comm)
+            self.units[i].after_step(async_op=self.config.overlap_comm)
         self.steps += 1
         self.comm.stats.settle()  # completed CUDA timings (none on CPU): the list stays one step long
         done.applied = True
@@ -368,7 +352,12 @@ class ZeroEngine:
         """Wait for parameter gathers still in flight (stages 1/2 after a step), e.g. before reading the module's
         parameters directly; forward, checkpoints and `full_state_dict` do it themselves."""
         for u in self.units:
-            u.finish_gather()
+            u.wait_for_unshard()
+
+    def refresh_parameters(self) -> None:
+        """Rebuild every unit's compute parameters from its fp32 master now (after a checkpoint wrote the masters)."""
+        for u in self.units:
+            u.after_step(async_op=False)
 
     def restore_counters(self, steps: int, micro_steps: int) -> None:
         """Continue from a checkpoint's counters: `steps` applied, `micro_steps` consumed, that boundary stepped."""
@@ -377,8 +366,7 @@ class ZeroEngine:
 
     def _zero_grads(self) -> None:
         for u in self.units:
-            self.strategy.zero_grads(u)
-            u.move_grads(GradState.IDLE)
+            u.zero_grads()
 
     # ----------------------------------------------------------------- checkpoints
 
@@ -406,11 +394,7 @@ class ZeroEngine:
         out: dict[str, torch.Tensor] = {}
         self.synchronize()
         for u in self.units:
-            if self.strategy.shards_optimizer:
-                full = torch.empty(u.layout.padded, dtype=torch.float32, device=u.master.device)
-                self.comm.all_gather(full, u.master, u.name)
-            else:
-                full = u.master.float()
+            full = u.full_master()
             for s in u.layout.slots:
                 out[s.name] = full[s.offset : s.offset + s.numel].view(s.shape).clone()
         for name, p in self.module.named_parameters(remove_duplicate=False):
@@ -423,6 +407,23 @@ class ZeroEngine:
         """Per collective op: calls, bytes (ring convention, see `collectives`), payload bytes and seconds."""
         self.comm.stats.settle()
         return {op: dict(vars(s)) for op, s in self.comm.stats.ops.items()}
+
+    def buffer_bytes(self) -> BufferBytes:
+        """What the engine's buffers beyond the model states hold, and held at most, each counted by its owner."""
+        return BufferBytes(
+            gathered_peak=self._ctx.gathered_peak_bytes,
+            gradient_arenas=self._ctx.arenas.nbytes if self._ctx.arenas is not None else 0,
+            unsharded_gradient_peak=self._unsharded_gradients.peak_bytes,
+            activations=self._activations.last_bytes,
+            activation_peak=self._activations.peak_bytes,
+            comm_buffers=self.comm.stats.buffer_bytes,
+            comm_buffer_peak=self.comm.stats.peak_buffer_bytes,
+        )
+
+    @property
+    def prefetches(self) -> int:
+        """Stage 3 gathers issued ahead of need so far (they overlap the running unit's compute)."""
+        return self._prefetcher.prefetches
 
     def memory_report(self) -> MemoryReport:
         """Bytes per category held by this rank now, next to the ZeRO formula's prediction."""

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from zerotrain.runtime.collectives import Pending
     from zerotrain.runtime.partition import UnitLayout
     from zerotrain.runtime.streams import SideWork
-    from zerotrain.runtime.unit import UnitState
+    from zerotrain.runtime.unit import Unit
 
 
 class GradArenas:
@@ -51,7 +51,7 @@ class GradArenas:
             [(self._new(), None) for _ in range(depth)] if self.block_elements else []
         )
 
-    def serves(self, u: UnitState) -> bool:
+    def serves(self, u: Unit) -> bool:
         """Whether the unit's gradients land in an arena: at most `limit` (reduceBucketElements) elements, so what
         the arenas keep for the whole run is bounded by the configuration, not by the model."""
         return u.layout.padded <= self.limit
@@ -62,16 +62,11 @@ class GradArenas:
         return arena
 
     @property
-    def allocations(self) -> int:
-        """Arenas made so far (the root's included)."""
-        return len(self._every) + (self._root is not None)
-
-    @property
     def nbytes(self) -> int:
         held = [*self._every, *([self._root] if self._root is not None else [])]
         return sum(t.numel() * t.element_size() for t in held)
 
-    def bind(self, u: UnitState) -> None:
+    def bind(self, u: Unit) -> None:
         """Point the unit's trainable parameters' `.grad` at a zeroed arena (once per backward; never for a unit the
         arenas do not serve, whose gradients stay autograd's)."""
         if u.arena is not None or not self.serves(u):
@@ -96,7 +91,7 @@ class GradArenas:
             if p.requires_grad:
                 p.grad = arena[slot.offset : slot.offset + slot.numel].view(slot.shape)
 
-    def release(self, u: UnitState, after: SideWork[Pending] | None = None) -> None:
+    def release(self, u: Unit, after: SideWork[Pending] | None = None) -> None:
         """Unbind the unit's `.grad` views and lend its arena again: at once when its reduction has read it, or
         (`after`) once that side work has run."""
         if u.arena is None:

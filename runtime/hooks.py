@@ -1,7 +1,7 @@
 """Autograd and module hooks: when a unit's gradients are complete, and (stage 3) when to gather and free.
 
 Gradient completion: a post-accumulate-grad hook on every trainable parameter counts down the unit's
-trainable parameters; the last one hands the unit to the strategy's reduction while the rest of
+trainable parameters; the last one hands the unit to the engine's reduction schedule while the rest of
 backward still runs. Autograd fires AccumulateGrad once per parameter per backward, summed over
 all uses, so tied parameters count once. Parameters that got no gradient (unused) are reduced at
 the end of backward by the engine, in unit order, so every rank still issues the same collectives.
@@ -25,14 +25,13 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from zerotrain.runtime.collectives import Comm
-from zerotrain.runtime.unit import GradState, ParamState, UnitState
+from zerotrain.runtime.unit import GradState, ParamState, Unit
 
 
 class GradReadyHooks:
     """Calls `on_ready(unit)` once per backward when all of a unit's trainable parameters have their gradient."""
 
-    def __init__(self, units: list[UnitState], on_ready: Callable[[UnitState], None]) -> None:
+    def __init__(self, units: list[Unit], on_ready: Callable[[Unit], None]) -> None:
         self.on_ready = on_ready
         self.handles = []
         for u in units:
@@ -40,7 +39,7 @@ class GradReadyHooks:
                 if p.requires_grad:
                     self.handles.append(p.register_post_accumulate_grad_hook(self._hook(u)))
 
-    def _hook(self, u: UnitState) -> Callable[[torch.Tensor], None]:
+    def _hook(self, u: Unit) -> Callable[[torch.Tensor], None]:
         def fired(_: torch.Tensor) -> None:
             u.grads_left -= 1
             if u.grads_left == 0:
@@ -50,7 +49,7 @@ class GradReadyHooks:
         return fired
 
     @staticmethod
-    def arm(units: list[UnitState]) -> None:
+    def arm(units: list[Unit]) -> None:
         for u in units:
             u.grads_left = u.trainable_count
             u.move_grads(GradState.ACCUMULATING)
@@ -67,12 +66,15 @@ def on_output_grad(output: Any, hook: Callable[[], None]) -> None:
         torch.autograd.graph.register_multi_grad_hook(leaves, lambda _grads: hook(), mode="any")
 
 
-class Gatherer:
-    """Stage 3 gathers, frees and prefetches, and the live/peak bytes of gathered parameters."""
+class Prefetcher:
+    """Stage 3: when each unit is gathered, freed and prefetched, following last iteration's forward order.
 
-    def __init__(self, units: list[UnitState], comm: Comm, prefetch: int) -> None:
-        self.units, self.comm, self.prefetch = units, comm, prefetch
-        self.peak_bytes = 0
+    It decides when; the units do the gathering and freeing. Idle (no hooks) when every unit starts gathered,
+    as in stages 0-2."""
+
+    def __init__(self, units: list[Unit], prefetch: int) -> None:
+        self.units, self.prefetch = units, prefetch
+        self.active = any(u.params_state is ParamState.SHARDED for u in units)
         self.prefetches = 0  # gathers issued ahead of need, so they overlap the running unit's compute
         blocks = [u.index for u in units if u.layout.module is not None]
         self.order: list[int] = blocks  # last iteration's forward order; registration order until then
@@ -80,45 +82,22 @@ class Gatherer:
         self.pos = 0  # next position of `order` whose gather this forward has not issued yet
         self.backward_seen: set[int] = set()  # units whose pre-backward ran in this backward
 
-    def gathered_bytes(self) -> int:
-        return sum(u.full.nbytes() for u in self.units)
-
-    def start(self, u: UnitState) -> bool:
-        """Issue the unit's async all-gather unless it is gathered or in flight; True if issued."""
-        if u.params_state is not ParamState.SHARDED:
-            return False
-        u.full.allocate()
-        self.peak_bytes = max(self.peak_bytes, self.gathered_bytes())
-        assert u.shard is not None
-        u.gather = self.comm.all_gather(u.full.data, u.shard, u.name, async_op=True)
-        u.move_params(ParamState.GATHERING)
-        return True
-
-    def wait(self, u: UnitState) -> None:
-        self.start(u)
-        u.finish_gather()
-
-    def free(self, u: UnitState) -> None:
-        if u.resident or u.params_state is ParamState.SHARDED:
-            return
-        self.wait(u)  # a gather still in flight writes into the buffer: finish it first
-        u.full.free()
-        u.move_params(ParamState.SHARDED)
-
     def prefetch_after(self, order: list[int], pos: int, step: int) -> None:
         """Start gathering the next `prefetch` units after position `pos` of `order`, walking by `step`."""
         for k in range(1, self.prefetch + 1):
             j = pos + step * k
-            if 0 <= j < len(order) and self.start(self.units[order[j]]):
+            if 0 <= j < len(order) and self.units[order[j]].unshard():
                 self.prefetches += 1
 
     def install(self) -> None:
+        if not self.active:
+            return
         for u in self.units:
             if u.layout.module is not None:
                 u.layout.module.register_forward_pre_hook(self._pre_forward(u))
                 u.layout.module.register_forward_hook(self._post_forward(u))
 
-    def _pre_forward(self, u: UnitState) -> Callable[..., None]:
+    def _pre_forward(self, u: Unit) -> Callable[..., None]:
         def hook(*_: Any) -> None:
             self.current.append(u.index)
             if u.index in self.order[self.pos :]:
@@ -127,44 +106,56 @@ class Gatherer:
                 # the end-of-forward check names the divergence instead of gloo mixing up units.
                 target = self.order.index(u.index, self.pos)
                 for j in range(self.pos, target + 1):
-                    self.start(self.units[self.order[j]])
+                    self.units[self.order[j]].unshard()
                 self.pos = target + 1
-            self.wait(u)
+            u.gather_now()
             self.prefetch_after(self.order, self.pos - 1, +1)
 
         return hook
 
-    def _post_forward(self, u: UnitState) -> Callable[..., Any]:
+    def _post_forward(self, u: Unit) -> Callable[..., Any]:
         def hook(_m: Any, _i: Any, output: Any) -> Any:
-            self.free(u)
+            u.reshard()
             on_output_grad(output, lambda: self.pre_backward(u))
             return output
 
         return hook
 
-    def pre_backward(self, u: UnitState) -> None:
+    def pre_backward(self, u: Unit) -> None:
         self.backward_seen.add(u.index)
-        self.wait(u)
+        u.gather_now()
         if u.index in self.order:
             self.prefetch_after(self.order, self.order.index(u.index), -1)
         else:  # the root: backward reaches the last forward unit first
             self.prefetch_after(self.order, len(self.order), -1)
 
-    def begin_forward(self, root: UnitState | None) -> None:
+    def replay_pre_backward(self, index: int) -> None:
+        """A unit backward never reached is reduced at its end: gather it as its pre-backward would have."""
+        if self.active and index not in self.backward_seen:
+            self.pre_backward(self.units[index])
+
+    def begin_forward(self, root: Unit | None) -> None:
+        if not self.active:
+            return
         self.current, self.pos = [], 0
         if root is not None:
-            self.wait(root)
+            root.gather_now()
         self.prefetch_after(self.order, -1, +1)
 
-    def end_forward(self, root: UnitState | None, output: Any) -> Any:
+    def end_forward(self, root: Unit | None, output: Any) -> Any:
+        if not self.active:
+            return output
         if self.current:
             self.order = self.current
         for u in self.units:
             # Including units scheduled (so gathered) but not run. The root stays gathered into backward, which
             # needs it first (the head): freeing it here would cost one more gather of it every step.
             if u is not root or not torch.is_grad_enabled():
-                self.free(u)
+                u.reshard()
         if root is None:
             return output
         on_output_grad(output, lambda: self.pre_backward(root))
         return output
+
+    def begin_backward(self) -> None:
+        self.backward_seen = set()

@@ -25,6 +25,7 @@ to a multiple of N is real memory, reported apart so a comparison can allow for 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -108,6 +109,26 @@ class MemoryReport(SpecModel):
     """The plan's stage-3 gathered window (`zerotrain.peak.gathered_bytes`)."""
 
 
+@dataclass(frozen=True)
+class BufferBytes:
+    """The engine's buffers beyond the model states, in bytes, as each buffer's owner counts them."""
+
+    gathered_peak: int
+    """Stage 3: the most full parameter buffers gathered at once."""
+    gradient_arenas: int
+    """Contiguous gradients' arenas, kept for the whole run."""
+    unsharded_gradient_peak: int
+    """The most unsharded gradients alive at once in a backward."""
+    activations: int
+    """Activations the last forward saved for its backward."""
+    activation_peak: int
+    """The most any forward saved."""
+    comm_buffers: int
+    """Communication buffers held now."""
+    comm_buffer_peak: int
+    """The most communication buffers held at once."""
+
+
 class StorageCounter:
     """Sums storage bytes, counting each storage once across categories."""
 
@@ -177,7 +198,7 @@ def memory_report(engine: ZeroEngine) -> MemoryReport:
     psi = sum(u.layout.numel for u in units)
     pp, pg, po = predict(engine.config.stage, psi, engine.world_size, w, g, k)
     buffers = buffer_plan(engine, w, g, k)
-    stats = engine.comm.stats
+    held = engine.buffer_bytes()
     return MemoryReport(
         rank=engine.rank,
         stage=engine.config.stage,
@@ -186,16 +207,16 @@ def memory_report(engine: ZeroEngine) -> MemoryReport:
         padding_elements=sum(u.layout.padded - u.layout.numel for u in units),
         parameter_bytes=params,
         gathered_bytes=gathered,
-        gathered_peak_bytes=engine.gatherer.peak_bytes if engine.gatherer else 0,
+        gathered_peak_bytes=held.gathered_peak,
         gradient_bytes=grads,
         optimizer_bytes=opt_bytes,
-        activation_bytes=engine.activations.last_bytes,
-        activation_peak_bytes=engine.activations.peak_bytes,
-        comm_buffer_bytes=stats.buffer_bytes,
-        comm_buffer_peak_bytes=stats.peak_buffer_bytes,
-        gradient_arena_bytes=engine.strategy.arenas.nbytes if engine.strategy.arenas is not None else 0,
-        unsharded_gradient_peak_bytes=engine.unsharded_gradients.peak_bytes,
-        **cuda_allocator(units[0].master.device),
+        activation_bytes=held.activations,
+        activation_peak_bytes=held.activation_peak,
+        comm_buffer_bytes=held.comm_buffers,
+        comm_buffer_peak_bytes=held.comm_buffer_peak,
+        gradient_arena_bytes=held.gradient_arenas,
+        unsharded_gradient_peak_bytes=held.unsharded_gradient_peak,
+        **cuda_allocator(engine.device),
         model_state_bytes=params + grads + opt_bytes,
         bytes_per_weight=w,
         bytes_per_gradient=g,

@@ -1,16 +1,25 @@
-"""One partition unit's state: its buffers, and where its parameters and gradients are in their lifecycles.
+"""One partition unit: its buffers, its two lifecycles, and every operation that moves them.
 
-Two explicit states, as FSDP2 keeps a sharded state apart from its training state, each changed only through
-`move_*`, which refuses a transition the lifecycle does not have (a bug, named, instead of a silent wrong buffer):
+A `Unit` is the one owner of its parameters' and gradients' lifecycle, as FSDP2's `FSDPParamGroup` is: it gathers,
+frees, reduces and brings the step's result back, reading the stage from the shared `ShardPolicy` (`unit_context`).
+Hooks (`hooks`) decide *when*; the engine sequences the step; nothing else writes a unit's state.
+
+Two explicit states, each changed only through `move_*`, which refuses a transition the lifecycle does not have
+(a bug, named, instead of a silent wrong buffer):
 
     parameters   SHARDED ──gather issued──▶ GATHERING ──gather done──▶ GATHERED ──freed──▶ SHARDED
-                 (stages 1/2 and resident stage-3 units: the step updates the shard, so GATHERED ──step──▶
-                 SHARDED, and the post-step gather runs while the next forward reaches the unit)
+                 GATHERED ──step updated the shard──▶ STALE ──gather issued──▶ GATHERING   (stages 1/2 and
+                 resident stage-3 units: the post-step gather runs while the next forward reaches the unit)
 
     gradients    IDLE ──backward starts──▶ ACCUMULATING ──all .grad in──▶ READY ──reduction issued──▶ REDUCING
                  REDUCING ──next backward──▶ ACCUMULATING;  any ──step (grads consumed)──▶ IDLE
 
 Whether a unit is gathered is read from this state, never inferred from a storage's size.
+
+Stages 0 and 1 let autograd accumulate straight into a flat gradient buffer (`.grad` are views) and communicate
+once per optimizer step; stages 2 and 3 cannot hold full gradients, so every micro-batch is reduce-scattered into
+the fp32 gradient shard and the unsharded gradients are dropped. With fp32 compute the fp32 master is the
+parameter storage itself (no second copy is held). The chunked collectives are in `unit_comm`.
 """
 
 from __future__ import annotations
@@ -21,9 +30,12 @@ from enum import Enum
 import torch
 from torch import nn
 
+from zerotrain.runtime import unit_comm
+from zerotrain.runtime.buckets import chunks
 from zerotrain.runtime.collectives import Pending
-from zerotrain.runtime.flat_buffer import FlatBuffer
-from zerotrain.runtime.partition import UnitLayout
+from zerotrain.runtime.flat_buffer import FlatBuffer, fill_rows
+from zerotrain.runtime.partition import ParamClass, Segment, UnitLayout
+from zerotrain.runtime.unit_context import UnitContext
 
 
 class ParamState(str, Enum):
@@ -35,6 +47,8 @@ class ParamState(str, Enum):
     """An all-gather into the full buffer is in flight."""
     GATHERED = "gathered"
     """The full parameters are in the full buffer, usable."""
+    STALE = "stale"
+    """The step updated this rank's shard; the full buffer still holds the previous values."""
 
 
 class GradState(str, Enum):
@@ -53,7 +67,8 @@ class GradState(str, Enum):
 _PARAM_MOVES: dict[ParamState, set[ParamState]] = {
     ParamState.SHARDED: {ParamState.GATHERING},
     ParamState.GATHERING: {ParamState.GATHERED},
-    ParamState.GATHERED: {ParamState.SHARDED},
+    ParamState.GATHERED: {ParamState.SHARDED, ParamState.STALE},
+    ParamState.STALE: {ParamState.GATHERING},
 }
 _GRAD_MOVES: dict[GradState, set[GradState]] = {
     GradState.IDLE: {GradState.ACCUMULATING, GradState.IDLE},
@@ -61,6 +76,7 @@ _GRAD_MOVES: dict[GradState, set[GradState]] = {
     GradState.READY: {GradState.REDUCING, GradState.ACCUMULATING, GradState.IDLE},
     GradState.REDUCING: {GradState.ACCUMULATING, GradState.IDLE},
 }
+_TRAINABLE = (ParamClass.DECAY, ParamClass.NO_DECAY)
 
 
 class LifecycleError(RuntimeError):
@@ -68,18 +84,21 @@ class LifecycleError(RuntimeError):
 
 
 @dataclass
-class UnitState:
-    """Buffers, lifecycle states and per-backward bookkeeping of one unit."""
+class Unit:
+    """Buffers, lifecycle states and per-backward bookkeeping of one unit, and the operations on them."""
 
     index: int
     layout: UnitLayout
     params: list[nn.Parameter]
+    ctx: UnitContext
     full: FlatBuffer
     """The full parameters in the compute dtype (allocated only while GATHERED or GATHERING in stage 3)."""
     master: torch.Tensor
     """The fp32 master values this rank updates (the whole unit in stage 0, its shard above)."""
     grad_shard: torch.Tensor
     """The fp32 gradients the optimizer reads, same range as `master`."""
+    master_range: tuple[int, int]
+    """Unit-coordinate range of `master`: the whole unit in stage 0, this rank's shard above."""
     shard: torch.Tensor | None = None
     """Stage 3: this rank's shard in the compute dtype, the source of every gather."""
     grad_full: FlatBuffer | None = None
@@ -88,7 +107,7 @@ class UnitState:
     """Stays gathered once gathered (stages 0-2; small stage-3 units)."""
     params_state: ParamState = ParamState.GATHERED
     grads_state: GradState = GradState.IDLE
-    gather: Pending | None = None
+    pending_gather: Pending | None = None
     grads_left: int = 0
     arena: torch.Tensor | None = None
     """Contiguous gradients: the arena slice this unit's `.grad` views point into during its backward."""
@@ -119,19 +138,194 @@ class UnitState:
             raise LifecycleError(f"unit {self.name!r}: parameters cannot go from {was} to {to.value}")
         self.params_state = to
 
-    def finish_gather(self) -> None:
-        """Wait for the unit's all-gather if one is in flight; its parameters are usable afterwards."""
-        if self.params_state is ParamState.GATHERING:
-            assert self.gather is not None
-            self.gather.wait()
-            self.gather = None
-            self.move_params(ParamState.GATHERED)
-
     def move_grads(self, to: GradState) -> None:
         if to not in _GRAD_MOVES[self.grads_state]:
             was = self.grads_state.value
             raise LifecycleError(f"unit {self.name!r}: gradients cannot go from {was} to {to.value}")
         self.grads_state = to
+
+    # ----------------------------------------------------------------- parameters
+
+    def unshard(self) -> bool:
+        """Issue the asynchronous all-gather of a sharded unit (a no-op otherwise); True if issued."""
+        if self.params_state is not ParamState.SHARDED:
+            return False
+        assert self.shard is not None
+        self.full.allocate()
+        self.ctx.note_gathered(self.full.nbytes())
+        self._issue_gather(self.shard, async_op=True)
+        return True
+
+    def wait_for_unshard(self) -> None:
+        """Wait for the unit's all-gather if one is in flight; its parameters are usable afterwards."""
+        if self.params_state is ParamState.GATHERING:
+            assert self.pending_gather is not None
+            self.pending_gather.wait()
+            self.pending_gather = None
+            self.move_params(ParamState.GATHERED)
+
+    def gather_now(self) -> None:
+        """The full parameters, usable now: gathered if sharded, waited for if in flight."""
+        self.unshard()
+        self.wait_for_unshard()
+
+    def reshard(self) -> None:
+        """Free the full parameters of a non-resident unit (a gather still in flight is finished first)."""
+        if self.resident or self.params_state is ParamState.SHARDED:
+            return
+        self.wait_for_unshard()  # a gather still in flight writes into the buffer
+        self.ctx.note_gathered(-self.full.nbytes())
+        self.full.free()
+        self.move_params(ParamState.SHARDED)
+
+    def _issue_gather(self, source: torch.Tensor, async_op: bool) -> None:
+        self.pending_gather = self.ctx.comm.all_gather(self.full.data, source, self.name, async_op=async_op)
+        self.move_params(ParamState.GATHERING)
+        if not async_op:
+            self.wait_for_unshard()
+
+    def after_step(self, async_op: bool = False) -> None:
+        """Bring the updated master values back into the compute parameters: stage 0 copies (mixed precision);
+        stages 1/2 all-gather the shards, a unit within `allgather_bucket` elements in place (its shard is already
+        its slot of the full buffer) and asynchronously when asked (the next forward waits for it), a larger one
+        in chunks through the pool; stage 3 updates the shard, and gathers a resident unit that is gathered."""
+        policy, mixed = self.ctx.policy, self.ctx.mixed
+        if not policy.optimizer:
+            if mixed:
+                self.full.data.copy_(self.master)
+            return
+        if self.shard is not None:
+            if mixed:
+                self.shard.copy_(self.master)
+            if self.resident and self.gathered:
+                self.move_params(ParamState.STALE)
+                self._issue_gather(self.shard, async_op)
+            return
+        if len(chunks(self.layout.shard_numel, self.ctx.n, self.ctx.allgather_bucket)) > 1:
+            unit_comm.gather_in_chunks(self)
+            return
+        lo, hi = self.master_range
+        mine = self.full.data[lo:hi]
+        if mixed:
+            mine.copy_(self.master)
+        self.move_params(ParamState.STALE)
+        self._issue_gather(mine, async_op)
+
+    def full_master(self) -> torch.Tensor:
+        """The unit's whole fp32 master (a collective on every rank when the optimizer state is sharded)."""
+        if not self.ctx.policy.optimizer:
+            return self.master.float()
+        full = torch.empty(self.layout.padded, dtype=torch.float32, device=self.master.device)
+        self.ctx.comm.all_gather(full, self.master, self.name)
+        return full
+
+    def optimizer_segments(self, rank: int) -> list[Segment]:
+        """The trainable runs of `master` the optimizer steps, in unit coordinates."""
+        if self.ctx.policy.optimizer:
+            return self.layout.shard_segments(rank, _TRAINABLE)
+        return [s for s in self.layout.class_segments() if s.kind in _TRAINABLE]
+
+    # ----------------------------------------------------------------- gradients
+
+    def fp32_grads(self) -> torch.Tensor:
+        """The fp32 gradient shard, its storage allocated (stages 0/1 in mixed precision free it between steps)."""
+        st = self.grad_shard.untyped_storage()
+        if st.nbytes() == 0:
+            st.resize_(self.grad_shard.numel() * self.grad_shard.element_size())
+            self.grad_shard.zero_()
+        return self.grad_shard
+
+    def prepare_backward(self) -> None:
+        """Stages 0/1: re-point `.grad` at the flat buffer if something (`model.zero_grad()`) dropped it. With
+        arenas, the root unit's gradients accumulate over the whole backward: its arena is bound from the start."""
+        if self.grad_full is not None:
+            if any(p.requires_grad and p.grad is None for p in self.params):
+                self.grad_full.bind_grads(self.params)
+        elif self.ctx.arenas is not None and self.layout.module is None:
+            self.ctx.arenas.bind(self)
+
+    def unsharded_grad_bytes(self) -> int:
+        """Bytes of the unit's unsharded gradients as they are once its backward is done."""
+        if self.arena is not None:
+            return self.arena.numel() * self.arena.element_size()
+        if self.grad_full is not None:
+            return self.grad_full.nbytes()
+        return sum(p.grad.numel() * p.grad.element_size() for p in self.params if p.grad is not None)
+
+    def fold_into_fp32(self) -> torch.Tensor:
+        """Add this micro-batch's compute-dtype gradients into the fp32 accumulator and clear them; returns the
+        accumulator (stage 0: the fp32 gradient buffer itself, reduced in place at the boundary; stage 1: a
+        full-size fp32 buffer held from the first micro-batch to the step)."""
+        assert self.grad_full is not None
+        acc = self.fp32_grads() if not self.ctx.policy.optimizer else self._full_accumulator()
+        acc.add_(self.grad_full.data)
+        self.grad_full.data.zero_()
+        return acc
+
+    def _full_accumulator(self) -> torch.Tensor:
+        if self.accum is None:
+            self.accum = torch.zeros(self.layout.padded, dtype=torch.float32, device=self.grad_shard.device)
+        elif self.accum.untyped_storage().nbytes() == 0:
+            self.accum.untyped_storage().resize_(self.layout.padded * 4)
+            self.accum.zero_()
+        return self.accum
+
+    def end_backward(self, boundary: bool) -> None:
+        """Between accumulation boundaries in mixed precision, full gradients are summed in fp32 (as the shards of
+        stages 2/3 are), so micro-batches do not round in the compute dtype."""
+        if self.grad_full is not None and self.ctx.accumulate_fp32 and not boundary:
+            self.fold_into_fp32()
+
+    def reduce(self, async_op: bool) -> int:
+        """Launch the unit's gradient reduction; returns the bytes of unsharded gradients it dropped (stages 2/3).
+
+        Stage 0 all-reduces and stage 1 reduce-scatters the full gradients (or their fp32 sum) at the boundary;
+        stages 2/3 reduce-scatter this micro-batch's gradients, from the arena or from `.grad`, into the shard."""
+        self.move_grads(GradState.REDUCING)
+        if self.grad_full is not None:
+            src = self.fold_into_fp32() if self.ctx.accumulate_fp32 else self.grad_full.data
+            if self.ctx.policy.optimizer:
+                rows_of = src.view(self.ctx.n, -1)
+
+                def fill_full(rows: torch.Tensor, a: int, b: int) -> None:
+                    rows.copy_(rows_of[:, a:b])
+
+                direct = src if src.dtype == self.ctx.dtypes.reduce else None
+                unit_comm.reduce_scatter(self, fill_full, direct, accumulate=False, async_op=async_op)
+            else:
+                unit_comm.all_reduce(self, src, async_op)
+            return 0
+        dropped, self.unsharded_bytes = self.unsharded_bytes, 0
+        arenas = self.ctx.arenas
+        if arenas is not None and arenas.serves(self):
+            unit_comm.reduce_arena(self, arenas, async_op)
+            return dropped
+        pairs = zip(self.layout.slots, self.params, strict=True)
+        grads = [(slot, p.grad.reshape(-1)) for slot, p in pairs if p.grad is not None]
+        shard = self.layout.shard_numel
+
+        def fill(rows: torch.Tensor, a: int, b: int) -> None:
+            fill_rows(rows, grads, shard, a, b)
+
+        unit_comm.reduce_scatter(self, fill, None, accumulate=True, async_op=async_op)
+        for p in self.params:
+            self.ctx.pool.streams.keep(p.grad)  # copied in on the side stream (CUDA): not reused before that
+            p.grad = None  # the unsharded gradients are in the buckets now: free them
+        return dropped
+
+    def zero_grads(self) -> None:
+        """The step consumed the gradients. Mixed precision keeps the full gradients in the compute dtype; the fp32
+        copy the optimizer reads exists only from the reduction to the end of the step (as in DeepSpeed)."""
+        if self.grad_full is not None:
+            self.grad_full.data.zero_()
+            if self.accum is not None:
+                self.accum.untyped_storage().resize_(0)
+            if self.ctx.mixed:
+                self.grad_shard.untyped_storage().resize_(0)
+                self.move_grads(GradState.IDLE)
+                return
+        self.grad_shard.zero_()
+        self.move_grads(GradState.IDLE)
 
     # What each buffer holds, by report category: the memory report sums these (each storage once).
 
@@ -151,3 +345,30 @@ class UnitState:
     def master_tensors(self) -> list[torch.Tensor]:
         """The fp32 master (the parameters themselves under fp32 compute: then counted there, first)."""
         return [self.master]
+
+
+def build_unit(
+    ctx: UnitContext, index: int, layout: UnitLayout, params: list[nn.Parameter], init: torch.Tensor, persist: int
+) -> Unit:
+    """Buffers of one unit from `init` (its fp32 flat values, identical on every rank), as the policy shards them;
+    a stage-3 unit of at most `persist` elements stays gathered once gathered."""
+    policy, compute = ctx.policy, ctx.dtypes.compute
+    full = FlatBuffer(layout, compute, init.device)
+    full.bind(params)
+    lo, hi = layout.shard_range(ctx.comm.rank) if policy.optimizer else (0, layout.padded)
+    shard = None
+    if policy.parameters:
+        shard = held = init[lo:hi].to(compute, copy=True)
+        full.free()
+    else:
+        full.data.copy_(init)
+        held = full.data[lo:hi]
+    grad_full = None
+    if not policy.gradients:
+        grad_full = FlatBuffer(layout, compute, init.device)
+        grad_full.bind_grads(params)
+    master = init[lo:hi].clone() if ctx.mixed else held
+    grad_shard = grad_full.data[lo:hi] if grad_full is not None and not ctx.mixed else torch.zeros_like(master)
+    state = ParamState.SHARDED if policy.parameters else ParamState.GATHERED
+    resident = not policy.parameters or layout.padded <= persist
+    return Unit(index, layout, params, ctx, full, master, grad_shard, (lo, hi), shard, grad_full, resident, state)

@@ -120,7 +120,7 @@ def run_case(rank: int, world: int, case: Case) -> dict:
         "step_bytes": step_bytes,
         "memory": mem.model_dump(),
         "unit_bytes": unit_bytes,
-        "prefetches": engine.gatherer.prefetches if engine.gatherer else 0,
+        "prefetches": engine.prefetches,
         "reduce_scatters": engine.comm_report().get("reduce_scatter", {}).get("calls", 0) / len(data),
     }
 

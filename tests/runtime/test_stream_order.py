@@ -26,7 +26,7 @@ SMALL = 16  # elements per bucket: every unit is reduced in several chunks
 def _train(rank: int, world: int, case: Case, model: str) -> dict[str, torch.Tensor]:
     os.environ[STREAM_MODEL_ENV] = model
     engine = engine_for(case)
-    assert type(engine.strategy.pool.streams).__name__ == ("LazyStreams" if model == "lazy" else "HostStreams")
+    assert type(streams_for(engine.device)).__name__ == ("LazyStreams" if model == "lazy" else "HostStreams")
     for step in batches(STEPS, world, micro=case.accum):
         for micro in step:
             engine.backward(lm_loss(engine(micro[rank]), micro[rank]))

@@ -6,28 +6,46 @@ import pytest
 import torch
 from torch import nn
 
-from zerotrain.runtime.flat_buffer import FlatBuffer
+from zerotrain.runtime.buckets import BucketPool
+from zerotrain.runtime.collectives import Comm
 from zerotrain.runtime.partition import build_units
-from zerotrain.runtime.unit import GradState, LifecycleError, ParamState, UnitState
+from zerotrain.runtime.unit import GradState, LifecycleError, ParamState, Unit, build_unit
+from zerotrain.runtime.unit_context import Dtypes, ShardPolicy, UnitContext
+from zerotrain.zero_config import Stage
 
 
-def unit(state: ParamState) -> UnitState:
-    (layout,) = build_units(nn.Linear(4, 4), [], [], world_size=2)
-    full = FlatBuffer(layout, torch.float32, torch.device("cpu"))
-    return UnitState(0, layout, [], full, torch.zeros(10), torch.zeros(10), params_state=state)
+def unit(stage: Stage) -> Unit:
+    comm = Comm(timeout_seconds=60)
+    ctx = UnitContext(comm, Dtypes(torch.float32, torch.float32), ShardPolicy.of(stage), BucketPool(comm), 64, 64)
+    model = nn.Linear(4, 4)
+    (layout,) = build_units(model, [], [], world_size=1)
+    init = torch.zeros(layout.padded)
+    return build_unit(ctx, 0, layout, list(model.parameters()), init, persist=0)
+
+
+def test_the_stage_is_a_policy_the_unit_reads() -> None:
+    assert ShardPolicy.of(Stage.DATA_PARALLEL) == ShardPolicy(optimizer=False, gradients=False, parameters=False)
+    assert ShardPolicy.of(Stage.GRADIENTS) == ShardPolicy(optimizer=True, gradients=True, parameters=False)
+    three = unit(Stage.PARAMETERS)
+    assert three.params_state is ParamState.SHARDED and not three.resident and three.grad_full is None
+    one = unit(Stage.OPTIMIZER_STATES)
+    assert one.params_state is ParamState.GATHERED and one.resident and one.grad_full is not None
 
 
 def test_parameters_go_round_sharded_gathering_gathered_and_nowhere_else() -> None:
-    u = unit(ParamState.SHARDED)
+    u = unit(Stage.PARAMETERS)
     with pytest.raises(LifecycleError, match="parameters cannot go from sharded to gathered"):
         u.move_params(ParamState.GATHERED)  # a gather must be issued first
-    for to in (ParamState.GATHERING, ParamState.GATHERED, ParamState.SHARDED):
+    with pytest.raises(LifecycleError, match="parameters cannot go from sharded to stale"):
+        u.move_params(ParamState.STALE)  # a step cannot make unheld parameters stale
+    for to in (ParamState.GATHERING, ParamState.GATHERED, ParamState.STALE, ParamState.GATHERING):
         u.move_params(to)
-    assert u.params_state is ParamState.SHARDED and not u.gathered
+    with pytest.raises(LifecycleError, match="parameters cannot go from gathering to sharded"):
+        u.move_params(ParamState.SHARDED)  # an in-flight gather is finished before the buffer is freed
 
 
 def test_gradients_cannot_be_ready_before_a_backward_starts() -> None:
-    u = unit(ParamState.GATHERED)
+    u = unit(Stage.DATA_PARALLEL)
     with pytest.raises(LifecycleError, match="gradients cannot go from idle to ready"):
         u.move_grads(GradState.READY)
     for to in (GradState.ACCUMULATING, GradState.READY, GradState.REDUCING, GradState.ACCUMULATING, GradState.IDLE):
