@@ -1,4 +1,4 @@
-"""What the per-rank metrics cost: the real training loop (`zerotrain.runtime.train.run_steps`) with metrics on
+"""What the per-rank metrics cost: the real training loop (`zerotrain.runtime.job.train.run_steps`) with metrics on
 against metrics off, in the same process tree, alternating on and off so drift on a shared machine hits both alike.
 With metrics on, a thread in each rank scrapes it every --scrape-interval seconds (1 by default: 15 times as often
 as the chart's PodMonitor).
@@ -25,8 +25,8 @@ import torch.multiprocessing as mp
 from rich.console import Console
 from rich.table import Table
 
-from zerotrain.runtime.launch import free_port
-from zerotrain.runtime.metrics_endpoint import Endpoint
+from zerotrain.runtime.job.launch import free_port
+from zerotrain.runtime.job.metrics_endpoint import Endpoint
 
 
 def _scraper(port: int, interval: float, stop: threading.Event, count: list[int]) -> None:
@@ -42,9 +42,9 @@ def _rank_main(rank: int, world: int, port: int, on: bool, args: argparse.Namesp
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     from zerotrain.runtime import ZeroEngine
-    from zerotrain.runtime.metrics import RankMetrics
-    from zerotrain.runtime.task import build_task
-    from zerotrain.runtime.train import RankContext, make_engine, run_steps
+    from zerotrain.runtime.job.metrics import RankMetrics
+    from zerotrain.runtime.job.task import build_task
+    from zerotrain.runtime.job.train import RankContext, make_engine, run_steps
     from zerotrain.spec import ZeroTrainingJobSpec
 
     spec = ZeroTrainingJobSpec.model_validate(

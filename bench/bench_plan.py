@@ -5,7 +5,7 @@
     python bench/bench_plan.py --json out.json --plot docs/memory-plan.png
 
 Each configuration trains the example GPT (`zerotrain.runtime.examples.gpt`) for three steps on gloo, with every
-rank under `zerotrain.runtime.live_bytes.LiveBytes` from before its model is built, and prints the most bytes alive
+rank under `zerotrain.runtime.zero.live_bytes.LiveBytes` from before its model is built, and prints the most bytes alive
 at once next to `zerotrain plan`'s whole peak for the same manifest (its `spec.model.shape`, the formula's activations).
 The error is (predicted - measured) / measured. The corpus is kept to 20 kB so the entry point's own tensors,
 which no plan knows, stay out of the comparison.
@@ -34,8 +34,8 @@ import torch.multiprocessing as mp
 from zerotrain.peak import peak_plan
 from zerotrain.plan_inputs import peak_input
 from zerotrain.planner import format_bytes
-from zerotrain.runtime.launch import free_port
-from zerotrain.runtime.live_bytes import LiveBytes
+from zerotrain.runtime.job.launch import free_port
+from zerotrain.runtime.zero.live_bytes import LiveBytes
 from zerotrain.spec import ZeroTrainingJobSpec
 
 SIZES = {  # name: (layers, hidden, heads, sequence length, sequences per rank)

@@ -29,7 +29,7 @@ from rich.table import Table
 from torch import nn
 
 from zerotrain.planner import format_bytes
-from zerotrain.runtime.launch import free_port
+from zerotrain.runtime.job.launch import free_port
 
 
 class Block(nn.Module):

@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from zerotrain.planner import format_bytes
-from zerotrain.runtime.launch import free_port
+from zerotrain.runtime.job.launch import free_port
 
 
 @dataclass(frozen=True)

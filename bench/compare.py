@@ -35,8 +35,8 @@ import torch.multiprocessing as mp
 from compare_report import plot_all, print_tables
 from compare_systems import DEEPSPEED, FORMULA_STAGE, LABELS, SYSTEMS, RunSpec, run_rank, run_reference
 
-from zerotrain.runtime.launch import free_port
-from zerotrain.runtime.memory import predict
+from zerotrain.runtime.job.launch import free_port
+from zerotrain.runtime.zero.memory import predict
 from zerotrain.zero_config import Stage
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "compare.json"

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from compare_comm import CommCounter
 from torch import nn
 
-from zerotrain.runtime.memory import StorageCounter
+from zerotrain.runtime.zero.memory import StorageCounter
 
 ZEROTRAIN = ["zero0", "zero1", "zero2", "zero3"]
 TORCH = ["ddp", "zro", "fsdp2", "fsdp2-keep"]
@@ -225,7 +225,7 @@ def _init_group(spec: RunSpec, rank: int) -> None:
         deepspeed.utils.logger.setLevel("WARNING")
         deepspeed.init_distributed(dist_backend="nccl" if spec.device == "cuda" else "gloo")
     else:
-        from zerotrain.runtime.process_group import process_group_backend
+        from zerotrain.runtime.zero.process_group import process_group_backend
 
         # With CUDA, gloo too: zerotrain's small control collectives use CPU tensors.
         dist.init_process_group(process_group_backend(spec.device == "cuda"), rank=rank, world_size=spec.world)

@@ -88,7 +88,7 @@ main() {
     expect=(--expect-site "$site")
   fi
   # The installed zerotrain imports with only the machine's own packages besides the bundle.
-  "$PY" -c 'import zerotrain, zerotrain.runtime.engine, zerotrain.runtime.examples.gpt, torch, pydantic
+  "$PY" -c 'import zerotrain, zerotrain.runtime.zero.engine, zerotrain.runtime.examples.gpt, torch, pydantic
 print("zerotrain", zerotrain.__version__, "from", zerotrain.__file__)
 print("torch", torch.__version__, "CUDA", torch.version.cuda, "from", torch.__file__)
 print("pydantic", pydantic.VERSION, "from", pydantic.__file__)' || setup_failed "zerotrain does not import"

@@ -18,7 +18,7 @@ from zerotrain.peak import peak_plan
 from zerotrain.planner import format_bytes
 from zerotrain.pod_contract import SINGLE_RANK_COLLECTIVES_ENV as SINGLE_RANK_ENV
 from zerotrain.runtime import ZeroConfig, ZeroEngine
-from zerotrain.runtime.memory import buffer_plan
+from zerotrain.runtime.zero.memory import buffer_plan
 from zerotrain.spec import ModelShape
 from zerotrain.transformer_plan import activation_peak
 

@@ -19,9 +19,9 @@ from compare_systems import _adamw as adamw  # the benchmarks' AdamW: lr 1e-3, w
 
 from zerotrain.runtime import ZeroConfig, ZeroEngine
 from zerotrain.runtime.examples.gpt import build
-from zerotrain.runtime.launch import free_port
-from zerotrain.runtime.process_group import process_group_backend
-from zerotrain.runtime.train import to_device
+from zerotrain.runtime.job.launch import free_port
+from zerotrain.runtime.job.train import to_device
+from zerotrain.runtime.zero.process_group import process_group_backend
 
 
 def device_of(args: argparse.Namespace) -> torch.device:

@@ -19,7 +19,7 @@ from gpu_check_procs import first_line, phase_command
 from gpu_check_records import FAILED, NOT_POSSIBLE, OK, Checks, read_records
 from gpu_check_train import device_of, exact_fp32, init_group, math_attention, teardown
 
-from zerotrain.runtime.launch import free_port
+from zerotrain.runtime.job.launch import free_port
 
 
 def phase_two_ranks_rank(args: argparse.Namespace, checks: Checks) -> None:

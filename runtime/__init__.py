@@ -20,7 +20,7 @@ __all__ = ["Precision", "Stage", "ZeroConfig", "ZeroEngine"]
 
 def __getattr__(name: str) -> Any:
     if name == "ZeroEngine":
-        from zerotrain.runtime.engine import ZeroEngine
+        from zerotrain.runtime.zero.engine import ZeroEngine
 
         return ZeroEngine
     raise AttributeError(f"module 'zerotrain.runtime' has no attribute {name!r}")

@@ -1,6 +1,6 @@
 """Pod entry point: `python -m zerotrain.runtime --config /etc/zerotrain/job.yaml`.
 
-Reads the job manifest and the pod environment (see `zerotrain.runtime.launch` for the variables, the meaning
+Reads the job manifest and the pod environment (see `zerotrain.runtime.job.launch` for the variables, the meaning
 of WORLD_SIZE and the exit statuses), starts this pod's ranks through torch's elastic launcher and exits with
 their status. Each rank's stderr is also captured in a temporary folder for the launch (still shown in the pod's
 log, `[rankN]:`-prefixed; stdout, the long part, is not kept): a rank killed or aborted leaves no error file, and its
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from zerotrain.errors import EXIT_BAD_INPUT, UserError
-from zerotrain.runtime.launch import LaunchOutcome, Outcome, launch, plan_from_env, preflight, write_termination_log
+from zerotrain.runtime.job.launch import LaunchOutcome, Outcome, launch, plan_from_env, preflight, write_termination_log
 
 DEFAULT_CONFIG = "/etc/zerotrain/job.yaml"
 

@@ -2,7 +2,7 @@
 
 The operator puts these in the pods of jobs with `spec.resources.gpu > 0` (after the rendezvous env, before
 `spec.env`, and only those the job's `spec.env` or pod template does not name); the launcher
-(`zerotrain.runtime.launch`) adds the ones still missing from its own environment to the ranks it starts, so
+(`zerotrain.runtime.job.launch`) adds the ones still missing from its own environment to the ranks it starts, so
 `python -m zerotrain.runtime` outside the operator gets them too. CPU jobs get none of them.
 
 What each does in torch 2.4–2.13 was checked against torch 2.13's ProcessGroupNCCL, flight-recorder and allocator

@@ -1,7 +1,7 @@
 """A small byte-level GPT on the Python standard library's own source: `zerotrain.runtime.examples.gpt:build`.
 
 Pre-norm transformer blocks (the ZeRO unit is the `Block` class), learned positions, and an output projection
-tied to the input embedding. Text and batching come from `zerotrain.runtime.data`, so the global batch of
+tied to the input embedding. Text and batching come from `zerotrain.runtime.job.data`, so the global batch of
 every step is the same at any world size.
 """
 
@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from zerotrain.runtime.data import TextBatches, read_text_corpus
-from zerotrain.runtime.task import ConfigError, TrainingTask
+from zerotrain.runtime.job.data import TextBatches, read_text_corpus
+from zerotrain.runtime.job.task import ConfigError, TrainingTask
 
 VOCAB = 256  # bytes
 

@@ -192,17 +192,17 @@ def test_select_installs_zerotrain_and_what_is_absent_or_older(tmp_path: Path) -
 
 def test_verify_fails_when_the_checkout_differs_from_the_bundled_sources(tmp_path: Path) -> None:
     checkout = tmp_path / "checkout"
-    for rel in ("runtime/engine.py", "operator/main.py", "zerotrain/py.typed", "runtime/__pycache__/x.py"):
+    for rel in ("runtime/zero/engine.py", "operator/main.py", "zerotrain/py.typed", "runtime/__pycache__/x.py"):
         (checkout / rel).parent.mkdir(parents=True, exist_ok=True)
         (checkout / rel).write_text(rel)
     sources = gpu_bundle.source_files(checkout)
-    assert set(sources) == {"runtime/engine.py", "operator/main.py", "zerotrain/py.typed"}
+    assert set(sources) == {"runtime/zero/engine.py", "operator/main.py", "zerotrain/py.typed"}
     bundle = _fake_bundle(tmp_path / "b", {"zerotrain": "0.1.0"}, sources)
     assert gpu_bundle.stale_sources(bundle, checkout) == []
     assert gpu_bundle.main(["verify", str(bundle), "--checkout", str(checkout)]) == 0
-    (checkout / "runtime/engine.py").write_text("changed")
+    (checkout / "runtime/zero/engine.py").write_text("changed")
     (checkout / "runtime/new.py").write_text("new")
-    assert gpu_bundle.stale_sources(bundle, checkout) == ["runtime/engine.py", "runtime/new.py"]
+    assert gpu_bundle.stale_sources(bundle, checkout) == ["runtime/new.py", "runtime/zero/engine.py"]
     assert gpu_bundle.main(["verify", str(bundle), "--checkout", str(checkout)]) == 1
 
 
@@ -220,7 +220,7 @@ def test_the_zerotrain_wheel_holds_every_source_file_at_its_package_path(tmp_pat
     wheel = gpu_bundle.build_wheel(tmp_path, sys.executable)
     sources = gpu_bundle.source_files(ROOT)
     gpu_bundle.check_wheel_has_sources(wheel, sources)  # raises naming what is missing
-    assert "runtime/engine.py" in sources and "zerotrain/py.typed" in sources
+    assert "runtime/zero/engine.py" in sources and "zerotrain/py.typed" in sources
 
 
 # --- the shell script -----------------------------------------------------------------------------------------------
@@ -265,8 +265,8 @@ def test_the_script_installs_the_wheel_imports_it_and_refuses_one_of_other_sourc
     # Imported from the folder pip installed the wheel into, ahead of this environment's editable install.
     assert {"environment: zerotrain from the bundle", "environment: torch is the machine's own"} <= passed
     assert "zerotrain wheel matches the checkout" in proc.stdout
-    sources["runtime/engine.py"] = hashlib.sha256(b"another engine").hexdigest()
+    sources["runtime/zero/engine.py"] = hashlib.sha256(b"another engine").hexdigest()
     (bundle / "bundle.json").write_text(json.dumps({"wheels": [entry], "sources": sources}))
     proc = _sh(str(tmp_path / "b"), "--device", "cpu", "--bundle", str(bundle), "--quick", "--phases", "collectives")
     assert proc.returncode == 2 and "not this checkout's code" in proc.stdout
-    assert "runtime/engine.py" in proc.stdout
+    assert "runtime/zero/engine.py" in proc.stdout

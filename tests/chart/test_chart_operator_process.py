@@ -23,7 +23,7 @@ from e2e.emulator import ZeroEmulator
 
 from zerotrain.operator.kube import Kube, KubeError, path_of
 from zerotrain.operator.leader import LEASE_API
-from zerotrain.runtime.launch import free_port
+from zerotrain.runtime.job.launch import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -93,7 +93,7 @@ def test_the_7b_fp32_job_gets_one_number_from_plan_and_admission(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # fp32 AdamW at stage 2 on 2 x 80Gi: 4Ψ of weights + (4 + 8)Ψ/2 of fp32 gradients and Adam state = 70 GB, what
-    # the runtime holds (runtime/memory.py applies the same planner.element_bytes).
+    # the runtime holds (runtime/zero/memory.py applies the same planner.element_bytes).
     from zerotrain.operator.admission import admit
 
     spec = {

@@ -205,7 +205,7 @@ def test_the_figures_docs_memory_quotes_are_the_quickstarts_plan() -> None:
 DATA_DEPENDENT = """
 import torch
 from torch import nn
-from zerotrain.runtime.task import TrainingTask
+from zerotrain.runtime.job.task import TrainingTask
 
 
 class Gate(nn.Module):

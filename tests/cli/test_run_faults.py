@@ -20,7 +20,7 @@ from zerotrain.cli import main
 TASK = """
 import torch
 from torch import nn
-from zerotrain.runtime.task import TrainingTask
+from zerotrain.runtime.job.task import TrainingTask
 
 
 class Layer(nn.Module):

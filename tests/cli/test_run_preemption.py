@@ -105,7 +105,7 @@ def rank_pids(pid: int) -> list[int]:
         try:  # a short-lived helper may exit while we look
             for task in Path(f"/proc/{p}/task").iterdir():
                 todo += [int(c) for c in (task / "children").read_text().split()]
-            if p != pid and b"zerotrain.runtime.train" in Path(f"/proc/{p}/cmdline").read_bytes():
+            if p != pid and b"zerotrain.runtime.job.rank" in Path(f"/proc/{p}/cmdline").read_bytes():
                 found.append(p)
         except OSError:
             continue
@@ -177,7 +177,7 @@ def test_a_stop_signal_commits_the_current_step_and_a_rerun_continues_exactly(
 SLOW_TASK = """
 import time
 import torch
-from zerotrain.runtime.task import TrainingTask
+from zerotrain.runtime.job.task import TrainingTask
 
 
 def batches(step_s):

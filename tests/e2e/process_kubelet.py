@@ -28,7 +28,7 @@ from typing import Any
 
 from zerotrain.operator import naming
 from zerotrain.operator.kube import Kube, KubeError, path_of
-from zerotrain.runtime.launch import free_port
+from zerotrain.runtime.job.launch import free_port
 
 from .cluster import Cluster, project_token
 from .kubelet import set_pod_phase

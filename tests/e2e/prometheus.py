@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from zerotrain.runtime.launch import free_port
+from zerotrain.runtime.job.launch import free_port
 
 INSTALL_HINT = "needs prometheus and promtool (Debian package `prometheus`; `make test` installs it)"
 

@@ -21,7 +21,7 @@ from zerotrain.monitoring.alerts import ALERTS
 from zerotrain.monitoring.dashboard import panel_queries
 from zerotrain.monitoring.queries import Query, Scope, all_queries, vars_all
 from zerotrain.operator.kube import Kube
-from zerotrain.runtime.launch import free_port
+from zerotrain.runtime.job.launch import free_port
 
 from .cluster import Cluster, until_async
 from .conftest import Operator

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from zerotrain.operator.kube import Kube, path_of
-from zerotrain.runtime.launch import free_port
+from zerotrain.runtime.job.launch import free_port
 
 from .cluster import Cluster, until, until_async
 from .test_operator_e2e import JOBS, PLURAL, job_manifest, pods

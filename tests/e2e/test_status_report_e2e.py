@@ -9,7 +9,7 @@ import pytest
 
 from zerotrain.operator.kube import Kube, path_of
 from zerotrain.pod_contract import SERVICE_ACCOUNT_DIR_ENV, STATUS_API_ENV
-from zerotrain.runtime import status_report
+from zerotrain.runtime.job import status_report
 
 from .cluster import Cluster, project_token, until_async
 from .conftest import Operator

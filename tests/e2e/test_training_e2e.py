@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from zerotrain.operator.kube import Kube, path_of
-from zerotrain.runtime.preemption import PEER_REQUEST
+from zerotrain.runtime.job.preemption import PEER_REQUEST
 
 from .cluster import Cluster
 from .conftest import Operator
@@ -89,9 +89,9 @@ async def test_killed_rank_restarts_gang_which_resumes_and_finishes(
     assert status["step"] == STEPS
     assert status["lastCheckpoint"]["step"] == STEPS
     root = tmp_path / "pvc" / "ckpt"
-    # runtime/checkpoint.py's layout: a fresh `step-N-<token>` directory per save.
+    # runtime/checkpoints/checkpoint.py's layout: a fresh `step-N-<token>` directory per save.
     assert re.fullmatch(re.escape(str(root / f"step-{STEPS:08d}-")) + "[0-9a-f]{8}", status["lastCheckpoint"]["path"])
-    # runtime/checkpoint.py's layout (not imported: it would load torch into the test process)
+    # runtime/checkpoints/checkpoint.py's layout (not imported: it would load torch into the test process)
     kept = sorted(json.loads(m.read_text())["step"] for m in root.glob("step-*/COMMITTED"))
     assert kept == [STEPS - INTERVAL, STEPS], kept
 

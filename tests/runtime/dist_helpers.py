@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-from zerotrain.runtime.launch import free_port
+from zerotrain.runtime.job.launch import free_port
 
 
 class RankFailed(AssertionError):

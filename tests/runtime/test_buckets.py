@@ -11,7 +11,7 @@ from dist_helpers import run_ranks
 from torch import nn
 
 from zerotrain.runtime.errors import ZeroSetupError
-from zerotrain.runtime.partition import ALIGN, align_up
+from zerotrain.runtime.zero.partition import ALIGN, align_up
 
 WIDTH, BUCKET = 24, 100  # a block's shard (~300 elements) is several buckets
 

@@ -10,7 +10,7 @@ import torch
 from dist_helpers import run_ranks
 from tiny_models import batches, lm_loss, make_model, reference_train
 
-from zerotrain.runtime import checkpoint
+from zerotrain.runtime.checkpoints import checkpoint
 
 
 def _train(engine, data, rank: int) -> None:  # type: ignore[no-untyped-def]

@@ -12,7 +12,7 @@ import torch
 from dist_helpers import RankFailed, run_ranks
 from tiny_models import batches, lm_loss, make_model
 
-from zerotrain.runtime import checkpoint
+from zerotrain.runtime.checkpoints import checkpoint
 
 
 def _adamw(g: list) -> torch.optim.Optimizer:
@@ -74,7 +74,7 @@ def test_resume_across_fp16_skipped_steps_is_bit_exact(tmp_path: Path) -> None:
 
 
 def killed_mid_save(rank: int, world: int, root: str, point: str) -> None:
-    from zerotrain.runtime import checkpoint as ck
+    from zerotrain.runtime.checkpoints import checkpoint as ck
 
     engine = _engine()
     data = batches(3, world)

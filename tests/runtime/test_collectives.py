@@ -10,9 +10,9 @@ from dist_helpers import run_ranks
 
 
 def lose_peer(rank: int, world: int) -> str:
-    from zerotrain.runtime.collectives import Comm
     from zerotrain.runtime.errors import PeerLostError
-    from zerotrain.runtime.process_group import init_from_env
+    from zerotrain.runtime.zero.collectives import Comm
+    from zerotrain.runtime.zero.process_group import init_from_env
 
     init_from_env(30, torch.device("cpu"))
     comm = Comm(30)
@@ -40,7 +40,8 @@ def record_devices(rank: int, world: int) -> list[tuple[str, str]]:
     import torch.distributed as dist
     from tiny_models import batches, lm_loss, make_model
 
-    from zerotrain.runtime import ZeroConfig, ZeroEngine, collectives
+    from zerotrain.runtime import ZeroConfig, ZeroEngine
+    from zerotrain.runtime.zero import collectives
 
     seen: list[tuple[str, str]] = []
 
@@ -68,7 +69,7 @@ def record_devices(rank: int, world: int) -> list[tuple[str, str]]:
 
 
 def test_every_collective_tensor_is_on_a_device_the_group_serves() -> None:
-    from zerotrain.runtime.process_group import process_group_backend, served_devices
+    from zerotrain.runtime.zero.process_group import process_group_backend, served_devices
 
     # With CUDA, CPU control tensors (the divergence check) would hang or fail on a NCCL-only group.
     assert served_devices(process_group_backend(cuda=True)) == {"cpu", "cuda"}
@@ -95,7 +96,7 @@ class _Work:
 def test_a_cuda_wait_orders_the_stream_without_blocking_the_host(cuda: bool) -> None:
     """NCCL's wait with a timeout polls on the host until the transfer ends; without one it only makes the current
     stream wait. CUDA waits take the second (the group's watchdog bounds them); gloo's keep the timeout."""
-    from zerotrain.runtime.collectives import Comm, Pending
+    from zerotrain.runtime.zero.collectives import Comm, Pending
 
     comm, work = Comm(7), _Work()
     Pending(comm, work, "all_gather", "blocks.0", (8, 16), time.perf_counter(), cuda).wait()  # type: ignore[arg-type]
@@ -117,7 +118,7 @@ class _Event:
 
 
 def test_cuda_collective_seconds_are_added_once_their_events_completed() -> None:
-    from zerotrain.runtime.collectives import CommStats
+    from zerotrain.runtime.zero.collectives import CommStats
 
     stats = CommStats()
     stats.record("reduce_scatter", 100, 200, 0.0)

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from zerotrain.runtime.control import fingerprint_bits, pack, unpack
+from zerotrain.runtime.zero.control import fingerprint_bits, pack, unpack
 
 CPU = torch.device("cpu")
 

@@ -9,10 +9,11 @@ import torch.distributed as dist
 from test_train_loop import job_spec
 
 from zerotrain.runtime.errors import ZeroSetupError
-from zerotrain.runtime.process_group import check_backend_serves, check_local_gpu, control_device, device_for
-from zerotrain.runtime.setup_checks import check_precision
-from zerotrain.runtime.task import ConfigError
-from zerotrain.runtime.train import RankContext, init_process_group
+from zerotrain.runtime.job.rank import init_process_group
+from zerotrain.runtime.job.task import ConfigError
+from zerotrain.runtime.job.train import RankContext
+from zerotrain.runtime.zero.process_group import check_backend_serves, check_local_gpu, control_device, device_for
+from zerotrain.runtime.zero.setup_checks import check_precision
 from zerotrain.zero_config import Precision
 
 
@@ -61,7 +62,7 @@ def test_bf16_on_a_gpu_without_it_is_refused_naming_the_setting(monkeypatch: pyt
 
 
 def test_a_model_on_several_devices_or_none_is_refused() -> None:
-    from zerotrain.runtime.setup_checks import model_device
+    from zerotrain.runtime.zero.setup_checks import model_device
     from zerotrain.zero_config import ZeroConfig
 
     split = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2, device="meta"))

@@ -111,7 +111,7 @@ def test_activation_checkpointing_recomputes_each_unit_once_in_backward(monkeypa
 def test_offloaded_activation_checkpoints_live_in_host_memory_and_train_identically(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from zerotrain.runtime import activations
+    from zerotrain.runtime.zero import activations
 
     for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(var, raising=False)

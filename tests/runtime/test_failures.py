@@ -7,8 +7,8 @@ from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-from zerotrain.runtime.failures import nccl_watchdog_abort
-from zerotrain.runtime.launch import outcome_of_failures, rank_log_folders
+from zerotrain.runtime.job.failures import nccl_watchdog_abort
+from zerotrain.runtime.job.launch import outcome_of_failures, rank_log_folders
 
 # As torch 2.x's ProcessGroupNCCL prints it before aborting the process.
 WATCHDOG = (

@@ -9,9 +9,9 @@ import pytest
 import torch
 import yaml
 
-from zerotrain.runtime.data import read_text_corpus
 from zerotrain.runtime.examples import gpt
-from zerotrain.runtime.task import ConfigError, TrainingTask
+from zerotrain.runtime.job.data import read_text_corpus
+from zerotrain.runtime.job.task import ConfigError, TrainingTask
 
 
 def small(rank: int = 0, world: int = 1) -> TrainingTask:

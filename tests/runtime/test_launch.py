@@ -17,7 +17,7 @@ import yaml
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from zerotrain import gpu_env
-from zerotrain.runtime.launch import (
+from zerotrain.runtime.job.launch import (
     LaunchPlan,
     Outcome,
     available_cpus,
@@ -26,8 +26,8 @@ from zerotrain.runtime.launch import (
     plan_from_env,
     rank_environment,
 )
-from zerotrain.runtime.preemption import EXIT_PREEMPTED
-from zerotrain.runtime.task import ConfigError
+from zerotrain.runtime.job.preemption import EXIT_PREEMPTED
+from zerotrain.runtime.job.task import ConfigError
 from zerotrain.spec import ZeroTrainingJobSpec
 
 

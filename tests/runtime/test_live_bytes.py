@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from zerotrain.runtime.live_bytes import LiveBytes
+from zerotrain.runtime.zero.live_bytes import LiveBytes
 
 
 def test_the_meter_counts_each_storage_once_and_follows_in_place_resizes() -> None:

@@ -14,10 +14,11 @@ from dist_helpers import run_ranks
 from prometheus_client.parser import text_string_to_metric_families
 
 from zerotrain.pod_contract import CHECKPOINT_DIR_ENV, PROGRESS_ENV, SUMMARY_ENV
-from zerotrain.runtime.metrics import RankMetrics, RankPhase
-from zerotrain.runtime.metrics_endpoint import Endpoint, Served, metrics_endpoint, read_ports
-from zerotrain.runtime.task import ConfigError
-from zerotrain.runtime.train import RankContext, start_metrics, train
+from zerotrain.runtime.job.metrics import RankMetrics, RankPhase
+from zerotrain.runtime.job.metrics_endpoint import Endpoint, Served, metrics_endpoint, read_ports
+from zerotrain.runtime.job.rank import start_metrics
+from zerotrain.runtime.job.task import ConfigError
+from zerotrain.runtime.job.train import RankContext, train
 from zerotrain.spec import ZeroTrainingJobSpec
 
 GPT = {"seq_len": 16, "batch_size": 4, "d_model": 16, "n_layers": 2, "n_heads": 2, "max_bytes": 50_000}

@@ -9,7 +9,7 @@ from tiny_models import TinyLM
 from torch import nn
 
 from zerotrain.runtime.errors import ZeroSetupError
-from zerotrain.runtime.partition import ALIGN, ROOT_UNIT, ParamClass, build_units
+from zerotrain.runtime.zero.partition import ALIGN, ROOT_UNIT, ParamClass, build_units
 
 NO_DECAY = ["*.bias", "*norm*"]
 

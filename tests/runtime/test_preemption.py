@@ -7,7 +7,7 @@ import signal
 import threading
 import time
 
-from zerotrain.runtime.preemption import Preempted, Preemption
+from zerotrain.runtime.job.preemption import Preempted, Preemption
 
 
 def test_sigterm_is_noted_not_acted_on_and_the_budget_ends_a_rank_that_misses_it() -> None:

@@ -10,7 +10,7 @@ import torch
 from dist_helpers import run_ranks
 from tiny_models import batches, lm_loss, make_model, reference_train
 
-from zerotrain.runtime import checkpoint, reshard, shard_file
+from zerotrain.runtime.checkpoints import checkpoint, reshard, shard_file
 
 
 def _adamw(g: list) -> torch.optim.Optimizer:
@@ -25,7 +25,8 @@ def _train(engine, data, rank: int) -> None:  # type: ignore[no-untyped-def]
 
 
 def save_after_three(rank: int, world: int, root: str, stage: int, align: int | None = None) -> int:
-    from zerotrain.runtime import ZeroConfig, ZeroEngine, partition
+    from zerotrain.runtime import ZeroConfig, ZeroEngine
+    from zerotrain.runtime.zero import partition
 
     if align is not None:
         partition.ALIGN = align  # 1: the layout checkpoints had before parameters were aligned

@@ -17,7 +17,7 @@ from test_stages import Case, _check_parity, engine_for, run_case
 from tiny_models import batches, lm_loss
 
 from zerotrain.pod_contract import STREAM_MODEL_ENV
-from zerotrain.runtime.streams import LazyStreams, SideWork, streams_for
+from zerotrain.runtime.zero.streams import LazyStreams, SideWork, streams_for
 
 STEPS = 3
 SMALL = 16  # elements per bucket: every unit is reduced in several chunks

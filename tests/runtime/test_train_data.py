@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from zerotrain.runtime.data import TextBatches, read_text_corpus, stdlib_dir
 from zerotrain.runtime.examples import gpt
-from zerotrain.runtime.task import ConfigError
+from zerotrain.runtime.job.data import TextBatches, read_text_corpus, stdlib_dir
+from zerotrain.runtime.job.task import ConfigError
 
 
 @pytest.fixture(scope="module")

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from zerotrain.pod_contract import PROGRESS_ENV, SUMMARY_ENV
-from zerotrain.runtime.optimizer import optimizer_factory
-from zerotrain.runtime.task import ConfigError
-from zerotrain.runtime.train import RankContext, train
+from zerotrain.runtime.job.task import ConfigError
+from zerotrain.runtime.job.train import RankContext, train
+from zerotrain.runtime.zero.optimizer import optimizer_factory
 from zerotrain.spec import OptimizerName, OptimizerSpec, ZeroTrainingJobSpec
 
 GPT_ARGS = {"seq_len": 32, "batch_size": 4, "d_model": 32, "n_layers": 2, "n_heads": 4, "max_bytes": 100_000}
@@ -98,7 +98,7 @@ def test_running_out_of_batches_names_the_steps_field(
 ) -> None:
     (tmp_path / "zt_short_data.py").write_text(
         "import torch\n"
-        "from zerotrain.runtime.task import TrainingTask\n"
+        "from zerotrain.runtime.job.task import TrainingTask\n"
         "def build(rank, world_size):\n"
         "    model = torch.nn.Linear(2, 1)\n"
         "    batches = iter([torch.ones(1, 2)] * 3)\n"

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from zerotrain.runtime.task import ConfigError, TrainingTask, build_task, load_entrypoint
+from zerotrain.runtime.job.task import ConfigError, TrainingTask, build_task, load_entrypoint
 
 MODULE = """
 import torch
-from zerotrain.runtime.task import TrainingTask
+from zerotrain.runtime.job.task import TrainingTask
 
 def good(rank, world_size, width=4):
     model = torch.nn.Linear(width, 1)
@@ -78,7 +78,7 @@ def test_model_without_parameters_is_refused(user_module: str) -> None:
 def test_a_declared_parameter_count_for_another_model_is_refused_naming_both() -> None:
     from torch import nn
 
-    from zerotrain.runtime.task import ConfigError, check_declared_parameters
+    from zerotrain.runtime.job.task import ConfigError, check_declared_parameters
 
     model = nn.Linear(100, 10)  # 1,010 parameters
     check_declared_parameters(model, None)

@@ -6,11 +6,11 @@ import pytest
 import torch
 from torch import nn
 
-from zerotrain.runtime.buckets import BucketPool
-from zerotrain.runtime.collectives import Comm
-from zerotrain.runtime.partition import build_units
-from zerotrain.runtime.unit import GradState, LifecycleError, ParamState, Unit, build_unit
-from zerotrain.runtime.unit_context import Dtypes, ShardPolicy, UnitContext
+from zerotrain.runtime.zero.buckets import BucketPool
+from zerotrain.runtime.zero.collectives import Comm
+from zerotrain.runtime.zero.partition import build_units
+from zerotrain.runtime.zero.unit import GradState, LifecycleError, ParamState, Unit, build_unit
+from zerotrain.runtime.zero.unit_context import Dtypes, ShardPolicy, UnitContext
 from zerotrain.zero_config import Stage
 
 

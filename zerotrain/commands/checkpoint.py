@@ -50,7 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def inspect(args: argparse.Namespace) -> int:
-    from zerotrain.runtime.export import inspect as rows_of
+    from zerotrain.runtime.checkpoints.export import inspect as rows_of
 
     rows = rows_of(args.dir)
     if args.output == OutputFormat.JSON.value:
@@ -78,7 +78,7 @@ def table(rows: list[dict[str, Any]]) -> Table:
 
 
 def export(args: argparse.Namespace) -> int:
-    from zerotrain.runtime import export as ex
+    from zerotrain.runtime.checkpoints import export as ex
     from zerotrain.runtime.errors import ZeroSetupError
 
     if args.optimizer and args.format != ExportFormat.DCP.value:

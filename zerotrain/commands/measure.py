@@ -31,10 +31,10 @@ def measure_activations(spec: ZeroTrainingJobSpec, real: bool = False) -> int:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from zerotrain.runtime.activations import apply_checkpointing
-    from zerotrain.runtime.live_bytes import LiveBytes
-    from zerotrain.runtime.precision import DTYPES
-    from zerotrain.runtime.task import build_task
+    from zerotrain.runtime.job.task import build_task
+    from zerotrain.runtime.zero.activations import apply_checkpointing
+    from zerotrain.runtime.zero.live_bytes import LiveBytes
+    from zerotrain.runtime.zero.precision import DTYPES
 
     torch.manual_seed(spec.training.seed)  # as the runtime does before it builds the task
     fake: contextlib.AbstractContextManager[object] = (

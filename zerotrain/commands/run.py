@@ -125,7 +125,7 @@ class PortWatch(threading.Thread):
         self.stop = threading.Event()
 
     def run(self) -> None:
-        from zerotrain.runtime.metrics_endpoint import read_ports
+        from zerotrain.runtime.job.metrics_endpoint import read_ports
 
         while not self.stop.wait(0.1):
             served = read_ports(self.report_dir)
@@ -223,8 +223,8 @@ def run(args: argparse.Namespace) -> int:
     job, nproc = effective_job(args.manifest, args.nproc, args.steps, args.no_metrics)
     # Imported here so `zerotrain --help` and the other subcommands don't pay for torch.
     from zerotrain.pod_contract import CHECKPOINT_DIR_ENV, DEBUG_ENV, ENTRYPOINT_PATH_ENV, PROGRESS_ENV, SUMMARY_ENV
-    from zerotrain.runtime.launch import preflight, scoped_environ
-    from zerotrain.runtime.task import is_script
+    from zerotrain.runtime.job.launch import preflight, scoped_environ
+    from zerotrain.runtime.job.task import is_script
 
     first_port = first_metrics_port(job, args)
     console = Console()
@@ -279,8 +279,8 @@ def _train_with_progress(
     watch: PortWatch | None,
 ) -> tuple[Any, dict[str, Any] | None]:
     """Launch the ranks and follow them: (the launcher's outcome, rank 0's record of an early stop)."""
-    from zerotrain.runtime.launch import launch, local_plan
-    from zerotrain.runtime.task import is_script
+    from zerotrain.runtime.job.launch import launch, local_plan
+    from zerotrain.runtime.job.task import is_script
 
     run_id = str(job.metadata.get("name", "local"))
 

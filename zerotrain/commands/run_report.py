@@ -27,7 +27,7 @@ def throughput(record: dict[str, Any]) -> str:
 def local_outcome(outcome: Any, stopped: dict[str, Any] | None, steps: int) -> Any:
     """The launcher's outcome as a local command reports it: a run stopped before its last step exits 130 (SIGINT)
     or 143 (SIGTERM), never 0, and says after which step it stopped and what it saved (rank 0's `stopped` record)."""
-    from zerotrain.runtime.launch import Outcome
+    from zerotrain.runtime.job.launch import Outcome
 
     if outcome.reason not in (Outcome.PREEMPTED, Outcome.INTERRUPTED):
         return outcome

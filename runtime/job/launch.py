@@ -59,9 +59,9 @@ from zerotrain.pod_contract import (
     TERMINATION_LOG,
     TERMINATION_LOG_ENV,
 )
-from zerotrain.runtime.failures import consequence, exit_code, failure_time, how, last_line, log_files, root_cause
-from zerotrain.runtime.preemption import EXIT_PREEMPTED
-from zerotrain.runtime.task import ConfigError, check_arguments, is_script, load_entrypoint
+from zerotrain.runtime.job.failures import consequence, exit_code, failure_time, how, last_line, log_files, root_cause
+from zerotrain.runtime.job.preemption import EXIT_PREEMPTED
+from zerotrain.runtime.job.task import ConfigError, check_arguments, is_script, load_entrypoint
 from zerotrain.spec import ZeroTrainingJobSpec
 
 # Beyond the ranks' own SIGTERM budget: their watchdog ends them first, then the launcher has time to exit.
@@ -162,7 +162,7 @@ def rank_command(spec: ZeroTrainingJobSpec, config_path: Path) -> list[str]:
     if is_script(spec.entrypoint):
         return ["-u", spec.entrypoint, *spec.args]
     # -P: the working directory may hold a folder shadowing a stdlib module (this repository's operator/).
-    return ["-P", "-u", "-m", "zerotrain.runtime.train", "--config", str(config_path)]
+    return ["-P", "-u", "-m", "zerotrain.runtime.job.rank", "--config", str(config_path)]
 
 
 def available_cpus(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:

@@ -24,12 +24,12 @@ from prometheus_client import CollectorRegistry, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from zerotrain.runtime.device_memory import DeviceMemory, DeviceProbe
-from zerotrain.runtime.memory import MemoryReport, planned_comm
-from zerotrain.runtime.metrics_endpoint import Endpoint, report_port
+from zerotrain.runtime.job.device_memory import DeviceMemory, DeviceProbe
+from zerotrain.runtime.job.metrics_endpoint import Endpoint, report_port
+from zerotrain.runtime.zero.memory import MemoryReport, planned_comm
 
 if TYPE_CHECKING:
-    from zerotrain.runtime.engine import ZeroEngine
+    from zerotrain.runtime.zero.engine import ZeroEngine
 
 # Step times from a fast CPU test model (tens of ms) to a large model's step (minutes).
 STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 150.0, 300.0)
@@ -309,7 +309,7 @@ class RankMetrics:
     def serve(self, endpoint: Endpoint) -> int:
         """Serve /metrics from a daemon thread on the endpoint's first free port, and return it. In a pod the one
         declared port must be free (a configuration error otherwise); a local run searches on."""
-        from zerotrain.runtime.task import ConfigError
+        from zerotrain.runtime.job.task import ConfigError
 
         local = self.labels["local_rank"]
         for port in endpoint.candidates():

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 import torch
 
 from zerotrain.peak import pool_capacity
-from zerotrain.runtime.buckets import BucketPool
-from zerotrain.runtime.collectives import Comm
-from zerotrain.runtime.grad_arena import GradArenas
-from zerotrain.runtime.partition import UnitLayout
+from zerotrain.runtime.zero.buckets import BucketPool
+from zerotrain.runtime.zero.collectives import Comm
+from zerotrain.runtime.zero.grad_arena import GradArenas
+from zerotrain.runtime.zero.partition import UnitLayout
 from zerotrain.zero_config import Stage
 
 

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from zerotrain.runtime.errors import ZeroSetupError
-from zerotrain.runtime.task import ConfigError
+from zerotrain.runtime.job.task import ConfigError
 from zerotrain.spec import ZeroTrainingJobSpec
 
 

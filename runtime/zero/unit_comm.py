@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from zerotrain.runtime.buckets import chunks
+from zerotrain.runtime.zero.buckets import chunks
 
 if TYPE_CHECKING:
-    from zerotrain.runtime.collectives import Pending
-    from zerotrain.runtime.grad_arena import GradArenas
-    from zerotrain.runtime.streams import SideWork
-    from zerotrain.runtime.unit import Unit
+    from zerotrain.runtime.zero.collectives import Pending
+    from zerotrain.runtime.zero.grad_arena import GradArenas
+    from zerotrain.runtime.zero.streams import SideWork
+    from zerotrain.runtime.zero.unit import Unit
 
 
 def all_reduce(u: Unit, src: torch.Tensor, async_op: bool) -> None:

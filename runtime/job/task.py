@@ -7,7 +7,7 @@ Every rank imports the module and calls
 after `torch.manual_seed(spec.training.seed)`, so a model built inside is initialised identically on every
 rank. The function builds the model (on CPU; the runtime moves it), says how to compute the loss, and returns
 an iterator over *this rank's* micro-batches. Data must be split so that the global batch of a step does not
-depend on the world size: rank r takes its slice of each global micro-batch (see `zerotrain.runtime.data`).
+depend on the world size: rank r takes its slice of each global micro-batch (see `zerotrain.runtime.job.data`).
 
 A script entry point (`path/to/train.py` with `spec.args`) is not called this way: the launcher runs the
 script itself as every rank, with the torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, ...).
@@ -128,7 +128,7 @@ def build_task(entrypoint: str, *, rank: int, world_size: int, args: dict[str, A
     if not isinstance(task, TrainingTask):
         raise ConfigError(
             f"spec.entrypoint: {entrypoint} returned {type(task).__name__}, not a TrainingTask; "
-            "return zerotrain.runtime.task.TrainingTask(model=..., loss=..., batches=...)"
+            "return zerotrain.runtime.job.task.TrainingTask(model=..., loss=..., batches=...)"
         )
     if not any(True for _ in task.model.parameters()):
         raise ConfigError(f"spec.entrypoint: {entrypoint} returned a model with no parameters; nothing to train")

@@ -30,12 +30,12 @@ from enum import Enum
 import torch
 from torch import nn
 
-from zerotrain.runtime import unit_comm
-from zerotrain.runtime.buckets import chunks
-from zerotrain.runtime.collectives import Pending
-from zerotrain.runtime.flat_buffer import FlatBuffer, fill_rows
-from zerotrain.runtime.partition import ParamClass, Segment, UnitLayout
-from zerotrain.runtime.unit_context import UnitContext
+from zerotrain.runtime.zero import unit_comm
+from zerotrain.runtime.zero.buckets import chunks
+from zerotrain.runtime.zero.collectives import Pending
+from zerotrain.runtime.zero.flat_buffer import FlatBuffer, fill_rows
+from zerotrain.runtime.zero.partition import ParamClass, Segment, UnitLayout
+from zerotrain.runtime.zero.unit_context import UnitContext
 
 
 class ParamState(str, Enum):

@@ -21,8 +21,8 @@ from collections.abc import Callable
 import torch
 
 from zerotrain.peak import chunk_width
-from zerotrain.runtime.collectives import Comm, Pending
-from zerotrain.runtime.streams import HostStreams, SideWork
+from zerotrain.runtime.zero.collectives import Comm, Pending
+from zerotrain.runtime.zero.streams import HostStreams, SideWork
 
 
 def chunks(shard_numel: int, world_size: int, bucket_elements: int) -> list[tuple[int, int]]:

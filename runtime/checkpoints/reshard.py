@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from zerotrain.runtime.shard_file import ShardReader
+from zerotrain.runtime.checkpoints.shard_file import ShardReader
 
 
 class ReshardError(Exception):

@@ -117,7 +117,7 @@ class Preemption:
 
 def exit_preempted(message: str) -> None:
     """The watchdog's end: no teardown (peers may be blocked in the save's collectives)."""
-    from zerotrain.runtime.failures import FailureKind, write_failure_record
+    from zerotrain.runtime.job.failures import FailureKind, write_failure_record
 
     print(f"zerotrain rank {os.environ.get('RANK', '?')}: {message}", file=sys.stderr, flush=True)
     write_failure_record(message, FailureKind.PREEMPTED)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from zerotrain.runtime.task import ConfigError
+from zerotrain.runtime.job.task import ConfigError
 
 # Distinct streams for distinct seeds without overlap for any realistic number of micro-batches.
 _SEED_STRIDE = 1_000_003

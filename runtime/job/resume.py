@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from zerotrain.pod_contract import CHECKPOINT_DIR_ENV
-from zerotrain.runtime import checkpoint
-from zerotrain.runtime.metrics import RankMetrics, RankPhase
+from zerotrain.runtime.checkpoints import checkpoint
+from zerotrain.runtime.job.metrics import RankMetrics, RankPhase
 from zerotrain.spec import CheckpointSpec
 
 if TYPE_CHECKING:
-    from zerotrain.runtime.engine import ZeroEngine
-    from zerotrain.runtime.task import TrainingTask
+    from zerotrain.runtime.job.task import TrainingTask
+    from zerotrain.runtime.zero.engine import ZeroEngine
 
 log = logging.getLogger(__name__)
 

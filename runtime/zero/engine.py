@@ -28,34 +28,33 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from zerotrain.runtime import control
-from zerotrain.runtime import optimizer as opt_mod
-from zerotrain.runtime.activation_meter import SavedActivations
-from zerotrain.runtime.activations import apply_checkpointing
-from zerotrain.runtime.buckets import BucketPool
-from zerotrain.runtime.collectives import Comm
-from zerotrain.runtime.consistency import Event, OrderCheck, PendingCheck
-from zerotrain.runtime.grad_arena import GradArenas
-from zerotrain.runtime.hooks import GradReadyHooks, Prefetcher, on_output_grad
-from zerotrain.runtime.memory import BufferBytes, MemoryReport, UnshardedGradients, memory_report
-from zerotrain.runtime.partition import UnitLayout, build_units
-from zerotrain.runtime.precision import DTYPES, LossScaler, cast_inputs
-from zerotrain.runtime.process_group import check_backend_serves, control_device, init_from_env
-from zerotrain.runtime.schedule import ReductionSchedule
-from zerotrain.runtime.setup_checks import check_buckets, model_device, world_size_before_init
-from zerotrain.runtime.streams import streams_for
-from zerotrain.runtime.unit import GradState, Unit, build_unit
-from zerotrain.runtime.unit_context import Dtypes, ShardPolicy, UnitContext
+from zerotrain.runtime.checkpoints import checkpoint
+from zerotrain.runtime.checkpoints.checkpoint import Loaded
+from zerotrain.runtime.zero import control
+from zerotrain.runtime.zero import optimizer as opt_mod
+from zerotrain.runtime.zero.activation_meter import SavedActivations
+from zerotrain.runtime.zero.activations import apply_checkpointing
+from zerotrain.runtime.zero.buckets import BucketPool
+from zerotrain.runtime.zero.collectives import Comm
+from zerotrain.runtime.zero.consistency import Event, OrderCheck, PendingCheck
+from zerotrain.runtime.zero.grad_arena import GradArenas
+from zerotrain.runtime.zero.hooks import GradReadyHooks, Prefetcher, on_output_grad
+from zerotrain.runtime.zero.memory import BufferBytes, MemoryReport, UnshardedGradients, memory_report
+from zerotrain.runtime.zero.partition import UnitLayout, build_units
+from zerotrain.runtime.zero.precision import DTYPES, LossScaler, cast_inputs
+from zerotrain.runtime.zero.process_group import check_backend_serves, control_device, init_from_env
+from zerotrain.runtime.zero.schedule import ReductionSchedule
+from zerotrain.runtime.zero.setup_checks import check_buckets, model_device, world_size_before_init
+from zerotrain.runtime.zero.streams import streams_for
+from zerotrain.runtime.zero.unit import GradState, Unit, build_unit
+from zerotrain.runtime.zero.unit_context import Dtypes, ShardPolicy, UnitContext
 from zerotrain.zero_config import DivergenceCheck, GradientSync, Precision, ZeroConfig
-
-if TYPE_CHECKING:
-    from zerotrain.runtime.checkpoint import Loaded
 
 
 @dataclass
@@ -374,16 +373,12 @@ class ZeroEngine:
         """Save this rank's shards in a fresh `root/step-NNNNNNNN-<token>/` and commit it; call on every rank.
 
         Returns the directory written (see `checkpoint`)."""
-        from zerotrain.runtime import checkpoint
-
         self.synchronize()
         return str(checkpoint.save(self, root))
 
     def load_checkpoint(self, path: str | os.PathLike[str]) -> Loaded:
         """Resume from a checkpoint root (its newest committed checkpoint) or one checkpoint directory, at any
         world size or stage; call on every rank. On refusal it raises, naming why, with the engine unchanged."""
-        from zerotrain.runtime import checkpoint
-
         self.synchronize()  # a gather in flight would overwrite what the load writes
         return checkpoint.load(self, path)
 

@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
-from zerotrain.runtime import checkpoint, reshard
+from zerotrain.runtime.checkpoints import checkpoint, reshard
+from zerotrain.runtime.checkpoints.shard_file import ShardFileError, ShardReader
 from zerotrain.runtime.errors import ZeroSetupError
-from zerotrain.runtime.shard_file import ShardFileError, ShardReader
 
 
 @dataclass(frozen=True)

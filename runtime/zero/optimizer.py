@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 from zerotrain.runtime.errors import ZeroSetupError
-from zerotrain.runtime.partition import ParamClass
-from zerotrain.runtime.task import ConfigError
+from zerotrain.runtime.job.task import ConfigError
+from zerotrain.runtime.zero.partition import ParamClass
 from zerotrain.spec import OptimizerName, OptimizerSpec
 
 OptimizerFactory = Callable[[list[dict[str, Any]]], torch.optim.Optimizer]

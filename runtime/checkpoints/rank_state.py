@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from zerotrain.runtime.engine import ZeroEngine
+    from zerotrain.runtime.zero.engine import ZeroEngine
 
 TORCH_RNG = "rng.torch"
 CUDA_RNG = "rng.cuda."

@@ -34,12 +34,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from zerotrain.runtime import rank_state, reshard
+from zerotrain.runtime.checkpoints import rank_state, reshard
+from zerotrain.runtime.checkpoints.shard_file import ReadStats, ShardFileError, ShardReader, fsync_path, write
 from zerotrain.runtime.errors import ZeroSetupError
-from zerotrain.runtime.shard_file import ReadStats, ShardFileError, ShardReader, fsync_path, write
 
 if TYPE_CHECKING:
-    from zerotrain.runtime.engine import ZeroEngine
+    from zerotrain.runtime.zero.engine import ZeroEngine
 
 COMMITTED = "COMMITTED"
 FORMAT = 2

@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from zerotrain.runtime.progress import throughput
+from zerotrain.runtime.job.progress import throughput
 
 if TYPE_CHECKING:
-    from zerotrain.runtime.engine import ZeroEngine
-    from zerotrain.runtime.train import RankContext, TrainResult
+    from zerotrain.runtime.job.train import RankContext, TrainResult
+    from zerotrain.runtime.zero.engine import ZeroEngine
     from zerotrain.spec import ZeroTrainingJobSpec
 
 

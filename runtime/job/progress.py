@@ -24,7 +24,7 @@ class StepReporter:
 
     def report(self, step: int, final: bool = False, checkpoint: tuple[int, str] | None = None) -> None:
         """Send `step` (and a newly committed checkpoint, which is never throttled away)."""
-        from zerotrain.runtime.status_report import report_progress
+        from zerotrain.runtime.job.status_report import report_progress
 
         busy = self._thread is not None and self._thread.is_alive()
         if not final and checkpoint is None and (busy or time.monotonic() - self._last < self.interval_s):

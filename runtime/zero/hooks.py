@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from zerotrain.runtime.unit import GradState, ParamState, Unit
+from zerotrain.runtime.zero.unit import GradState, ParamState, Unit
 
 
 class GradReadyHooks:

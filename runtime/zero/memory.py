@@ -33,11 +33,11 @@ import torch
 from zerotrain._model import SpecModel
 from zerotrain.peak import PeakInput, arena_bytes, comm_bytes_per_step, config_fields, gathered_bytes, pool_bytes
 from zerotrain.planner import PlanInput, element_bytes, stage_bytes
-from zerotrain.runtime import optimizer as opt_mod
+from zerotrain.runtime.zero import optimizer as opt_mod
 from zerotrain.zero_config import Stage
 
 if TYPE_CHECKING:
-    from zerotrain.runtime.engine import ZeroEngine
+    from zerotrain.runtime.zero.engine import ZeroEngine
 
 
 class MemoryReport(SpecModel):

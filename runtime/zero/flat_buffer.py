@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from zerotrain.runtime.partition import ParamSlot, UnitLayout
+from zerotrain.runtime.zero.partition import ParamSlot, UnitLayout
 
 
 class FlatBuffer:

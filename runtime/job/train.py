@@ -1,9 +1,8 @@
-"""One rank's training loop: `python -m zerotrain.runtime.train --config JOB.yaml`, started by the launcher.
+"""One rank's training loop (the rank process that runs it is `rank`).
 
-The rank reads the torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), builds the
-job's TrainingTask, wraps the model in a ZeroEngine and runs `spec.training.steps` optimizer steps, each over
-`spec.zero.gradientAccumulationSteps` micro-batches (`engine(...)`, `engine.backward(loss)` per micro-batch, then
-one `engine.step()`, which applies the update at that accumulation boundary).
+The rank builds the job's TrainingTask, wraps the model in a ZeroEngine and runs `spec.training.steps` optimizer
+steps, each over `spec.zero.gradientAccumulationSteps` micro-batches (`engine(...)`, `engine.backward(loss)` per
+micro-batch, then one `engine.step()`, which applies the update at that accumulation boundary).
 
 Outputs (rank 0):
 - progress: one JSON object per logged step (`step`, `steps`, `loss`, `grad_norm`, `tokens_per_s`,
@@ -12,53 +11,39 @@ Outputs (rank 0):
 - summary: at the end every rank's memory_report() and comm_report(), gathered to rank 0, written as one JSON
   object to $ZEROTRAIN_SUMMARY_FILE (or printed to stdout).
 
-Exit status: 0 done, 2 the configuration cannot run (message names the field, the value and the fix), 143
-(EXIT_PREEMPTED) stopped on SIGTERM after committing a checkpoint of the step every rank had finished.
 """
 
 from __future__ import annotations
 
-import argparse
-import gc
 import json
 import logging
 import os
-import signal
-import sys
 import time
-import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed as dist
 
-from zerotrain.errors import UserError
 from zerotrain.plan_inputs import declared_parameters
-from zerotrain.pod_contract import DEBUG_ENV, PROGRESS_ENV, SUMMARY_ENV
-from zerotrain.runtime.failures import FailureKind, classify, write_failure_record
-from zerotrain.runtime.metrics import RankMetrics, RankPhase, StepValues
-from zerotrain.runtime.metrics_endpoint import metrics_endpoint
-from zerotrain.runtime.optimizer import optimizer_factory
-from zerotrain.runtime.preemption import (
-    EXIT_PREEMPTED,
+from zerotrain.pod_contract import PROGRESS_ENV, SUMMARY_ENV
+from zerotrain.runtime.job.metrics import RankMetrics, RankPhase, StepValues
+from zerotrain.runtime.job.preemption import (
     PEER_REQUEST,
     Preempted,
     Preemption,
-    die_with_launcher,
-    exit_preempted,
 )
-from zerotrain.runtime.process_group import device_for, init_group
-from zerotrain.runtime.progress import ProgressLog, throughput
-from zerotrain.runtime.reports import gather_reports, summary_record
-from zerotrain.runtime.resume import CheckpointPolicy, resume, save_checkpoint
-from zerotrain.runtime.task import ConfigError, TrainingTask, build_task, check_declared_parameters, is_script
+from zerotrain.runtime.job.progress import ProgressLog, throughput
+from zerotrain.runtime.job.reports import gather_reports, summary_record
+from zerotrain.runtime.job.resume import CheckpointPolicy, resume, save_checkpoint
+from zerotrain.runtime.job.task import ConfigError, TrainingTask, build_task, check_declared_parameters, is_script
+from zerotrain.runtime.zero.optimizer import optimizer_factory
+from zerotrain.runtime.zero.process_group import device_for
 from zerotrain.spec import ZeroTrainingJobSpec
 
 if TYPE_CHECKING:
-    from zerotrain.runtime.engine import StepResult, ZeroEngine
+    from zerotrain.runtime.zero.engine import StepResult, ZeroEngine
 
 logger = logging.getLogger(__name__)
 
@@ -322,109 +307,3 @@ def train(
         else:
             print(record, flush=True)
     return result
-
-
-def start_metrics(job: str, spec: ZeroTrainingJobSpec, ctx: RankContext) -> RankMetrics:
-    """The rank's metrics, serving before the first collective (spec.metrics; see `metrics_endpoint`)."""
-    metrics = RankMetrics(
-        job,
-        ctx.rank,
-        ctx.local_rank,
-        ctx.world_size,
-        int(spec.zero.stage),
-        spec.training.steps,
-        enabled=spec.metrics.enabled,
-    )
-    if spec.metrics.enabled:
-        nproc = int(os.environ.get("LOCAL_WORLD_SIZE") or ctx.world_size)
-        metrics.serve(metrics_endpoint(spec.metrics.port, ctx.local_rank, nproc))
-    return metrics
-
-
-def init_process_group(spec: ZeroTrainingJobSpec, ctx: RankContext) -> None:
-    """gloo on CPU; on CUDA, NCCL for CUDA tensors and gloo for CPU ones (see `process_group_backend`). The device
-    is checked first: a job that cannot run here fails before any rank waits for the others."""
-    if dist.is_initialized():
-        return
-    init_group(device_for(spec, ctx.local_rank), spec.zero.collective_timeout_seconds)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m zerotrain.runtime.train", description=__doc__)
-    parser.add_argument("--config", required=True, help="the ZeroTrainingJob manifest (YAML or JSON)")
-    args = parser.parse_args(argv)
-    die_with_launcher()
-    try:
-        from zerotrain.manifest import load_job
-
-        job = load_job(args.config)
-        spec = job.spec
-        ctx = RankContext.from_env()
-        preemption = None
-        if spec.checkpoint.save_on_termination:
-            preemption = Preemption(spec.checkpoint.termination_budget_seconds, exit_preempted)
-            preemption.install()
-        metrics = start_metrics(str(job.metadata.get("name") or "zerotrain"), spec, ctx)
-        init_process_group(spec, ctx)
-        train(spec, ctx, metrics=metrics, preemption=preemption)
-        metrics.stop()
-    except Preempted as e:
-        print(f"zerotrain rank {os.environ.get('RANK', '?')}: {e}", file=sys.stderr, flush=True)
-        fail(str(e), EXIT_PREEMPTED, FailureKind.PREEMPTED)
-    except KeyboardInterrupt:  # SIGINT with spec.checkpoint.saveOnTermination false, or before training
-        print(f"zerotrain rank {os.environ.get('RANK', '?')}: SIGINT; stopped, nothing saved", file=sys.stderr)
-        fail("SIGINT; stopped, nothing saved", 128 + int(signal.SIGINT), FailureKind.PREEMPTED)
-    except SystemExit as e:
-        if e.code not in (0, None):
-            fail(f"SystemExit: {e.code}", e.code if isinstance(e.code, int) else 1)
-        raise
-    except Exception as e:
-        kind, code, expected = classify(e)
-        report_error(e, expected)
-        fail(f"{type(e).__name__}: {e}" if not isinstance(e, UserError) else f"error: {e}", code, kind, e)
-    # The engine's hooks form reference cycles; collect it (and the gloo work objects it holds) while the
-    # process group is alive, or finalising them at interpreter exit can abort the process.
-    gc.collect()
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    return 0
-
-
-def report_error(error: BaseException, expected: bool) -> None:
-    """Print a rank's failure: an error the runtime understands (a lost peer, a timeout, a divergence, a
-    configuration it cannot run) as one line; anything else with its traceback. ZEROTRAIN_DEBUG=1 prints every
-    traceback, ZEROTRAIN_DEBUG=0 none (`zerotrain run` keeps them in each rank's traceback file)."""
-    debug = os.environ.get(DEBUG_ENV)
-    rank = os.environ.get("RANK", "?")
-    if debug == "1" or (debug is None and not expected):
-        traceback.print_exception(error)
-    head = "error" if isinstance(error, UserError) else type(error).__name__
-    print(f"zerotrain rank {rank}: {head}: {error}", file=sys.stderr, flush=True)
-
-
-def fail(
-    message: str, code: int, kind: FailureKind = FailureKind.ERROR, error: BaseException | None = None
-) -> NoReturn:
-    """Record the failure for the launcher and exit at once with `code`.
-
-    No process-group teardown: with peers gone or stuck it can hang, or abort and replace `code` with SIGABRT.
-    """
-    write_failure_record(message, kind, error)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-def exit_after(code: int) -> NoReturn:
-    """End a rank whose work is done without the interpreter's teardown: gloo (torch 2.13) can still hold a C++
-    thread then, whose destructor aborts the process ("terminate called without an active exception", SIGABRT)
-    after every step ran and the summary was written; seen 1 run in ~30 under load, also after the group was
-    destroyed. Nothing is lost: every file the rank writes is closed by now, and the streams are flushed here."""
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-if __name__ == "__main__":
-    exit_after(main())

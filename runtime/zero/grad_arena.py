@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from zerotrain.runtime.buckets import BucketPool
-    from zerotrain.runtime.collectives import Pending
-    from zerotrain.runtime.partition import UnitLayout
-    from zerotrain.runtime.streams import SideWork
-    from zerotrain.runtime.unit import Unit
+    from zerotrain.runtime.zero.buckets import BucketPool
+    from zerotrain.runtime.zero.collectives import Pending
+    from zerotrain.runtime.zero.partition import UnitLayout
+    from zerotrain.runtime.zero.streams import SideWork
+    from zerotrain.runtime.zero.unit import Unit
 
 
 class GradArenas:

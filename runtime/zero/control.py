@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from zerotrain.runtime.collectives import Comm
-    from zerotrain.runtime.consistency import OrderCheck
-    from zerotrain.runtime.unit import Unit
+    from zerotrain.runtime.zero.collectives import Comm
+    from zerotrain.runtime.zero.consistency import OrderCheck
+    from zerotrain.runtime.zero.unit import Unit
 
 _EXACT_BITS = 52  # float64 holds every integer below 2^53: keep each sum under 2^52
 

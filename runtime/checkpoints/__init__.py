@@ -1,0 +1,1 @@
+"""Sharded checkpoints: save, agree and load at any world size or stage; resume; export."""
