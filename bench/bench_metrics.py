@@ -42,7 +42,7 @@ def _rank_main(rank: int, world: int, port: int, on: bool, args: argparse.Namesp
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     from zerotrain.runtime import ZeroEngine
-    from zerotrain.runtime.job.metrics import RankMetrics
+    from zerotrain.runtime.job.rank_metrics import RankMetrics
     from zerotrain.runtime.job.task import build_task
     from zerotrain.runtime.job.train import RankContext, make_engine, run_steps
     from zerotrain.spec import ZeroTrainingJobSpec

@@ -132,7 +132,7 @@ STUCK_WAITING = (
     "CrashLoopBackOff",
 )
 # What the runtime's launcher writes in the termination message when a rank failed only because a peer died
-# (zerotrain.runtime.errors.PeerLostError).
+# (zerotrain.runtime.zero.engine_errors.PeerLostError).
 PEER_LOST_MARKERS = ("PeerLostError", "a peer rank is gone")
 
 

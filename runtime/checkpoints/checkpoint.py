@@ -36,7 +36,7 @@ import torch
 
 from zerotrain.runtime.checkpoints import rank_state, reshard
 from zerotrain.runtime.checkpoints.shard_file import ReadStats, ShardFileError, ShardReader, fsync_path, write
-from zerotrain.runtime.errors import ZeroSetupError
+from zerotrain.runtime.zero.engine_errors import ZeroSetupError
 
 if TYPE_CHECKING:
     from zerotrain.runtime.zero.engine import ZeroEngine

@@ -26,7 +26,7 @@ import torch
 
 from zerotrain.runtime.checkpoints import checkpoint, reshard
 from zerotrain.runtime.checkpoints.shard_file import ShardFileError, ShardReader
-from zerotrain.runtime.errors import ZeroSetupError
+from zerotrain.runtime.zero.engine_errors import ZeroSetupError
 
 
 @dataclass(frozen=True)

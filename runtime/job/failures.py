@@ -53,7 +53,7 @@ CONSEQUENCES = (FailureKind.PEER_LOST, FailureKind.TIMEOUT)
 def classify(error: BaseException) -> tuple[FailureKind, int, bool]:
     """A rank's exception as (kind, exit status, whether the runtime understands it: no traceback needed)."""
     from zerotrain.errors import EXIT_BAD_INPUT, UserError
-    from zerotrain.runtime.errors import CollectiveTimeoutError, PeerLostError, RankDivergenceError
+    from zerotrain.runtime.zero.engine_errors import CollectiveTimeoutError, PeerLostError, RankDivergenceError
 
     if isinstance(error, UserError):
         return FailureKind.CONFIG, EXIT_BAD_INPUT, True

@@ -25,9 +25,9 @@ import torch.distributed as dist
 from zerotrain.errors import UserError
 from zerotrain.pod_contract import DEBUG_ENV
 from zerotrain.runtime.job.failures import FailureKind, classify, write_failure_record
-from zerotrain.runtime.job.metrics import RankMetrics
 from zerotrain.runtime.job.metrics_endpoint import metrics_endpoint
 from zerotrain.runtime.job.preemption import EXIT_PREEMPTED, Preempted, Preemption, die_with_launcher, exit_preempted
+from zerotrain.runtime.job.rank_metrics import RankMetrics
 from zerotrain.runtime.job.train import RankContext, train
 from zerotrain.runtime.zero.process_group import device_for, init_group
 from zerotrain.spec import ZeroTrainingJobSpec

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from zerotrain.pod_contract import CHECKPOINT_DIR_ENV
 from zerotrain.runtime.checkpoints import checkpoint
-from zerotrain.runtime.job.metrics import RankMetrics, RankPhase
+from zerotrain.runtime.job.rank_metrics import RankMetrics, RankPhase
 from zerotrain.spec import CheckpointSpec
 
 if TYPE_CHECKING:

@@ -28,13 +28,13 @@ import torch
 
 from zerotrain.plan_inputs import declared_parameters
 from zerotrain.pod_contract import PROGRESS_ENV, SUMMARY_ENV
-from zerotrain.runtime.job.metrics import RankMetrics, RankPhase, StepValues
 from zerotrain.runtime.job.preemption import (
     PEER_REQUEST,
     Preempted,
     Preemption,
 )
 from zerotrain.runtime.job.progress import ProgressLog, throughput
+from zerotrain.runtime.job.rank_metrics import RankMetrics, RankPhase, StepValues
 from zerotrain.runtime.job.reports import gather_reports, summary_record
 from zerotrain.runtime.job.resume import CheckpointPolicy, resume, save_checkpoint
 from zerotrain.runtime.job.task import ConfigError, TrainingTask, build_task, check_declared_parameters, is_script

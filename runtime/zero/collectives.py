@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from zerotrain.pod_contract import SINGLE_RANK_COLLECTIVES_ENV
-from zerotrain.runtime.errors import CollectiveError, CollectiveTimeoutError, PeerLostError
+from zerotrain.runtime.zero.engine_errors import CollectiveError, CollectiveTimeoutError, PeerLostError
 
 # torch 2.13 renamed the flat collectives (the old names warn); older torch has only the old names.
 _all_gather_flat = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)

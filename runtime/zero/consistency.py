@@ -24,8 +24,8 @@ from enum import IntEnum
 
 import torch
 
-from zerotrain.runtime.errors import RankDivergenceError
 from zerotrain.runtime.zero.collectives import Comm, Pending
+from zerotrain.runtime.zero.engine_errors import RankDivergenceError
 
 _MOD = (1 << 61) - 1
 CHECK_UNIT = "<order-check>"

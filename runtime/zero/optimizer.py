@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from zerotrain.runtime.errors import ZeroSetupError
 from zerotrain.runtime.job.task import ConfigError
+from zerotrain.runtime.zero.engine_errors import ZeroSetupError
 from zerotrain.runtime.zero.partition import ParamClass
 from zerotrain.spec import OptimizerName, OptimizerSpec
 

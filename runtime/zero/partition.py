@@ -24,7 +24,7 @@ from enum import IntEnum
 from torch import nn
 
 from zerotrain.peak import ALIGN, align_up, padded_elements
-from zerotrain.runtime.errors import ZeroSetupError
+from zerotrain.runtime.zero.engine_errors import ZeroSetupError
 
 ROOT_UNIT = "<root>"
 

@@ -12,8 +12,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from zerotrain.runtime.errors import ZeroSetupError
 from zerotrain.runtime.job.task import ConfigError
+from zerotrain.runtime.zero.engine_errors import ZeroSetupError
 from zerotrain.spec import ZeroTrainingJobSpec
 
 

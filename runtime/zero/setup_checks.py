@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from zerotrain.runtime.errors import ZeroSetupError
+from zerotrain.runtime.zero.engine_errors import ZeroSetupError
 from zerotrain.zero_config import Precision, ZeroConfig
 
 

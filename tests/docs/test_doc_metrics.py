@@ -1,5 +1,5 @@
 """Every `zerotrain_...` name README.md and docs/*.md mention is one the code exports: a metric of a rank
-(runtime/job/metrics.py's RankMetrics, its collector fed a snapshot with every field set) or of the operator
+(runtime/job/rank_metrics.py's RankMetrics, its collector fed a snapshot with every field set) or of the operator
 (operator/metrics.py's OperatorMetrics, with a reconcile, a job and a gang restart recorded), as Prometheus sees
 them in the text exposition; or a label those series carry or the chart's monitors add.
 
@@ -55,7 +55,7 @@ class _AnyBytes:
 
 def rank_registry() -> CollectorRegistry:
     from zerotrain.runtime.job.device_memory import DeviceMemory
-    from zerotrain.runtime.job.metrics import RankMetrics, Snapshot, StepValues
+    from zerotrain.runtime.job.rank_metrics import RankMetrics, Snapshot, StepValues
 
     m = RankMetrics("job", rank=0, local_rank=0, world_size=2, stage=3, total_steps=10)
     cuda = {"allocated": 1, "reserved": 1, "peak_allocated": 1, "alloc_retries": 1}

@@ -17,8 +17,8 @@ RANK_IN_LEGEND = re.compile(r"\{\{\s*rank\s*\}\}")
 
 
 def rank_series(name: str, matchers: dict[str, str]) -> bool:
-    """Every series a rank exports carries `rank` (runtime/job/metrics.py); the operator's, DCGM's and Prometheus' own
-    (`up`: its target labels are namespace, pod, zerotrain_job, zerotrain_node_rank) do not."""
+    """Every series a rank exports carries `rank` (runtime/job/rank_metrics.py); the operator's, DCGM's and
+    Prometheus' own (`up`: its target labels are namespace, pod, zerotrain_job, zerotrain_node_rank) do not."""
     return name.startswith("zerotrain_") and not name.startswith("zerotrain_operator_")
 
 

@@ -10,7 +10,7 @@ import torch
 from dist_helpers import run_ranks
 from torch import nn
 
-from zerotrain.runtime.errors import ZeroSetupError
+from zerotrain.runtime.zero.engine_errors import ZeroSetupError
 from zerotrain.runtime.zero.partition import ALIGN, align_up
 
 WIDTH, BUCKET = 24, 100  # a block's shard (~300 elements) is several buckets

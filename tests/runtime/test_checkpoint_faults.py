@@ -120,7 +120,7 @@ def test_a_rank_killed_inside_a_save_leaves_the_previous_checkpoint_newest(tmp_p
 
 
 def refused(rank: int, world: int, root: str, kind: str) -> dict[str, Any]:
-    from zerotrain.runtime.errors import ZeroSetupError
+    from zerotrain.runtime.zero.engine_errors import ZeroSetupError
 
     model = {"d": 12} if kind == "other-model" else {}
     engine = _engine(seed=3, model=model)

@@ -10,8 +10,8 @@ from dist_helpers import run_ranks
 
 
 def lose_peer(rank: int, world: int) -> str:
-    from zerotrain.runtime.errors import PeerLostError
     from zerotrain.runtime.zero.collectives import Comm
+    from zerotrain.runtime.zero.engine_errors import PeerLostError
     from zerotrain.runtime.zero.process_group import init_from_env
 
     init_from_env(30, torch.device("cpu"))

@@ -14,7 +14,7 @@ from tiny_models import Block, batches, lm_loss, make_model, reference_train
 from torch import nn
 
 from zerotrain.runtime import ZeroConfig, ZeroEngine
-from zerotrain.runtime.errors import ZeroSetupError
+from zerotrain.runtime.zero.engine_errors import ZeroSetupError
 
 # A regression that reaches the rendezvous fails after this many seconds instead of hanging.
 FAST = {"collective_timeout_seconds": 5}

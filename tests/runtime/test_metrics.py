@@ -14,9 +14,9 @@ from dist_helpers import run_ranks
 from prometheus_client.parser import text_string_to_metric_families
 
 from zerotrain.pod_contract import CHECKPOINT_DIR_ENV, PROGRESS_ENV, SUMMARY_ENV
-from zerotrain.runtime.job.metrics import RankMetrics, RankPhase
 from zerotrain.runtime.job.metrics_endpoint import Endpoint, Served, metrics_endpoint, read_ports
 from zerotrain.runtime.job.rank import start_metrics
+from zerotrain.runtime.job.rank_metrics import RankMetrics, RankPhase
 from zerotrain.runtime.job.task import ConfigError
 from zerotrain.runtime.job.train import RankContext, train
 from zerotrain.spec import ZeroTrainingJobSpec

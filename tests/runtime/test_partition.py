@@ -8,7 +8,7 @@ import pytest
 from tiny_models import TinyLM
 from torch import nn
 
-from zerotrain.runtime.errors import ZeroSetupError
+from zerotrain.runtime.zero.engine_errors import ZeroSetupError
 from zerotrain.runtime.zero.partition import ALIGN, ROOT_UNIT, ParamClass, build_units
 
 NO_DECAY = ["*.bias", "*norm*"]

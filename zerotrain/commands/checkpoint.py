@@ -79,7 +79,7 @@ def table(rows: list[dict[str, Any]]) -> Table:
 
 def export(args: argparse.Namespace) -> int:
     from zerotrain.runtime.checkpoints import export as ex
-    from zerotrain.runtime.errors import ZeroSetupError
+    from zerotrain.runtime.zero.engine_errors import ZeroSetupError
 
     if args.optimizer and args.format != ExportFormat.DCP.value:
         raise ZeroSetupError("--optimizer", True, "only DCP exports carry optimizer state", "add --format dcp")
