@@ -19,10 +19,10 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -43,11 +43,19 @@ from zerotrain.runtime.zero.process_group import device_for
 from zerotrain.spec import ZeroTrainingJobSpec
 
 if TYPE_CHECKING:
+    from torch import nn
+
     from zerotrain.runtime.zero.engine import StepResult, ZeroEngine
+    from zerotrain.runtime.zero.optimizer import OptimizerFactory
+    from zerotrain.zero_config import ZeroConfig
 
 logger = logging.getLogger(__name__)
 
-EngineFactory = Callable[..., Any]
+
+class EngineFactory(Protocol):
+    """What builds the rank's engine: `ZeroEngine` itself, or a test's wrapper around it."""
+
+    def __call__(self, model: nn.Module, config: ZeroConfig, optimizer: OptimizerFactory) -> ZeroEngine: ...
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
@@ -111,7 +119,9 @@ class TrainResult:
     """The progress record of the latest step."""
 
 
-def make_engine(task: TrainingTask, spec: ZeroTrainingJobSpec, device: torch.device, factory: EngineFactory) -> Any:
+def make_engine(
+    task: TrainingTask, spec: ZeroTrainingJobSpec, device: torch.device, factory: EngineFactory
+) -> ZeroEngine:
     """ZeroConfig from spec.zero, unit modules defaulting to the task's, optimizer from spec.training."""
     try:
         declared = declared_parameters(spec)
@@ -122,7 +132,7 @@ def make_engine(task: TrainingTask, spec: ZeroTrainingJobSpec, device: torch.dev
     if not zero.unit_modules and task.unit_modules:
         zero = zero.model_copy(update={"unit_modules": list(task.unit_modules)})
     engine = factory(task.model.to(device), zero, optimizer=optimizer_factory(spec.training.optimizer))
-    engine.samples_per_micro_batch = task.samples_per_batch * getattr(engine, "world_size", 1)  # checkpoint position
+    engine.samples_per_micro_batch = task.samples_per_batch * engine.world_size  # the checkpoint's position
     return engine
 
 
@@ -278,7 +288,7 @@ def train(
     if is_script(spec.entrypoint):
         raise ConfigError(f"spec.entrypoint: {spec.entrypoint!r} is a script; the launcher runs scripts directly")
     if engine_factory is None:
-        from zerotrain.runtime import ZeroEngine
+        from zerotrain.runtime.zero.engine import ZeroEngine
 
         engine_factory = ZeroEngine
     torch.manual_seed(spec.training.seed)

@@ -77,7 +77,7 @@ def train_and_scrape(rank: int, world: int, root: str) -> dict[str, Any]:
     os.environ[CHECKPOINT_DIR_ENV] = f"{root}/ckpt"
     engines: list[Any] = []
 
-    def factory(*args: Any, **kwargs: Any) -> Any:
+    def factory(*args: Any, **kwargs: Any) -> ZeroEngine:
         engines.append(ZeroEngine(*args, **kwargs))
         return engines[-1]
 
