@@ -15,6 +15,7 @@ from zerotrain import pod_contract as contract
 from zerotrain.operator import kueue, naming, pod_template
 from zerotrain.spec import (
     API_VERSION,
+    DEFAULT_CHECKPOINT_DIR,
     GROUP,
     KIND,
     PLURAL,
@@ -101,12 +102,20 @@ def build_service(job: JobRef) -> Obj:
     }
 
 
+def checkpoint_dir(spec: ZeroTrainingJobSpec) -> str:
+    """Where every pod of the job mounts its checkpoint volume."""
+    return spec.checkpoint.path or DEFAULT_CHECKPOINT_DIR
+
+
 def build_config_map(job: JobRef, spec: ZeroTrainingJobSpec, gang: int) -> Obj:
     """The full, defaulted manifest gang `gang` reads from /etc/zerotrain/job.yaml.
 
     One immutable ConfigMap per gang: a spec edit never changes what a running gang's pods (or one of its pods
     started late) read; it applies from the next gang on.
     """
+    # The ranks read their checkpoint root from this spec: where the pod mounts the volume.
+    checkpoint = spec.checkpoint.model_copy(update={"path": checkpoint_dir(spec)})
+    spec = spec.model_copy(update={"checkpoint": checkpoint})
     manifest = ZeroTrainingJob(metadata={"name": job.name, "namespace": job.namespace}, spec=spec).to_wire()
     return {
         "apiVersion": "v1",
@@ -180,7 +189,6 @@ FIXED_ENV = frozenset(
         *contract.RENDEZVOUS_ENV,
         contract.JOB_NAME_ENV,
         contract.NAMESPACE_ENV,
-        contract.CHECKPOINT_DIR_ENV,
         contract.POD_NAME_ENV,
     }
 )
@@ -199,7 +207,6 @@ def pod_env(job: JobRef, spec: ZeroTrainingJobSpec, replica: int) -> list[Obj]:
         "WORLD_SIZE": str(spec.world_size),
         contract.JOB_NAME_ENV: job.name,
         contract.NAMESPACE_ENV: job.namespace,
-        contract.CHECKPOINT_DIR_ENV: spec.checkpoint.path,
     }
     env: list[Obj] = [{"name": k, "value": v} for k, v in fixed.items()]
     env.append({"name": contract.POD_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
@@ -224,7 +231,7 @@ def _resources(spec: ZeroTrainingJobSpec) -> Obj:
 def _container(job: JobRef, spec: ZeroTrainingJobSpec, replica: int) -> Obj:
     mounts: list[Obj] = [
         {"name": CONFIG_VOLUME, "mountPath": naming.CONFIG_DIR, "readOnly": True},
-        {"name": CHECKPOINT_VOLUME, "mountPath": spec.checkpoint.path},
+        {"name": CHECKPOINT_VOLUME, "mountPath": checkpoint_dir(spec)},
         # Container runtimes give /dev/shm 64 MiB; NCCL and torch's shared-memory transports need more.
         {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
     ]

@@ -16,7 +16,6 @@ CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_KEY}"
 MASTER_PORT = 29500  # node 0's rendezvous store; MASTER_PORT's default when unset
 JOB_NAME_ENV = "ZEROTRAIN_JOB_NAME"  # the ZeroTrainingJob whose status rank 0 reports to; unset outside a job
 NAMESPACE_ENV = "ZEROTRAIN_NAMESPACE"
-CHECKPOINT_DIR_ENV = "ZEROTRAIN_CHECKPOINT_DIR"  # spec.checkpoint.path in a pod; --checkpoint-dir locally
 POD_NAME_ENV = "POD_NAME"  # from the downward API
 RENDEZVOUS_ENV = ("MASTER_ADDR", "MASTER_PORT", "NNODES", "NODE_RANK", "NPROC_PER_NODE", "WORLD_SIZE")
 

@@ -168,8 +168,10 @@ class CheckpointSpec(SpecModel):
 
     claim_name: str | None = None
     """PersistentVolumeClaim mounted at `path` in every pod; without it the path is an emptyDir."""
-    path: str = "/checkpoints"
-    """Directory of the checkpoints in every pod (`zerotrain run` takes --checkpoint-dir instead)."""
+    path: str | None = None
+    """Directory of the checkpoints as every rank sees it; unset, no checkpoints are written. In a pod the operator
+    mounts the checkpoint volume here (at DEFAULT_CHECKPOINT_DIR when unset) and gives the ranks that path;
+    `zerotrain run` sets it from --checkpoint-dir (none without)."""
     interval_steps: int = Field(default=100, ge=1)
     """Save every this many optimizer steps (and at the end)."""
     keep_last: int = Field(default=3, ge=1)
@@ -182,6 +184,9 @@ class CheckpointSpec(SpecModel):
     (the previous checkpoint stands). The operator sets the pods' terminationGracePeriodSeconds to this plus
     TERMINATION_MARGIN_SECONDS, so Kubernetes does not kill them first."""
 
+
+DEFAULT_CHECKPOINT_DIR = "/checkpoints"
+"""Where a pod mounts its checkpoint volume when spec.checkpoint.path is unset."""
 
 TERMINATION_MARGIN_SECONDS = 15
 """Grace beyond spec.checkpoint.terminationBudgetSeconds: the launcher's own exit and the kubelet's slack."""

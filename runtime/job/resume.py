@@ -10,13 +10,11 @@ one (O(1)), else by drawing and dropping the consumed micro-batches.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from zerotrain.pod_contract import CHECKPOINT_DIR_ENV
 from zerotrain.runtime.checkpoints import checkpoint
 from zerotrain.runtime.job.rank_metrics import RankMetrics, RankPhase
 from zerotrain.spec import CheckpointSpec
@@ -26,8 +24,6 @@ if TYPE_CHECKING:
     from zerotrain.runtime.zero.engine import ZeroEngine
 
 log = logging.getLogger(__name__)
-
-# Set by the operator in every pod (the mounted checkpoint volume) and by `zerotrain run --checkpoint-dir`.
 
 
 @dataclass(frozen=True)
@@ -39,12 +35,11 @@ class CheckpointPolicy:
     keep_last: int
 
     @classmethod
-    def from_env(cls, spec: CheckpointSpec) -> CheckpointPolicy | None:
-        """The policy for this run, or None when no checkpoint directory is given (a throw-away local run)."""
-        root = os.environ.get(CHECKPOINT_DIR_ENV)
-        if not root:
+    def from_spec(cls, spec: CheckpointSpec) -> CheckpointPolicy | None:
+        """The policy for this run, or None when spec.checkpoint.path is unset (a throw-away local run)."""
+        if not spec.path:
             return None
-        return cls(Path(root), spec.interval_steps, spec.keep_last)
+        return cls(Path(spec.path), spec.interval_steps, spec.keep_last)
 
     def due(self, step: int, last_step: int) -> bool:
         return step % self.interval == 0 or step == last_step

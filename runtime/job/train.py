@@ -295,7 +295,7 @@ def train(
     task = build_task(spec.entrypoint, rank=ctx.rank, world_size=ctx.world_size, args=spec.entrypoint_args)
     device = device_for(spec, ctx.local_rank)
     engine = make_engine(task, spec, device, engine_factory)
-    policy = CheckpointPolicy.from_env(spec.checkpoint)
+    policy = CheckpointPolicy.from_spec(spec.checkpoint)
     loaded = resume(engine, task, policy, metrics)
     first_step = (loaded.step if loaded is not None else 0) + 1
     log = ProgressLog(os.environ.get(PROGRESS_ENV)) if ctx.rank == 0 else None

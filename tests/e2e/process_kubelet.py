@@ -2,7 +2,8 @@
 
 It polls the job's Pods through the test's Kube client and, for every new pod, runs the container's command
 (`python` replaced by this interpreter; ConfigMap volumes written to files, PVC volumes mapped to one directory
-per claim shared by all pods, paths under their mountPaths rewritten; the pod's service-account token minted with
+per claim shared by all pods, paths under their mountPaths rewritten in the env and in mounted YAML files, as the
+pod resolves them through its mounts; the pod's service-account token minted with
 the TokenRequest API and projected into a directory the runtime is pointed at), then writes the pod's status with
 `kubelet.set_pod_phase`: Running when started, Succeeded or Failed with the exit code when the process ends.
 A deleted pod's processes are killed with SIGKILL, the whole tree: torch's launcher starts each rank in a
@@ -25,6 +26,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from zerotrain.operator import naming
 from zerotrain.operator.kube import Kube, KubeError, path_of
@@ -218,17 +221,20 @@ class ProcessKubelet:
         """mountPath -> local directory, for ConfigMap (files written now) and PVC (one per claim) volumes."""
         volumes = {v["name"]: v for v in spec.get("volumes", [])}
         mounts: dict[str, Path] = {}
+        config_maps: list[tuple[Path, str]] = []
         for m in container.get("volumeMounts", []):
             vol = volumes[m["name"]]
             if "configMap" in vol:
-                cm = self.kube.request("GET", path_of("v1", "configmaps", self.namespace, vol["configMap"]["name"]))
                 mounts[m["mountPath"]] = local = root / vol["name"]
-                local.mkdir()
-                for key, text in cm.get("data", {}).items():
-                    (local / key).write_text(text)
+                config_maps.append((local, vol["configMap"]["name"]))
             elif "persistentVolumeClaim" in vol:
                 mounts[m["mountPath"]] = local = self.workdir / "pvc" / vol["persistentVolumeClaim"]["claimName"]
                 local.mkdir(parents=True, exist_ok=True)
+        for local, name in config_maps:
+            cm = self.kube.request("GET", path_of("v1", "configmaps", self.namespace, name))
+            local.mkdir()
+            for key, text in cm.get("data", {}).items():
+                (local / key).write_text(_remap_document(mounts, text))
         return mounts
 
 
@@ -243,6 +249,26 @@ def _remap(mounts: dict[str, Path], value: str) -> str:
         if value == mount or value.startswith(base + "/"):
             return str(mounts[mount]) + value[len(base) :]
     return value
+
+
+def _remap_document(mounts: dict[str, Path], text: str) -> str:
+    """A mounted YAML file with every path under a mountPath rewritten, as the pod would resolve it through the
+    mount (the job's spec names its checkpoint directory inside the pod); any other file as it is."""
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    if not isinstance(doc, dict):
+        return text
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: walk(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return _remap(mounts, node) if isinstance(node, str) and node.startswith("/") else node
+
+    return yaml.safe_dump(walk(doc), sort_keys=False)
 
 
 def _field(pod: dict[str, Any], source: dict[str, Any]) -> str:

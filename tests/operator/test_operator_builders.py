@@ -7,6 +7,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+import yaml
 
 from zerotrain.manifest import parse_spec
 from zerotrain.operator import builders, naming
@@ -38,7 +39,7 @@ def test_pods_rendezvous_env_and_identity(replicas: int, nproc: int, gpu: int) -
         assert (e["NODE_RANK"], e["NNODES"], e["NPROC_PER_NODE"]) == (str(rank), str(replicas), str(nproc))
         assert e["WORLD_SIZE"] == str(replicas * nproc) and e["MASTER_PORT"] == "29500"
         assert (e["ZEROTRAIN_JOB_NAME"], e["ZEROTRAIN_NAMESPACE"], e["HF_HOME"]) == ("llm", "team-a", "/x")
-        assert e["POD_NAME"] == "<ref>" and e["ZEROTRAIN_CHECKPOINT_DIR"] == "/checkpoints"
+        assert e["POD_NAME"] == "<ref>" and not any(k.startswith("ZEROTRAIN_CHECKPOINT") for k in e)
         assert pod["metadata"]["labels"][naming.LABEL_GANG] == "3"
         assert pod["metadata"]["ownerReferences"] == [builders.owner_reference(JOB)]
         assert pod["spec"]["hostname"] == f"llm-worker-{rank}" and pod["spec"]["subdomain"] == "llm"
@@ -67,6 +68,17 @@ def test_checkpoint_volume(checkpoint: dict[str, Any], volume: dict[str, Any]) -
         builders.CHECKPOINT_VOLUME: "/ck",
         builders.SHM_VOLUME: "/dev/shm",
     }
+
+
+@pytest.mark.parametrize(("path", "mounted"), [(None, "/checkpoints"), ("/ck", "/ck")])
+def test_the_ranks_read_their_checkpoint_root_from_the_spec_where_the_volume_is_mounted(
+    path: str | None, mounted: str
+) -> None:
+    s = spec(checkpoint={"path": path} if path else {})
+    pod = builders.build_pod(JOB, s, 0, 0)
+    mounts = {m["name"]: m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
+    config = yaml.safe_load(builders.build_config_map(JOB, s, 0)["data"][naming.CONFIG_KEY])
+    assert mounts[builders.CHECKPOINT_VOLUME] == config["spec"]["checkpoint"]["path"] == mounted
 
 
 def test_pods_get_shared_memory_and_a_writable_checkpoint_group() -> None:

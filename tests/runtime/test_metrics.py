@@ -13,7 +13,7 @@ import pytest
 from dist_helpers import run_ranks
 from prometheus_client.parser import text_string_to_metric_families
 
-from zerotrain.pod_contract import CHECKPOINT_DIR_ENV, PROGRESS_ENV, SUMMARY_ENV
+from zerotrain.pod_contract import PROGRESS_ENV, SUMMARY_ENV
 from zerotrain.runtime.job.metrics_endpoint import Endpoint, Served, metrics_endpoint, read_ports
 from zerotrain.runtime.job.rank import start_metrics
 from zerotrain.runtime.job.rank_metrics import RankMetrics, RankPhase
@@ -74,7 +74,6 @@ def train_and_scrape(rank: int, world: int, root: str) -> dict[str, Any]:
 
     os.environ[PROGRESS_ENV] = f"{root}/progress-{rank}.jsonl"
     os.environ[SUMMARY_ENV] = f"{root}/summary.json"
-    os.environ[CHECKPOINT_DIR_ENV] = f"{root}/ckpt"
     engines: list[Any] = []
 
     def factory(*args: Any, **kwargs: Any) -> ZeroEngine:
@@ -86,7 +85,8 @@ def train_and_scrape(rank: int, world: int, root: str) -> dict[str, Any]:
     port = metrics.serve(Endpoint("127.0.0.1", 0, 0, "test"))
     try:
         before = scrape(port)  # served before the first step
-        train(spec(), ctx, engine_factory=factory, metrics=metrics)
+        job = spec(checkpoint={"intervalSteps": 4, "path": f"{root}/ckpt"})
+        train(job, ctx, engine_factory=factory, metrics=metrics)
         samples = scrape(port)
         engine = engines[0]
         return {

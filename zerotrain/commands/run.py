@@ -146,10 +146,14 @@ class PortWatch(threading.Thread):
 
 
 def effective_job(
-    path: str, nproc: int | None, steps: int | None, no_metrics: bool = False
+    path: str, nproc: int | None, steps: int | None, no_metrics: bool = False, checkpoint_dir: str | None = None
 ) -> tuple[ZeroTrainingJob, int]:
-    """The manifest with command-line overrides applied, and the number of ranks to start."""
+    """The manifest with command-line overrides applied, and the number of ranks to start. The checkpoint root is
+    --checkpoint-dir's, or none (spec.checkpoint.path names a directory inside the pods)."""
     job = load_job(path)
+    root = str(Path(checkpoint_dir).resolve()) if checkpoint_dir else None
+    checkpoint = job.spec.checkpoint.model_copy(update={"path": root})
+    job = job.model_copy(update={"spec": job.spec.model_copy(update={"checkpoint": checkpoint})})
     if no_metrics:  # the ranks read the spec: off here is off there
         metrics = job.spec.metrics.model_copy(update={"enabled": False})
         job = job.model_copy(update={"spec": job.spec.model_copy(update={"metrics": metrics})})
@@ -220,9 +224,9 @@ def default_log_dir(name: str, root: Path | None = None, keep: int = KEEP_LOG_DI
 
 
 def run(args: argparse.Namespace) -> int:
-    job, nproc = effective_job(args.manifest, args.nproc, args.steps, args.no_metrics)
+    job, nproc = effective_job(args.manifest, args.nproc, args.steps, args.no_metrics, args.checkpoint_dir)
     # Imported here so `zerotrain --help` and the other subcommands don't pay for torch.
-    from zerotrain.pod_contract import CHECKPOINT_DIR_ENV, DEBUG_ENV, ENTRYPOINT_PATH_ENV, PROGRESS_ENV, SUMMARY_ENV
+    from zerotrain.pod_contract import DEBUG_ENV, ENTRYPOINT_PATH_ENV, PROGRESS_ENV, SUMMARY_ENV
     from zerotrain.runtime.job.launch import preflight, scoped_environ
     from zerotrain.runtime.job.task import is_script
 
@@ -251,8 +255,6 @@ def run(args: argparse.Namespace) -> int:
         local_env |= {PROGRESS_ENV: str(progress_file), SUMMARY_ENV: str(summary_file), "CUDA_VISIBLE_DEVICES": ""}
         local_env |= beside
         local_env[DEBUG_ENV] = "1" if args.debug or os.environ.get(DEBUG_ENV) == "1" else "0"
-        if args.checkpoint_dir:
-            local_env[CHECKPOINT_DIR_ENV] = str(Path(args.checkpoint_dir).resolve())
         watch = None
         if first_port is not None and not is_script(job.spec.entrypoint):
             local_env |= metrics_env(first_port, Path(tmp, "metrics"))
