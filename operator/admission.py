@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from zerotrain.autostage import NoStageFits, StageChoice, resolve_stage
 from zerotrain.errors import UserError
 from zerotrain.manifest import parse_spec
 from zerotrain.operator import builders, naming, pod_template
@@ -21,9 +22,12 @@ class Admission:
     """The verdict: a parsed spec and its memory plan, or the reason and message of a refusal."""
 
     spec: ZeroTrainingJobSpec | None
+    """The spec the gang runs: `stage: auto` replaced by the chosen stage."""
     plan: MemoryPlan | None = None
     reason: str | None = None
     message: str = ""
+    stage_choice: StageChoice | None = None
+    """What `stage: auto` resolved to, and why (None for a fixed stage)."""
 
     @property
     def admitted(self) -> bool:
@@ -51,7 +55,7 @@ def _min_ranks(spec: ZeroTrainingJobSpec, stage: Stage, p: PlanInput, usable: in
 
 
 def _does_not_fit(spec: ZeroTrainingJobSpec, result: MemoryPlan, p: PlanInput) -> str | None:
-    stage = spec.zero.stage
+    stage = spec.zero.fixed_stage
     chosen = result.stages[stage]
     if chosen.fits is not False or result.usable_memory is None:
         return None
@@ -103,12 +107,18 @@ def admit(
     if problems := pod_problems(spec, job_name, allow_host_path):
         return Admission(spec=spec, reason=Reason.INVALID_POD_TEMPLATE, message="; ".join(problems))
     try:
+        spec, choice = resolve_stage(spec, default_gpu_memory)
+    except NoStageFits as e:
+        return Admission(spec=spec, reason=Reason.MEMORY_PLAN_DOES_NOT_FIT, message=str(e))
+    except ValueError as e:
+        return Admission(spec=spec, reason=Reason.INVALID_SPEC, message=str(e))
+    try:
         planned = plan_for(spec, default_gpu_memory)
     except ValueError as e:
         return Admission(spec=spec, reason=Reason.INVALID_SPEC, message=str(e))
     if planned is None:
-        return Admission(spec=spec)
+        return Admission(spec=spec, stage_choice=choice)
     result, p = planned
     if refusal := _does_not_fit(spec, result, p):
         return Admission(spec=spec, plan=result, reason=Reason.MEMORY_PLAN_DOES_NOT_FIT, message=refusal)
-    return Admission(spec=spec, plan=result)
+    return Admission(spec=spec, plan=result, stage_choice=choice)

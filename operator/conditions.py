@@ -23,6 +23,7 @@ class ConditionType(str, Enum):
     CONTAINERS_WAITING = "ContainersWaiting"
     QUEUED = "Queued"
     QUEUE_UNAVAILABLE = "QueueUnavailable"
+    STAGE_CHOSEN = "StageChosen"
 
 
 class Reason:
@@ -55,6 +56,7 @@ class Reason:
     INVALID_POD_TEMPLATE = "InvalidPodTemplate"
     MEMORY_PLAN_DOES_NOT_FIT = "MemoryPlanDoesNotFit"
     SPEC_VALID = "SpecValid"
+    LOWEST_STAGE_THAT_FITS = "LowestStageThatFits"
 
 
 def get_condition(status: ZeroTrainingJobStatus, kind: ConditionType) -> Condition | None:

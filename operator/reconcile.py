@@ -189,6 +189,10 @@ class Reconciler:
             verdict.spec, observe_pods(self.kube.list_pods(namespace, name)), previous, now, self.backoff
         )
         decision.status.memory_plan = verdict.plan
+        decision.status.stage = verdict.spec.zero.fixed_stage
+        if verdict.stage_choice is not None:
+            chose = verdict.stage_choice.message
+            set_condition(decision.status, ConditionType.STAGE_CHOSEN, True, Reason.LOWEST_STAGE_THAT_FITS, chose, now)
         generation = body["metadata"].get("generation")
         decision.status.observed_generation = generation
         spec_changed = previous is None or previous.observed_generation != generation

@@ -26,7 +26,7 @@ CRD_FILENAME = f"{CRD_NAME}.yaml"
 
 PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
-    {"name": "Stage", "type": "integer", "jsonPath": ".spec.zero.stage"},
+    {"name": "Stage", "type": "integer", "jsonPath": ".status.stage", "description": "the ZeRO stage in force"},
     {"name": "Ranks", "type": "integer", "jsonPath": ".status.ranks.running", "description": "ranks running"},
     {"name": "Step", "type": "integer", "jsonPath": ".status.step"},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts.total"},
@@ -44,6 +44,8 @@ def structural(schema: dict[str, Any], defs: dict[str, Any], keep_defaults: bool
         merged = {**target, **node}  # the field's own description wins over the class docstring
         return structural(merged, defs, keep_defaults)
     nullable = False
+    if "anyOf" in node and (int_or_string := _int_or_string(node["anyOf"], defs)) is not None:
+        node = {**{k: v for k, v in node.items() if k != "anyOf"}, **int_or_string}
     if "anyOf" in node:
         options = [o for o in node.pop("anyOf") if o.get("type") != "null"]
         nullable = len(options) == 1
@@ -76,6 +78,16 @@ def structural(schema: dict[str, Any], defs: dict[str, Any], keep_defaults: bool
     if nullable:
         out["nullable"] = True
     return out
+
+
+def _int_or_string(options: list[dict[str, Any]], defs: dict[str, Any]) -> dict[str, Any] | None:
+    """An integer enum or a string enum (`zero.stage`: 0-3 or "auto") as the one structural form Kubernetes has
+    for it: `x-kubernetes-int-or-string` with both enums' values, which the API server checks."""
+    resolved = [defs[o["$ref"].split("/")[-1]] if "$ref" in o else o for o in options]
+    if sorted(str(o.get("type")) for o in resolved) != ["integer", "string"]:
+        return None
+    values = [v for o in sorted(resolved, key=lambda o: str(o["type"])) for v in o.get("enum", [])]
+    return {"x-kubernetes-int-or-string": True, **({"enum": values} if values else {})}
 
 
 def model_schema(model: Any, keep_defaults: bool) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from pydantic import Field
 
 from zerotrain._model import SpecModel
 from zerotrain.planner import MemoryPlan
+from zerotrain.zero_config import Stage
 
 
 class Phase(str, Enum):
@@ -95,6 +96,8 @@ class ZeroTrainingJobStatus(SpecModel):
     """Newest committed checkpoint; a restarted gang resumes from it."""
     memory_plan: MemoryPlan | None = None
     """Per-rank model-state memory by ZeRO stage for this job."""
+    stage: Stage | None = None
+    """The ZeRO stage the ranks run: the spec's, or the one `stage: auto` chose (condition StageChosen says why)."""
     next_restart_time: datetime | None = None
     """When a gang torn down after a failure is created again (exponential back-off); null when none is due."""
     observed_generation: int | None = None

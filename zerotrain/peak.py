@@ -110,7 +110,7 @@ class PeakInput(SpecModel):
 def config_fields(zero: ZeroConfig) -> dict[str, object]:
     """The `PeakInput` fields `spec.zero` decides, one mapping for the job spec's plan and the runtime's."""
     return {
-        "stage": zero.stage,
+        "stage": zero.fixed_stage,
         "reduce_bytes": PRECISION_BYTES[zero.reduce_dtype],
         "reduce_bucket_elements": zero.reduce_bucket_elements,
         "allgather_bucket_elements": zero.allgather_bucket_elements,

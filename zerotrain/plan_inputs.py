@@ -42,7 +42,7 @@ def declared_parameters(spec: ZeroTrainingJobSpec) -> int | None:
 
 def _element_bytes(spec: ZeroTrainingJobSpec) -> tuple[float, float, float]:
     w, g, k = element_bytes(
-        spec.zero.stage, PRECISION_BYTES[spec.zero.precision], optimizer_state_bytes(spec.training.optimizer)
+        spec.zero.fixed_stage, PRECISION_BYTES[spec.zero.precision], optimizer_state_bytes(spec.training.optimizer)
     )
     if spec.model.optimizer_multiplier is not None:
         k = spec.model.optimizer_multiplier
@@ -106,7 +106,7 @@ def peak_input(spec: ZeroTrainingJobSpec, foreach_step: bool | None = None) -> P
     )
 
 
-def _at(spec: ZeroTrainingJobSpec, stage: Stage, world_size: int | None = None) -> ZeroTrainingJobSpec:
+def at_stage(spec: ZeroTrainingJobSpec, stage: Stage, world_size: int | None = None) -> ZeroTrainingJobSpec:
     """The spec at another stage (and world size, as replicas of `nprocPerNode` ranks)."""
     changed = spec.model_copy(update={"zero": spec.zero.model_copy(update={"stage": stage})})
     if world_size is not None:
@@ -122,7 +122,7 @@ def plan_job(spec: ZeroTrainingJobSpec, device_memory: int | None = None) -> Mem
         return plan(p)
     peaks = []
     for stage in Stage:
-        pi = peak_input(_at(spec, stage))
+        pi = peak_input(at_stage(spec, stage))
         assert pi is not None
         peaks.append(peak_plan(pi))
     return plan(p, peaks)
@@ -132,7 +132,7 @@ def min_world_size(spec: ZeroTrainingJobSpec, stage: Stage, usable: int, limit: 
     """The fewest ranks at which `stage`'s whole peak fits `usable` bytes (a multiple of nprocPerNode), or None."""
 
     def fits(n: int) -> bool:
-        pi = peak_input(_at(spec, stage, n))
+        pi = peak_input(at_stage(spec, stage, n))
         assert pi is not None
         return peak_plan(pi).peak <= usable
 

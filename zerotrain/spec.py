@@ -14,7 +14,7 @@ from pydantic import Field, field_validator
 
 from zerotrain._model import Rule, SpecModel
 from zerotrain.job_status import ZeroTrainingJobStatus
-from zerotrain.zero_config import ZeroConfig
+from zerotrain.zero_config import AutoStage, ZeroConfig
 
 GROUP = "zerotrain.dev"
 VERSION = "v1alpha1"
@@ -296,6 +296,23 @@ class ZeroTrainingJobSpec(SpecModel):
             lambda s: s.resources.gpu in (0, s.nproc_per_node),
             "resources.gpu must equal nprocPerNode (one GPU per rank) or be 0 for CPU training",
             ("resources.gpu", "nproc_per_node"),
+        ),
+        Rule(
+            "!has(self.zero) || !has(self.zero.stage) || type(self.zero.stage) == int || ("
+            "has(self.model) && (has(self.model.parameters) || has(self.model.shape)) && has(self.resources) && ("
+            "has(self.resources.memory) || (has(self.resources.gpuMemory) && has(self.resources.gpu) "
+            "&& self.resources.gpu > 0)))",
+            lambda s: (
+                s.zero.stage is not AutoStage.AUTO
+                or (
+                    (s.model.parameters is not None or s.model.shape is not None)
+                    and (s.resources.memory is not None or (s.resources.gpu_memory is not None and s.resources.gpu > 0))
+                )
+            ),
+            "zero.stage: auto picks the lowest stage whose memory plan fits, which needs the model's size "
+            "(model.parameters or model.shape) and each rank's memory (resources.gpuMemory with GPUs, "
+            "resources.memory for CPU ranks); set them, or choose a stage 0-3",
+            ("zero.stage", "model.parameters", "resources.gpu_memory", "resources.memory"),
         ),
     )
 

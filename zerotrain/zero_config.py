@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from enum import Enum, IntEnum
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from zerotrain._model import Rule, SpecModel
 
@@ -20,6 +20,13 @@ class Stage(IntEnum):
     OPTIMIZER_STATES = 1
     GRADIENTS = 2
     PARAMETERS = 3
+
+
+class AutoStage(str, Enum):
+    """A stage chosen from the memory plan instead of written down."""
+
+    AUTO = "auto"
+    """The lowest stage whose whole-peak plan fits each rank's device (`zerotrain.autostage`)."""
 
 
 class Precision(str, Enum):
@@ -98,8 +105,10 @@ class ZeroConfig(SpecModel):
         ),
     )
 
-    stage: Stage = Stage.PARAMETERS
-    """ZeRO stage 0-3: 0 plain data parallel, 1 shards optimizer states, 2 also gradients, 3 also parameters."""
+    stage: Stage | AutoStage = Stage.PARAMETERS
+    """ZeRO stage 0-3: 0 plain data parallel, 1 shards optimizer states, 2 also gradients, 3 also parameters; or
+    auto: the lowest stage whose memory plan fits each rank's device, chosen before the ranks start (they always
+    run a concrete stage; the job's status says which and why)."""
     unit_modules: list[str] = Field(default_factory=list)
     """Module class names that each form one partition unit (e.g. the transformer block class); every
     other parameter goes into the root unit. Stage 3 gathers one unit at a time."""
@@ -150,3 +159,23 @@ class ZeroConfig(SpecModel):
     the memory of full gradients; needs precision fp32)."""
     collective_timeout_seconds: int = Field(default=300, ge=1)
     """A collective not finished in this time fails with an error naming the rank and unit, never hangs."""
+
+    @field_validator("stage", mode="before")
+    @classmethod
+    def _one_stage(cls, value: object) -> Stage | AutoStage:
+        # One message for the union, instead of one per member type.
+        if value == AutoStage.AUTO.value or value is AutoStage.AUTO:
+            return AutoStage.AUTO
+        if isinstance(value, int) and not isinstance(value, bool) and value in set(Stage):
+            return Stage(value)
+        raise ValueError("Input should be 0, 1, 2, 3 or 'auto'; set it to one of those")
+
+    @property
+    def fixed_stage(self) -> Stage:
+        """The stage the ranks run; `auto` must have been resolved first (`zerotrain.autostage.resolve_stage`)."""
+        if isinstance(self.stage, AutoStage):
+            raise ValueError(
+                "spec.zero.stage: auto is chosen before the ranks start (by the operator, zerotrain run or "
+                "zerotrain validate); give this process a concrete stage (0-3)"
+            )
+        return self.stage

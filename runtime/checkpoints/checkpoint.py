@@ -190,7 +190,7 @@ def save(engine: ZeroEngine, root: str | os.PathLike[str]) -> Path:
         "format": FORMAT,
         "rank": engine.rank,
         "world_size": engine.world_size,
-        "stage": int(engine.config.stage),
+        "stage": int(engine.config.fixed_stage),
         "master_ranges": [list(engine.master_range(u)) for u in engine.units],
         **opt_record,
         **state,
@@ -220,7 +220,7 @@ def _commit(engine: ZeroEngine, target: Path, raw: bytes, pos: dict[str, int]) -
     marker = {
         "format": FORMAT,
         **pos,
-        "stage": int(engine.config.stage),
+        "stage": int(engine.config.fixed_stage),
         "world_size": engine.world_size,
         "precision": engine.config.precision.value,
         "model": describe_model(engine),

@@ -40,7 +40,7 @@ def start_metrics(job: str, spec: ZeroTrainingJobSpec, ctx: RankContext) -> Rank
         ctx.rank,
         ctx.local_rank,
         ctx.world_size,
-        int(spec.zero.stage),
+        int(spec.zero.fixed_stage),
         spec.training.steps,
         enabled=spec.metrics.enabled,
     )

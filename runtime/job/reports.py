@@ -66,7 +66,7 @@ def summary_record(
 ) -> dict[str, Any]:
     return {
         "world_size": ctx.world_size,
-        "stage": int(spec.zero.stage),
+        "stage": int(spec.zero.fixed_stage),
         "steps": spec.training.steps,
         "first_step": result.first_step,
         "losses": result.losses,

@@ -140,7 +140,7 @@ class ZeroEngine:
         ctx = UnitContext(
             self.comm,
             self.dtypes,
-            ShardPolicy.of(config.stage),
+            ShardPolicy.of(config.fixed_stage),
             pool,
             config.reduce_bucket_elements,
             config.allgather_bucket_elements,

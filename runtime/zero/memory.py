@@ -194,14 +194,14 @@ def memory_report(engine: ZeroEngine) -> MemoryReport:
         per_element = opt_mod.state_bytes_per_element(engine.optimizer)
     compute = float(torch.empty(0, dtype=engine.dtypes.compute).element_size())
     # The same rule `zerotrain plan`, validate and the operator's admission apply to the job spec.
-    w, g, k = element_bytes(engine.config.stage, compute, 8.0 if per_element is None else per_element)
+    w, g, k = element_bytes(engine.config.fixed_stage, compute, 8.0 if per_element is None else per_element)
     psi = sum(u.layout.numel for u in units)
-    pp, pg, po = predict(engine.config.stage, psi, engine.world_size, w, g, k)
+    pp, pg, po = predict(engine.config.fixed_stage, psi, engine.world_size, w, g, k)
     buffers = buffer_plan(engine, w, g, k)
     held = engine.buffer_bytes()
     return MemoryReport(
         rank=engine.rank,
-        stage=engine.config.stage,
+        stage=engine.config.fixed_stage,
         parameters=psi,
         world_size=engine.world_size,
         padding_elements=sum(u.layout.padded - u.layout.numel for u in units),

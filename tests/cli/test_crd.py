@@ -39,12 +39,21 @@ def test_schema_is_structural() -> None:
     for banned in ("$ref", "anyOf", "oneOf", "allOf", "prefixItems", "const:", "title:"):
         assert banned not in text
     for path, node in walk(schema):
-        assert "type" in node or node.get("x-kubernetes-preserve-unknown-fields"), f"{path} has no type"
+        # Structural: every node has a type, except the two extensions that stand for one.
+        untyped = node.get("x-kubernetes-preserve-unknown-fields") or node.get("x-kubernetes-int-or-string")
+        assert "type" in node or untyped, f"{path} has no type"
         if "exclusiveMinimum" in node:
             assert node["exclusiveMinimum"] is True and "minimum" in node, path
         if node.get("type") in ("object", "array") or path.endswith((".spec", ".status")):
             continue
         assert "description" in node or path.count(".") <= 1 or "[]" in path or "{}" in path, f"{path} undocumented"
+
+
+def test_the_stage_is_an_int_or_the_string_auto() -> None:
+    stage = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    stage = stage["properties"]["zero"]["properties"]["stage"]
+    assert stage["x-kubernetes-int-or-string"] is True and stage["enum"] == [0, 1, 2, 3, "auto"]
+    assert stage["default"] == 3
 
 
 def test_names_columns_and_status_subresource() -> None:

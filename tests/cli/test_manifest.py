@@ -42,7 +42,7 @@ def test_valid_manifest(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     ("patch", "needles"),
     [
         ({"replicaz": 2}, ["spec.replicaz", "unknown field", "did you mean 'replicas'"]),
-        ({"zero": {"stage": 4}}, ["spec.zero.stage", "got 4", "0, 1, 2 or 3"]),
+        ({"zero": {"stage": 4}}, ["spec.zero.stage", "got 4", "0, 1, 2, 3 or 'auto'", "set it to one of those"]),
         ({"replicas": 0}, ["spec.replicas", "got 0", "set it to at least 1"]),
         ({"entrypoint": "not a thing"}, ["spec.entrypoint", "'not a thing'", "package.module:function"]),
         ({"resources": {"gpuMemory": "80Gi"}}, ["spec.resources", "gpuMemory is set but gpu is 0", "drop gpuMemory"]),

@@ -38,6 +38,12 @@ CASES: list[dict[str, Any]] = [
     {"resources": {"gpu": 1}},
     {"model": {"shape": {**SHAPE, "heads": 5}}},
     {"model": {"shape": {**SHAPE, "heads": 4}}},
+    {"zero": {"stage": 2}},
+    {"zero": {"stage": "auto"}},
+    {"zero": {"stage": "auto"}, "model": {"parameters": 1000}},
+    {"zero": {"stage": "auto"}, "model": {"parameters": 1000}, "resources": {"memory": "8Gi"}},
+    {"zero": {"stage": "auto"}, "model": {"shape": {**SHAPE, "heads": 4}}, "resources": {"gpu": 1, "gpuMemory": "8G"}},
+    {"zero": {"stage": "auto"}, "model": {"parameters": 1000}, "resources": {"gpu": 1}},
 ]
 
 
@@ -87,4 +93,4 @@ def test_each_rule_s_cel_and_predicate_agree(path: str, model: type[SpecModel], 
 
 
 def test_every_model_rule_is_here() -> None:
-    assert len(RULES) == 8  # Resources, ModelShape, FailurePolicy, Scheduling, the spec, ZeroConfig's three
+    assert len(RULES) == 9  # Resources, ModelShape, FailurePolicy, Scheduling, the spec's two, ZeroConfig's three

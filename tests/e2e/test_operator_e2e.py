@@ -274,6 +274,51 @@ async def test_memory_plan_that_cannot_fit_is_refused(cluster: Cluster, operator
     assert await call(pods, kube, ns, "theta") == []
 
 
+async def test_stage_auto_runs_the_lowest_stage_that_fits_and_says_why(
+    cluster: Cluster, operator: Operator, kube: Kube
+) -> None:
+    ns = cluster.namespace
+    # Ψ = 1e9 in fp32 AdamW over 4 ranks: 16, 10, 7 and 4 GB of model states for stages 0-3; 12 GB GPUs (9.6 GB
+    # usable with the 20% headroom) fit stage 2 first.
+    spec = {
+        "model": {"parameters": 1_000_000_000},
+        "resources": {"gpu": 2, "gpuMemory": "12G"},
+        "zero": {"stage": "auto"},
+    }
+    created = await start_job(kube, ns, "auto", **spec)
+    job = await wait_status(kube, ns, "auto", lambda s: s.get("stage") is not None)
+    assert job["status"]["stage"] == 2 and job["spec"]["zero"]["stage"] == "auto"
+    cond = condition(job, "StageChosen")
+    assert cond["status"] == "True" and cond["reason"] == "LowestStageThatFits"
+    assert cond["message"] == "stage 2: 7.0 GB of model states of 9.6 GB usable of 12.0 GB; stage 1 would need 10.0 GB"
+    # The ranks read a concrete stage from the gang's configuration.
+    volumes = {v["name"]: v for v in created[0]["spec"]["volumes"]}
+    config_map = volumes["zerotrain-config"]["configMap"]["name"]
+    config = await call(kube.request, "GET", path_of("v1", "configmaps", ns, config_map))
+    assert yaml.safe_load(config["data"][naming.CONFIG_KEY])["spec"]["zero"]["stage"] == 2
+    events = (await call(kube.request, "GET", path_of("v1", "events", ns)))["items"]
+    assert [e["message"] for e in events if e["reason"] == "LowestStageThatFits"] == [cond["message"]]
+
+
+async def test_stage_auto_that_nothing_fits_names_the_world_size_that_would(
+    cluster: Cluster, operator: Operator, kube: Kube
+) -> None:
+    ns = cluster.namespace
+    spec = {
+        "model": {"parameters": 1_000_000_000},
+        "resources": {"gpu": 2, "gpuMemory": "1.5G"},
+        "zero": {"stage": "auto"},
+    }
+    await call(kube.request, "POST", path_of(JOBS, PLURAL, ns), job_manifest("toosmall", ns, **spec))
+    job = await wait_status(kube, ns, "toosmall", lambda s: s.get("phase") == "Failed")
+    cond = condition(job, "InvalidSpec")
+    assert cond["reason"] == "MemoryPlanDoesNotFit"
+    # 16 GB of model states over N ranks within 1.2 GB usable: N >= 14, 7 pods of 2 ranks.
+    assert "no stage fits 1.2 GB usable of 1.5 GB per rank with 4 ranks" in cond["message"]
+    assert "stage 3 fits from 7 replicas (14 ranks)" in cond["message"]
+    assert await call(pods, kube, ns, "toosmall") == []
+
+
 async def test_success_then_ttl_deletes_job(cluster: Cluster, operator: Operator, kube: Kube) -> None:
     ns = cluster.namespace
     await start_job(kube, ns, "iota", replicas=1, ttlSecondsAfterFinished=0)

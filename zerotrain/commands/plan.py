@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from zerotrain.autostage import resolve_stage
 from zerotrain.errors import UserError
 from zerotrain.manifest import load_job
 from zerotrain.plan_inputs import declared_parameters, plan_input, plan_job
@@ -81,8 +82,11 @@ def _manifest_spec(path: str) -> tuple[ZeroTrainingJobSpec, int | None]:
     spec = load_job(path).spec
     try:
         psi = declared_parameters(spec)
+        spec, choice = resolve_stage(spec)  # the plan of the stage `auto` chooses, as admission would
     except ValueError as e:
         raise UserError(f"{path}: {e}") from None
+    if choice is not None:
+        Console(stderr=True).print(Text(f"stage auto chose {choice.message}"), soft_wrap=True)
     if psi is None:
         raise UserError(f"{path}: spec.model.parameters is not set; add it (or spec.model.shape), or pass --params")
     memory = _size(spec.resources.gpu_memory, "spec.resources.gpuMemory") if spec.resources.gpu_memory else None

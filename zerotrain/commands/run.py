@@ -28,6 +28,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
+from zerotrain.autostage import StageChoice, local_rank_memory, resolve_stage
 from zerotrain.commands.run_report import local_outcome, render_outcome, render_summary, throughput
 from zerotrain.errors import UserError
 from zerotrain.manifest import load_job
@@ -145,6 +146,15 @@ class PortWatch(threading.Thread):
             say(Text(f"metrics: Prometheus configuration written to {self.config}"), soft_wrap=True)
 
 
+def local_stage(job: ZeroTrainingJob, nproc: int) -> tuple[ZeroTrainingJob, StageChoice | None]:
+    """The job with `stage: auto` chosen against this machine's ranks (`autostage.local_rank_memory`)."""
+    try:
+        spec, choice = resolve_stage(job.spec, device_memory=local_rank_memory(job.spec, nproc))
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    return job.model_copy(update={"spec": spec}), choice
+
+
 def effective_job(
     path: str, nproc: int | None, steps: int | None, no_metrics: bool = False, checkpoint_dir: str | None = None
 ) -> tuple[ZeroTrainingJob, int]:
@@ -225,6 +235,7 @@ def default_log_dir(name: str, root: Path | None = None, keep: int = KEEP_LOG_DI
 
 def run(args: argparse.Namespace) -> int:
     job, nproc = effective_job(args.manifest, args.nproc, args.steps, args.no_metrics, args.checkpoint_dir)
+    job, choice = local_stage(job, nproc)
     # Imported here so `zerotrain --help` and the other subcommands don't pay for torch.
     from zerotrain.pod_contract import DEBUG_ENV, ENTRYPOINT_PATH_ENV, PROGRESS_ENV, SUMMARY_ENV
     from zerotrain.runtime.job.launch import preflight, scoped_environ
@@ -249,6 +260,8 @@ def run(args: argparse.Namespace) -> int:
             )
         )
         log_dir = Path(args.log_dir) if args.log_dir else default_log_dir(name)
+        if choice is not None:
+            console.print(Text(f"stage auto chose {choice.message}"), soft_wrap=True)
         console.print(Text(f"logs: {log_dir.resolve()}"), soft_wrap=True)
         # Local runs are CPU ranks on gloo even on a GPU machine: N ranks could not share one GPU under NCCL.
         local_env = {e.name: e.value for e in job.spec.env}  # spec.env, as the pods get it

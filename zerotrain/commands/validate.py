@@ -34,22 +34,26 @@ def run(args: argparse.Namespace) -> int:
     verdict = admit(doc.get("spec"), name or "job", args.gpu_memory, args.allow_host_path)
     if not verdict.admitted:
         raise UserError(f"{args.manifest}: the operator would refuse it ({verdict.reason}): {verdict.message}")
-    spec = job.spec
+    assert verdict.spec is not None
+    spec = verdict.spec  # with stage: auto resolved
+    stage = spec.zero.fixed_stage
     lines = [
-        f"{args.manifest}: ZeroTrainingJob {name or '(unnamed)'} is valid: stage {spec.zero.stage.value}, "
+        f"{args.manifest}: ZeroTrainingJob {name or '(unnamed)'} is valid: stage {stage.value}, "
         f"{spec.replicas} pod(s) × {spec.nproc_per_node} rank(s) = {spec.world_size} ranks"
     ]
+    if verdict.stage_choice is not None:
+        lines.append(f"stage auto chose {verdict.stage_choice.message}")
     if verdict.plan is not None:
-        chosen = verdict.plan.stages[spec.zero.stage]
+        chosen = verdict.plan.stages[stage]
         held = f"{format_bytes(chosen.model_state_bytes)} of model states"
         if chosen.peak is not None:
             held = f"{format_bytes(chosen.peak.peak)} at its peak ({held})"
-        lines.append(f"memory plan: {held} per GPU at stage {spec.zero.stage.value}; {verdict.plan.reason}")
+        lines.append(f"memory plan: {held} per GPU at stage {stage.value}; {verdict.plan.reason}")
     elif spec.model.shape is not None:
-        peak = plan_job(spec).stages[spec.zero.stage].peak
+        peak = plan_job(spec).stages[stage].peak
         assert peak is not None
         lines.append(
-            f"memory plan: {format_bytes(peak.peak)} per rank at its peak at stage {spec.zero.stage.value} "
+            f"memory plan: {format_bytes(peak.peak)} per rank at its peak at stage {stage.value} "
             f"({format_bytes(peak.model_states)} of model states); no GPU memory to check it against "
             "(resources.gpuMemory or --gpu-memory)"
         )

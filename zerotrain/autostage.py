@@ -1,0 +1,109 @@
+"""`zero.stage: auto`: the lowest ZeRO stage whose whole-peak plan fits each rank's device, chosen before anything
+runs (by the operator's admission, `zerotrain run` and `zerotrain validate`), so ranks always run a concrete stage.
+
+The lowest stage that fits moves the least: stages 0-2 send 2Ψ per step, stage 3 3Ψ, and each stage up shards one
+more model state. A rank's device is its GPU (`resources.gpuMemory`, or the operator's default for GPU jobs), or
+for CPU ranks its share of the pod's memory limit (`resources.memory` over `nprocPerNode`), less the plan's
+headroom. Nothing fitting is refused, naming the smallest world size at which stage 3 would fit.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+from zerotrain.plan_inputs import at_stage, declared_parameters, gpu_memory_bytes, min_world_size, plan_input, plan_job
+from zerotrain.planner import StagePlan, format_bytes, min_data_parallel
+from zerotrain.spec import ZeroTrainingJobSpec
+from zerotrain.zero_config import AutoStage, Stage
+
+
+@dataclass(frozen=True)
+class StageChoice:
+    """The stage `auto` resolved to, and why, in the words status and the console show."""
+
+    stage: Stage
+    message: str
+
+
+class NoStageFits(ValueError):
+    """Even stage 3 does not fit the device at this world size."""
+
+
+def rank_memory(spec: ZeroTrainingJobSpec, default_gpu_memory: str | None = None) -> int | None:
+    """Bytes one rank's device has: its GPU's memory, or for CPU ranks their share of the pod's memory limit."""
+    if spec.resources.gpu > 0:
+        memory = spec.resources.gpu_memory or default_gpu_memory
+        return gpu_memory_bytes(memory) if memory else None
+    if spec.resources.memory:
+        return gpu_memory_bytes(spec.resources.memory) // spec.nproc_per_node
+    return None
+
+
+def _stage_plans(spec: ZeroTrainingJobSpec, device_memory: int) -> list[StagePlan]:
+    # Each stage planned as itself: gradient bytes per element differ between stages 0/1 and 2/3.
+    return [plan_job(at_stage(spec, s), device_memory).stages[s] for s in Stage]
+
+
+def choose_stage(spec: ZeroTrainingJobSpec, device_memory: int) -> StageChoice:
+    """The lowest stage whose plan (the whole peak when the shape is known, else the model states) fits
+    `device_memory` less headroom; NoStageFits naming the smallest world size where stage 3 fits."""
+    p = plan_input(at_stage(spec, Stage.PARAMETERS), device_memory)
+    usable = int(device_memory * (1 - p.headroom))
+    plans = _stage_plans(spec, device_memory)
+    budget = f"{format_bytes(usable)} usable of {format_bytes(device_memory)}"
+    for sp in plans:
+        if sp.fits:
+            lower = ""
+            if sp.stage > Stage.DATA_PARALLEL:
+                lower = f"; stage {sp.stage.value - 1} would need {format_bytes(plans[sp.stage - 1].required_bytes)}"
+            what = "at its peak" if sp.peak is not None else "of model states"
+            return StageChoice(
+                sp.stage, f"stage {sp.stage.value}: {format_bytes(sp.required_bytes)} {what} of {budget}{lower}"
+            )
+    if spec.model.shape is not None:
+        ranks = min_world_size(at_stage(spec, Stage.PARAMETERS), Stage.PARAMETERS, usable)
+    else:
+        ranks = min_data_parallel(Stage.PARAMETERS, p, usable)
+    need = format_bytes(plans[Stage.PARAMETERS].required_bytes)
+    if ranks is None:
+        where = "at no world size (what every rank holds whole does not fit); use devices with more memory"
+    else:
+        replicas = math.ceil(ranks / spec.nproc_per_node)
+        where = f"from {replicas} replicas ({replicas * spec.nproc_per_node} ranks); raise spec.replicas"
+    raise NoStageFits(
+        f"spec.zero.stage: auto: no stage fits {budget} per rank with {spec.world_size} ranks (stage 3 needs "
+        f"{need}); stage 3 fits {where}, or turn on zero.activationCheckpointing or lower the micro-batch"
+    )
+
+
+def local_rank_memory(spec: ZeroTrainingJobSpec, nproc: int) -> int:
+    """Bytes one rank of `zerotrain run` has: local ranks are CPU processes, each with its share of
+    resources.memory (as in a pod), or of this machine's memory when the manifest sets none."""
+    if spec.resources.memory:
+        return gpu_memory_bytes(spec.resources.memory) // spec.nproc_per_node
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // max(1, nproc)
+
+
+def resolve_stage(
+    spec: ZeroTrainingJobSpec, default_gpu_memory: str | None = None, device_memory: int | None = None
+) -> tuple[ZeroTrainingJobSpec, StageChoice | None]:
+    """The spec with `stage: auto` replaced by the chosen stage (unchanged with a fixed stage, and no choice),
+    planned against `device_memory` bytes per rank, else the spec's (`rank_memory`); ValueError naming the field
+    when the device memory or the parameter count needed to choose is unknown."""
+    if spec.zero.stage is not AutoStage.AUTO:
+        return spec, None
+    if declared_parameters(spec) is None:
+        raise ValueError(
+            "spec.zero.stage: auto needs the model's size: set spec.model.parameters or spec.model.shape, or "
+            "choose a stage (0-3)"
+        )
+    device = device_memory if device_memory is not None else rank_memory(spec, default_gpu_memory)
+    if device is None:
+        raise ValueError(
+            "spec.zero.stage: auto needs each rank's device memory: set resources.gpuMemory (GPU ranks) or "
+            "resources.memory (CPU ranks share it), or choose a stage (0-3)"
+        )
+    choice = choose_stage(spec, device)
+    return at_stage(spec, choice.stage), choice
