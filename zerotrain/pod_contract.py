@@ -37,6 +37,7 @@ SUMMARY_ENV = "ZEROTRAIN_SUMMARY_FILE"  # rank 0 writes the end-of-run summary h
 METRICS_SEARCH_ENV = "ZEROTRAIN_METRICS_SEARCH"  # the first port to try (0: any), then search
 METRICS_REPORT_ENV = "ZEROTRAIN_METRICS_REPORT_DIR"  # where each rank writes the port it holds
 ENTRYPOINT_PATH_ENV = "ZEROTRAIN_ENTRYPOINT_PATH"  # the manifest's directory, searched for the entry point
+RANK_MEMORY_LIMIT_ENV = "ZEROTRAIN_RANK_MEMORY_LIMIT"  # bytes: the rank's share of resources.memory, as a limit
 
 # Engine switches for tests and benchmarks.
 SINGLE_RANK_COLLECTIVES_ENV = "ZEROTRAIN_SINGLE_RANK_COLLECTIVES"

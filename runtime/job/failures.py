@@ -45,6 +45,8 @@ class FailureKind(str, Enum):
     """A collective timed out waiting for its peers: usually a consequence of a stuck or dead rank."""
     PREEMPTED = "preempted"
     """Stopped on SIGTERM after committing a checkpoint."""
+    OUT_OF_MEMORY = "out-of-memory"
+    """It could not allocate memory (`out_of_memory`): the message says where and with what."""
 
 
 CONSEQUENCES = (FailureKind.PEER_LOST, FailureKind.TIMEOUT)
@@ -53,6 +55,7 @@ CONSEQUENCES = (FailureKind.PEER_LOST, FailureKind.TIMEOUT)
 def classify(error: BaseException) -> tuple[FailureKind, int, bool]:
     """A rank's exception as (kind, exit status, whether the runtime understands it: no traceback needed)."""
     from zerotrain.errors import EXIT_BAD_INPUT, UserError
+    from zerotrain.runtime.job.out_of_memory import RankOutOfMemory
     from zerotrain.runtime.zero.engine_errors import CollectiveTimeoutError, PeerLostError, RankDivergenceError
 
     if isinstance(error, UserError):
@@ -63,6 +66,8 @@ def classify(error: BaseException) -> tuple[FailureKind, int, bool]:
         return FailureKind.TIMEOUT, 1, True
     if isinstance(error, RankDivergenceError):
         return FailureKind.DIVERGED, 1, True
+    if isinstance(error, RankOutOfMemory):
+        return FailureKind.OUT_OF_MEMORY, 1, True
     return FailureKind.ERROR, 1, False
 
 

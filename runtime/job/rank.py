@@ -26,6 +26,7 @@ from zerotrain.errors import UserError
 from zerotrain.pod_contract import DEBUG_ENV
 from zerotrain.runtime.job.failures import FailureKind, classify, write_failure_record
 from zerotrain.runtime.job.metrics_endpoint import metrics_endpoint
+from zerotrain.runtime.job.out_of_memory import RankOutOfMemory, apply_memory_limit
 from zerotrain.runtime.job.preemption import EXIT_PREEMPTED, Preempted, Preemption, die_with_launcher, exit_preempted
 from zerotrain.runtime.job.rank_metrics import RankMetrics
 from zerotrain.runtime.job.train import RankContext, train
@@ -63,6 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="the ZeroTrainingJob manifest (YAML or JSON)")
     args = parser.parse_args(argv)
     die_with_launcher()
+    apply_memory_limit(os.environ)
     try:
         from zerotrain.manifest import load_job
 
@@ -90,13 +92,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:
         kind, code, expected = classify(e)
         report_error(e, expected)
-        fail(f"{type(e).__name__}: {e}" if not isinstance(e, UserError) else f"error: {e}", code, kind, e)
+        fail(_failure_line(e), code, kind, e)
     # The engine's hooks form reference cycles; collect it (and the gloo work objects it holds) while the
     # process group is alive, or finalising them at interpreter exit can abort the process.
     gc.collect()
     if dist.is_initialized():
         dist.destroy_process_group()
     return 0
+
+
+def _failure_line(error: BaseException) -> str:
+    """The failure as the launcher reports it: the account itself for what the runtime explains in words."""
+    if isinstance(error, RankOutOfMemory):
+        return str(error)
+    return f"error: {error}" if isinstance(error, UserError) else f"{type(error).__name__}: {error}"
 
 
 def report_error(error: BaseException, expected: bool) -> None:
@@ -107,7 +116,7 @@ def report_error(error: BaseException, expected: bool) -> None:
     rank = os.environ.get("RANK", "?")
     if debug == "1" or (debug is None and not expected):
         traceback.print_exception(error)
-    head = "error" if isinstance(error, UserError) else type(error).__name__
+    head = "error" if isinstance(error, (UserError, RankOutOfMemory)) else type(error).__name__
     print(f"zerotrain rank {rank}: {head}: {error}", file=sys.stderr, flush=True)
 
 

@@ -28,6 +28,7 @@ import torch
 
 from zerotrain.plan_inputs import declared_parameters
 from zerotrain.pod_contract import PROGRESS_ENV, SUMMARY_ENV
+from zerotrain.runtime.job import out_of_memory
 from zerotrain.runtime.job.preemption import (
     PEER_REQUEST,
     Preempted,
@@ -292,9 +293,27 @@ def train(
 
         engine_factory = ZeroEngine
     torch.manual_seed(spec.training.seed)
-    task = build_task(spec.entrypoint, rank=ctx.rank, world_size=ctx.world_size, args=spec.entrypoint_args)
     device = device_for(spec, ctx.local_rank)
-    engine = make_engine(task, spec, device, engine_factory)
+    engine: ZeroEngine | None = None
+    try:
+        task = build_task(spec.entrypoint, rank=ctx.rank, world_size=ctx.world_size, args=spec.entrypoint_args)
+        engine = make_engine(task, spec, device, engine_factory)
+        return _train_engine(engine, task, spec, ctx, device, metrics, preemption)
+    except (MemoryError, RuntimeError) as e:  # torch.OutOfMemoryError is a RuntimeError
+        if not out_of_memory.is_allocation_failure(e):
+            raise
+        raise out_of_memory.RankOutOfMemory(out_of_memory.account(e, ctx.rank, metrics, engine)) from e
+
+
+def _train_engine(
+    engine: ZeroEngine,
+    task: TrainingTask,
+    spec: ZeroTrainingJobSpec,
+    ctx: RankContext,
+    device: torch.device,
+    metrics: RankMetrics | None,
+    preemption: Preemption | None,
+) -> TrainResult:
     policy = CheckpointPolicy.from_spec(spec.checkpoint)
     loaded = resume(engine, task, policy, metrics)
     first_step = (loaded.step if loaded is not None else 0) + 1

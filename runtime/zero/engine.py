@@ -125,6 +125,8 @@ class ZeroEngine:
         # Global samples in one micro-batch, when whoever feeds the data knows it: checkpoints record the position.
         self.samples_per_micro_batch = 0
         self.last_grad_norm: float | None = None
+        self.unit_in_progress: str | None = None
+        """The unit whose forward last began or whose gradients last completed: where a failure happened."""
         self._boundary = False
         if device.type == "cuda":
             # The model's own unsharded parameters and the broadcast buffers are gone now; without this the caching
@@ -247,11 +249,13 @@ class ZeroEngine:
             self.order_check.note(event, unit)
 
     def _on_forward(self, unit: int) -> None:
+        self.unit_in_progress = self.units[unit].name
         self.units[unit].wait_for_unshard()
         self._forward_order.append(unit)
         self._note(Event.FORWARD, unit)
 
     def _on_grads_ready(self, u: Unit) -> None:
+        self.unit_in_progress = u.name
         self._note(Event.GRADS_READY, u.index)
         u.unsharded_bytes = u.unsharded_grad_bytes()
         self._unsharded_gradients.add(u.unsharded_bytes)

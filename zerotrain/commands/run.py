@@ -32,6 +32,7 @@ from zerotrain.autostage import StageChoice, local_rank_memory, resolve_stage
 from zerotrain.commands.run_report import local_outcome, render_outcome, render_summary, throughput
 from zerotrain.errors import UserError
 from zerotrain.manifest import load_job
+from zerotrain.plan_inputs import gpu_memory_bytes
 from zerotrain.spec import ZeroTrainingJob
 
 KEEP_LOG_DIRS = 20
@@ -237,7 +238,7 @@ def run(args: argparse.Namespace) -> int:
     job, nproc = effective_job(args.manifest, args.nproc, args.steps, args.no_metrics, args.checkpoint_dir)
     job, choice = local_stage(job, nproc)
     # Imported here so `zerotrain --help` and the other subcommands don't pay for torch.
-    from zerotrain.pod_contract import DEBUG_ENV, ENTRYPOINT_PATH_ENV, PROGRESS_ENV, SUMMARY_ENV
+    from zerotrain.pod_contract import DEBUG_ENV, ENTRYPOINT_PATH_ENV, PROGRESS_ENV, RANK_MEMORY_LIMIT_ENV, SUMMARY_ENV
     from zerotrain.runtime.job.launch import preflight, scoped_environ
     from zerotrain.runtime.job.task import is_script
 
@@ -267,6 +268,9 @@ def run(args: argparse.Namespace) -> int:
         local_env = {e.name: e.value for e in job.spec.env}  # spec.env, as the pods get it
         local_env |= {PROGRESS_ENV: str(progress_file), SUMMARY_ENV: str(summary_file), "CUDA_VISIBLE_DEVICES": ""}
         local_env |= beside
+        if job.spec.resources.memory:  # each rank's share, limited as a container's memory would be
+            share = gpu_memory_bytes(job.spec.resources.memory) // job.spec.nproc_per_node
+            local_env[RANK_MEMORY_LIMIT_ENV] = str(share)
         local_env[DEBUG_ENV] = "1" if args.debug or os.environ.get(DEBUG_ENV) == "1" else "0"
         watch = None
         if first_port is not None and not is_script(job.spec.entrypoint):

@@ -1,0 +1,96 @@
+"""Out of memory as a diagnosis: a rank that cannot allocate ends with one line saying where and with what.
+
+Three allocators refuse the same way to the user: CUDA's caching allocator raises `torch.OutOfMemoryError`
+("Tried to allocate 2.00 GiB"), torch's CPU allocator a RuntimeError ("DefaultCPUAllocator: can't allocate memory:
+you tried to allocate N bytes") when the process's memory limit refuses (a container's, or `zerotrain run`'s
+RLIMIT_DATA standing in for one, `apply_memory_limit`), and Python a MemoryError. Each becomes `RankOutOfMemory`,
+whose message names the rank, what it was doing (its metrics' phase), the unit in progress, the bytes it asked
+for and what it held by category (measured at the failure, else at the last step); the launcher passes it on as
+the rank's failure (the pod's termination message). The kernel's OOM killer leaves no such line: that is SIGKILL,
+which `failures` reports.
+"""
+
+from __future__ import annotations
+
+import re
+import resource
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import torch
+
+from zerotrain.planner import format_bytes
+from zerotrain.pod_contract import RANK_MEMORY_LIMIT_ENV
+
+if TYPE_CHECKING:
+    from zerotrain.runtime.job.rank_metrics import RankMetrics
+    from zerotrain.runtime.zero.engine import ZeroEngine
+    from zerotrain.runtime.zero.memory import MemoryReport
+
+_CPU = re.compile(r"can't allocate memory: you tried to allocate (\d+) bytes")
+_CUDA = re.compile(r"Tried to allocate ([\d.]+) ([KMGT]i?B)")
+_UNITS = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+
+
+class RankOutOfMemory(RuntimeError):
+    """This rank could not allocate memory; the message is the whole account."""
+
+
+def is_allocation_failure(error: BaseException) -> bool:
+    if isinstance(error, (MemoryError, torch.OutOfMemoryError)):
+        return True
+    return isinstance(error, RuntimeError) and _CPU.search(str(error)) is not None
+
+
+def tried_bytes(error: BaseException) -> int | None:
+    """The bytes the failed allocation asked for, as the allocator's message says."""
+    text = str(error)
+    if m := _CPU.search(text):
+        return int(m.group(1))
+    if m := _CUDA.search(text):
+        return round(float(m.group(1)) * _UNITS[m.group(2)])
+    return None
+
+
+def account(error: BaseException, rank: int, metrics: RankMetrics | None, engine: ZeroEngine | None) -> str:
+    """One line: rank, phase, unit, the bytes tried, and the last measured categories."""
+    phase = metrics.current_phase.value if metrics is not None else "unknown phase"
+    where = f" in unit {engine.unit_in_progress}" if engine is not None and engine.unit_in_progress else ""
+    tried = tried_bytes(error)
+    asked = f"; it asked for {format_bytes(tried)}" if tried is not None else ""
+    held = ""
+    report = _held_now(engine) or (metrics.snapshot.memory if metrics is not None else None)
+    if report is not None:
+        parts = {
+            "parameters": report.parameter_bytes,
+            "gradients": report.gradient_bytes,
+            "optimizer states": report.optimizer_bytes,
+            "activations": report.activation_peak_bytes,
+            "communication buffers": report.comm_buffer_peak_bytes,
+        }
+        held = "; it held " + ", ".join(f"{k} {format_bytes(v)}" for k, v in parts.items())
+    return (
+        f"out of memory: rank {rank} during {phase}{where}{asked}{held}; raise zero.stage (or use stage: auto), "
+        "turn on zero.activationCheckpointing, lower the micro-batch, or give the ranks more memory"
+    )
+
+
+def _held_now(engine: ZeroEngine | None) -> MemoryReport | None:
+    """What the rank holds at the failure, if even that small report can still be made."""
+    if engine is None:
+        return None
+    try:
+        return engine.memory_report()
+    except (MemoryError, RuntimeError):
+        return None
+
+
+def apply_memory_limit(env: Mapping[str, str]) -> int | None:
+    """`zerotrain run`: limit this rank's data memory to its share of spec.resources.memory, as a container limit
+    would (RLIMIT_DATA: private writable memory, what tensors take; libraries' mappings are not counted)."""
+    raw = env.get(RANK_MEMORY_LIMIT_ENV)
+    if not raw:
+        return None
+    limit = int(raw)
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+    return limit

@@ -1,0 +1,69 @@
+"""`zerotrain run` limits each rank's memory to its share of spec.resources.memory, as a container limit would, and
+a rank that runs out says where and with what instead of dying with 137: a real allocation failure, not a mock."""
+
+from __future__ import annotations
+
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from zerotrain.cli import main
+from zerotrain.pod_contract import RANK_MEMORY_LIMIT_ENV
+from zerotrain.runtime.job.out_of_memory import apply_memory_limit, is_allocation_failure, tried_bytes
+
+QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml"
+
+
+def manifest(tmp_path: Path, memory: str, batch_size: int) -> Path:
+    doc = yaml.safe_load(QUICKSTART.read_text())
+    doc["spec"]["resources"]["memory"] = memory
+    doc["spec"]["entrypointArgs"]["batch_size"] = batch_size
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+@pytest.mark.slow
+def test_a_rank_out_of_its_memory_names_rank_phase_unit_and_bytes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 1,024 sequences of 128 bytes per rank: the first block's activations cannot fit 700 MiB with torch loaded.
+    path = manifest(tmp_path, "700Mi", 2048)
+    assert main(["run", str(path), "--steps", "2", "--no-metrics"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "rank-failed:" in out and "out of memory: rank " in out, out
+    assert "during forward in unit blocks.0; it asked for " in out and "it held parameters " in out
+    assert "raise zero.stage (or use stage: auto)" in out and "status 137" not in out
+
+
+@pytest.mark.slow
+def test_the_same_job_within_its_memory_trains(tmp_path: Path) -> None:
+    assert main(["run", str(manifest(tmp_path, "2Gi", 16)), "--steps", "2", "--no-metrics"]) == 0
+
+
+def test_the_limit_is_the_data_segment_of_the_rank_process() -> None:
+    code = (
+        "import os, resource\n"
+        "from zerotrain.runtime.job.out_of_memory import apply_memory_limit\n"
+        f"apply_memory_limit({{'{RANK_MEMORY_LIMIT_ENV}': str(1 << 30)}})\n"
+        "import torch\n"
+        "try:\n"
+        "    torch.empty(2_000_000_000, dtype=torch.uint8)\n"
+        "except RuntimeError as e:\n"
+        "    print('refused', e)\n"
+        "print(resource.getrlimit(resource.RLIMIT_DATA)[0])\n"
+    )
+    out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "refused" in out and out.strip().endswith(str(1 << 30)), out
+    assert apply_memory_limit({}) is None and resource.getrlimit(resource.RLIMIT_DATA)[0] != 1 << 30
+
+
+def test_allocator_messages_are_read_for_the_bytes_asked() -> None:
+    cpu = RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 67108864 bytes. Error 12")
+    assert is_allocation_failure(cpu) and tried_bytes(cpu) == 67108864
+    cuda = RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.1 GiB total capacity)")
+    assert tried_bytes(cuda) == 2 * 2**30 and not is_allocation_failure(RuntimeError("shape mismatch"))
