@@ -24,6 +24,7 @@ class ConditionType(str, Enum):
     QUEUED = "Queued"
     QUEUE_UNAVAILABLE = "QueueUnavailable"
     STAGE_CHOSEN = "StageChosen"
+    OUT_OF_MEMORY = "OutOfMemory"
 
 
 class Reason:
@@ -57,6 +58,7 @@ class Reason:
     MEMORY_PLAN_DOES_NOT_FIT = "MemoryPlanDoesNotFit"
     SPEC_VALID = "SpecValid"
     LOWEST_STAGE_THAT_FITS = "LowestStageThatFits"
+    OUT_OF_MEMORY = "OutOfMemory"
 
 
 def get_condition(status: ZeroTrainingJobStatus, kind: ConditionType) -> Condition | None:

@@ -80,6 +80,9 @@ class ObservedPod:
     """The kubelet's message for `waiting`."""
     gated: bool = False
     """Kueue holds it (its admission scheduling gate): the gang waits for quota, it is not stuck."""
+    out_of_memory: str = ""
+    """Why it ran out of memory, when it did: the rank's own account (`runtime.job.out_of_memory`), or the
+    kubelet's OOMKilled."""
 
 
 def _time(value: Any) -> datetime | None:
@@ -172,7 +175,20 @@ def observe_pod(pod: dict[str, Any]) -> ObservedPod:
         waiting=waiting,
         waiting_message=waiting_message,
         gated=kueue.is_gated(pod),
+        out_of_memory=_out_of_memory(term, said),
     )
+
+
+# The account a rank that could not allocate leaves in the launcher's termination message.
+OUT_OF_MEMORY_MARKER = "out of memory: rank "
+
+
+def _out_of_memory(term: dict[str, Any], said: str) -> str:
+    if (at := said.find(OUT_OF_MEMORY_MARKER)) >= 0:
+        return said[at:].splitlines()[0].removesuffix(")").rsplit(" (exit status", 1)[0]
+    if term.get("reason") == "OOMKilled":
+        return "the kernel's OOM killer stopped the container at its memory limit (OOMKilled)"
+    return ""
 
 
 def observe_pods(pods: list[dict[str, Any]]) -> list[ObservedPod]:

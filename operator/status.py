@@ -11,6 +11,7 @@ from zerotrain.job_status import Phase, RankCounts, ZeroTrainingJobStatus
 from zerotrain.operator import startup
 from zerotrain.operator.conditions import ConditionType, Reason, get_condition, is_true, set_condition
 from zerotrain.operator.observe import Disruption, ObservedPod, PodPhase
+from zerotrain.planner import format_bytes
 from zerotrain.spec import ZeroTrainingJobSpec
 
 _WARNING_WHEN_TRUE = {
@@ -201,6 +202,8 @@ def _on_failure(
 ) -> Decision:
     policy, code = spec.failure_policy, pod.exit_code
     where = f"pod {pod.name} (node rank {pod.replica}) exited with code {code}"
+    if pod.out_of_memory and not pod.peer_lost:
+        return _out_of_memory(spec, d, current, pod, now)
     if pod.peer_lost:
         # Every failed rank only lost its peer (whose own end was not a failure we saw, e.g. its node went):
         # its exit code says nothing about the program, so the exit-code rules do not apply.
@@ -214,6 +217,23 @@ def _on_failure(
         return _fail(d, current, Reason.BACKOFF_LIMIT_EXCEEDED, msg, now)
     delay = backoff.delay(d.status.restarts.failures + 1)
     return _restart(d, current, "Failed", f"{where}; restarting the whole gang in {delay:g}s", now, delay)
+
+
+def _out_of_memory(
+    spec: ZeroTrainingJobSpec, d: Decision, current: list[ObservedPod], pod: ObservedPod, now: datetime
+) -> Decision:
+    """A rank ran out of memory: the same gang would again, so the job fails at once, saying what to change, with
+    the plan's figures when it has them, instead of spending its back-off limit."""
+    stage = spec.zero.fixed_stage
+    plan = ""
+    if (mp := d.status.memory_plan) is not None and mp.usable_memory is not None:
+        planned = mp.stages[stage]
+        plan = f"; the plan gave stage {stage.value} {format_bytes(planned.required_bytes)} of " + (
+            f"{format_bytes(mp.usable_memory)} usable per rank"
+        )
+    message = f"pod {pod.name} (node rank {pod.replica}): {pod.out_of_memory}{plan}"
+    set_condition(d.status, ConditionType.OUT_OF_MEMORY, True, Reason.OUT_OF_MEMORY, message, now)
+    return _fail(d, current, Reason.OUT_OF_MEMORY, message, now)
 
 
 def _restart(

@@ -230,6 +230,28 @@ async def test_permanent_exit_code_fails_at_once(cluster: Cluster, operator: Ope
     assert job["status"]["restarts"]["total"] == 0
 
 
+async def test_a_rank_out_of_memory_fails_the_job_at_once_with_its_account(
+    cluster: Cluster, operator: Operator, kube: Kube
+) -> None:
+    ns = cluster.namespace
+    spec = {"model": {"parameters": 1_000_000_000}, "resources": {"gpu": 2, "gpuMemory": "12G"}, "zero": {"stage": 2}}
+    await start_job(kube, ns, "oom", **spec)
+    # What the runtime's launcher writes when a rank could not allocate (`runtime.job.out_of_memory`).
+    said = (
+        "rank-failed: rank 3 failed first: it exited with status 1: out of memory: rank 3 during backward in unit "
+        "blocks.7; it asked for 2.1 GB; it held parameters 4.0 GB, gradients 500.0 MB; raise zero.stage (or use "
+        "stage: auto), turn on zero.activationCheckpointing, lower the micro-batch, or give the ranks more memory "
+        "(exit status 1)"
+    )
+    await call(set_pod_phase, kube, ns, "oom-worker-1", "Failed", 1, None, said)
+    job = await wait_status(kube, ns, "oom", lambda s: s.get("phase") == "Failed")
+    cond = condition(job, "OutOfMemory")
+    assert cond["status"] == "True" and condition(job, "Failed")["reason"] == "OutOfMemory"
+    assert cond["message"].startswith("pod oom-worker-1 (node rank 1): out of memory: rank 3 during backward")
+    assert "more memory; the plan gave stage 2 7.0 GB of 9.6 GB usable per rank" in cond["message"]
+    assert job["status"]["restarts"]["total"] == 0, "the same gang would run out again: no back-off spent"
+
+
 async def test_suspend_and_resume(cluster: Cluster, operator: Operator, kube: Kube) -> None:
     ns = cluster.namespace
     await start_job(kube, ns, "zeta")

@@ -218,3 +218,18 @@ def test_invalid_spec_posts_one_warning() -> None:
     bad = invalid(None, Reason.INVALID_SPEC, "spec.replicas: got 0", NOW)
     events = transitions(None, bad)
     assert [(e.type, e.reason) for e in events] == [("Warning", Reason.INVALID_SPEC)]
+
+
+def test_a_container_the_kernel_oom_killed_is_out_of_memory() -> None:
+    pod = {
+        "metadata": {"name": "j-worker-0", "labels": {}},
+        "status": {
+            "phase": "Failed",
+            "containerStatuses": [
+                {"name": "trainer", "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}
+            ],
+        },
+    }
+    assert "OOMKilled" in observe_pod(pod).out_of_memory
+    pod["status"]["containerStatuses"][0]["state"]["terminated"]["reason"] = "Error"
+    assert observe_pod(pod).out_of_memory == ""
