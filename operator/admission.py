@@ -95,7 +95,11 @@ def pod_problems(spec: ZeroTrainingJobSpec, job_name: str, allow_host_path: bool
 
 
 def admit(
-    raw_spec: Any, job_name: str, default_gpu_memory: str | None = None, allow_host_path: bool = False
+    raw_spec: Any,
+    job_name: str,
+    default_gpu_memory: str | None = None,
+    allow_host_path: bool = False,
+    stage_floor: Stage | None = None,
 ) -> Admission:
     """Validate `raw_spec` as the operator receives it; never raises for bad input."""
     try:
@@ -107,7 +111,7 @@ def admit(
     if problems := pod_problems(spec, job_name, allow_host_path):
         return Admission(spec=spec, reason=Reason.INVALID_POD_TEMPLATE, message="; ".join(problems))
     try:
-        spec, choice = resolve_stage(spec, default_gpu_memory)
+        spec, choice = resolve_stage(spec, default_gpu_memory, floor=stage_floor)
     except NoStageFits as e:
         return Admission(spec=spec, reason=Reason.MEMORY_PLAN_DOES_NOT_FIT, message=str(e))
     except ValueError as e:

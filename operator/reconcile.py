@@ -178,7 +178,8 @@ class Reconciler:
             return PassOutcome(Result.GONE)  # children go with the job through their owner references
         previous = read_status(body)
         now = self.clock()
-        verdict = admit(body.get("spec"), name, self.settings.gpu_memory, self.settings.allow_host_path)
+        floor = previous.stage_floor if previous is not None else None
+        verdict = admit(body.get("spec"), name, self.settings.gpu_memory, self.settings.allow_host_path, floor)
         if not verdict.admitted or verdict.spec is None:
             new = invalid(previous, verdict.reason or "", verdict.message, now)
             new.memory_plan = verdict.plan
@@ -186,7 +187,12 @@ class Reconciler:
             return PassOutcome(Result.INVALID, verdict.message)
         job = builders.JobRef.from_body(body)
         decision = compute_status(
-            verdict.spec, observe_pods(self.kube.list_pods(namespace, name)), previous, now, self.backoff
+            verdict.spec,
+            observe_pods(self.kube.list_pods(namespace, name)),
+            previous,
+            now,
+            self.backoff,
+            replan=verdict.stage_choice is not None,
         )
         decision.status.memory_plan = verdict.plan
         decision.status.stage = verdict.spec.zero.fixed_stage

@@ -13,6 +13,7 @@ from zerotrain.operator.conditions import ConditionType, Reason, get_condition, 
 from zerotrain.operator.observe import Disruption, ObservedPod, PodPhase
 from zerotrain.planner import format_bytes
 from zerotrain.spec import ZeroTrainingJobSpec
+from zerotrain.zero_config import Stage
 
 _WARNING_WHEN_TRUE = {
     ConditionType.FAILED,
@@ -101,8 +102,10 @@ def compute_status(
     previous: ZeroTrainingJobStatus | None,
     now: datetime,
     backoff: Backoff = Backoff(),
+    replan: bool = False,
 ) -> Decision:
-    """The whole lifecycle in one pure step; see docs/operator.md for the state diagram."""
+    """The whole lifecycle in one pure step; see docs/operator.md for the state diagram. `replan`: the stage is
+    `auto`'s choice, so a rank out of memory moves the job to the next stage instead of failing it."""
     st = (previous or ZeroTrainingJobStatus()).model_copy(deep=True)
     if is_true(st, ConditionType.INVALID_SPEC):  # the spec was fixed: admit the job afresh
         st.phase, st.completion_time = Phase.PENDING, None
@@ -129,7 +132,7 @@ def compute_status(
     if not is_true(st, ConditionType.CREATED, Reason.GANG_CREATED):
         return _create(d, observed, stale, now)
     d.delete_pods = stale
-    return _judge(spec, d, current, now, backoff)
+    return _judge(spec, d, current, now, backoff, replan)
 
 
 def _create(d: Decision, observed: Sequence[ObservedPod], stale: list[str], now: datetime) -> Decision:
@@ -154,7 +157,12 @@ def _create(d: Decision, observed: Sequence[ObservedPod], stale: list[str], now:
 
 
 def _judge(
-    spec: ZeroTrainingJobSpec, d: Decision, current: list[ObservedPod], now: datetime, backoff: Backoff
+    spec: ZeroTrainingJobSpec,
+    d: Decision,
+    current: list[ObservedPod],
+    now: datetime,
+    backoff: Backoff,
+    replan: bool = False,
 ) -> Decision:
     st = d.status
     by_replica = {p.replica: p for p in current}
@@ -165,6 +173,8 @@ def _judge(
     )
     disrupted = [p for p in current if p.disruption is not None]
     missing = [r for r in range(spec.replicas) if r not in by_replica]
+    if failed and failed[0].out_of_memory and not failed[0].peer_lost:
+        return _out_of_memory(spec, d, current, failed[0], now, replan)
     if failed:
         return _on_failure(spec, d, current, failed[0], now, backoff)
     if disrupted or missing:
@@ -187,6 +197,9 @@ def _judge(
         set_condition(st, ConditionType.RUNNING, True, Reason.ALL_RANKS_RUNNING, msg, now)
         if is_true(st, ConditionType.RESTARTING):
             set_condition(st, ConditionType.RESTARTING, False, Reason.GANG_RECOVERED, "the new gang is running", now)
+        if is_true(st, ConditionType.OUT_OF_MEMORY):
+            msg = f"the gang at stage {spec.zero.fixed_stage.value} is running"
+            set_condition(st, ConditionType.OUT_OF_MEMORY, False, Reason.GANG_RECOVERED, msg, now)
     elif st.phase != Phase.RESTARTING:
         st.phase = Phase.PENDING
     return d
@@ -202,8 +215,6 @@ def _on_failure(
 ) -> Decision:
     policy, code = spec.failure_policy, pod.exit_code
     where = f"pod {pod.name} (node rank {pod.replica}) exited with code {code}"
-    if pod.out_of_memory and not pod.peer_lost:
-        return _out_of_memory(spec, d, current, pod, now)
     if pod.peer_lost:
         # Every failed rank only lost its peer (whose own end was not a failure we saw, e.g. its node went):
         # its exit code says nothing about the program, so the exit-code rules do not apply.
@@ -220,10 +231,16 @@ def _on_failure(
 
 
 def _out_of_memory(
-    spec: ZeroTrainingJobSpec, d: Decision, current: list[ObservedPod], pod: ObservedPod, now: datetime
+    spec: ZeroTrainingJobSpec,
+    d: Decision,
+    current: list[ObservedPod],
+    pod: ObservedPod,
+    now: datetime,
+    replan: bool,
 ) -> Decision:
-    """A rank ran out of memory: the same gang would again, so the job fails at once, saying what to change, with
-    the plan's figures when it has them, instead of spending its back-off limit."""
+    """A rank ran out of memory: the same gang would again. Under `stage: auto` below stage 3 the gang restarts
+    at the next stage (from the newest checkpoint, resharded; cause OutOfMemory, not counted as a failure); else
+    the job fails at once, saying what to change, with the plan's figures, instead of spending its back-off."""
     stage = spec.zero.fixed_stage
     plan = ""
     if (mp := d.status.memory_plan) is not None and mp.usable_memory is not None:
@@ -232,6 +249,13 @@ def _out_of_memory(
             f"{format_bytes(mp.usable_memory)} usable per rank"
         )
     message = f"pod {pod.name} (node rank {pod.replica}): {pod.out_of_memory}{plan}"
+    if replan and stage < Stage.PARAMETERS:
+        d.status.stage_floor = Stage(stage + 1)
+        message += f"; stage auto moves to stage {stage.value + 1} or higher and restarts from the newest checkpoint"
+        set_condition(d.status, ConditionType.OUT_OF_MEMORY, True, Reason.OUT_OF_MEMORY, message, now)
+        return _restart(d, current, Reason.OUT_OF_MEMORY, message, now, 0)
+    if replan:
+        message += "; stage auto has no stage above 3 left to try"
     set_condition(d.status, ConditionType.OUT_OF_MEMORY, True, Reason.OUT_OF_MEMORY, message, now)
     return _fail(d, current, Reason.OUT_OF_MEMORY, message, now)
 

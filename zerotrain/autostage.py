@@ -46,19 +46,21 @@ def _stage_plans(spec: ZeroTrainingJobSpec, device_memory: int) -> list[StagePla
     return [plan_job(at_stage(spec, s), device_memory).stages[s] for s in Stage]
 
 
-def choose_stage(spec: ZeroTrainingJobSpec, device_memory: int) -> StageChoice:
-    """The lowest stage whose plan (the whole peak when the shape is known, else the model states) fits
-    `device_memory` less headroom; NoStageFits naming the smallest world size where stage 3 fits."""
+def choose_stage(spec: ZeroTrainingJobSpec, device_memory: int, floor: Stage = Stage.DATA_PARALLEL) -> StageChoice:
+    """The lowest stage from `floor` whose plan (the whole peak when the shape is known, else the model states)
+    fits `device_memory` less headroom; NoStageFits naming the smallest world size where stage 3 fits."""
     p = plan_input(at_stage(spec, Stage.PARAMETERS), device_memory)
     usable = int(device_memory * (1 - p.headroom))
     plans = _stage_plans(spec, device_memory)
     budget = f"{format_bytes(usable)} usable of {format_bytes(device_memory)}"
-    for sp in plans:
+    for sp in plans[floor:]:
         if sp.fits:
             lower = ""
-            if sp.stage > Stage.DATA_PARALLEL:
+            if sp.stage > floor:
                 lower = f"; stage {sp.stage.value - 1} would need {format_bytes(plans[sp.stage - 1].required_bytes)}"
             what = "at its peak" if sp.peak is not None else "of model states"
+            if sp.stage == floor > Stage.DATA_PARALLEL:
+                lower = f"; stage {floor.value - 1} ran out of memory"
             return StageChoice(
                 sp.stage, f"stage {sp.stage.value}: {format_bytes(sp.required_bytes)} {what} of {budget}{lower}"
             )
@@ -87,7 +89,10 @@ def local_rank_memory(spec: ZeroTrainingJobSpec, nproc: int) -> int:
 
 
 def resolve_stage(
-    spec: ZeroTrainingJobSpec, default_gpu_memory: str | None = None, device_memory: int | None = None
+    spec: ZeroTrainingJobSpec,
+    default_gpu_memory: str | None = None,
+    device_memory: int | None = None,
+    floor: Stage | None = None,
 ) -> tuple[ZeroTrainingJobSpec, StageChoice | None]:
     """The spec with `stage: auto` replaced by the chosen stage (unchanged with a fixed stage, and no choice),
     planned against `device_memory` bytes per rank, else the spec's (`rank_memory`); ValueError naming the field
@@ -105,5 +110,5 @@ def resolve_stage(
             "spec.zero.stage: auto needs each rank's device memory: set resources.gpuMemory (GPU ranks) or "
             "resources.memory (CPU ranks share it), or choose a stage (0-3)"
         )
-    choice = choose_stage(spec, device)
+    choice = choose_stage(spec, device, floor or Stage.DATA_PARALLEL)
     return at_stage(spec, choice.stage), choice

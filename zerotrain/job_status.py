@@ -98,6 +98,8 @@ class ZeroTrainingJobStatus(SpecModel):
     """Per-rank model-state memory by ZeRO stage for this job."""
     stage: Stage | None = None
     """The ZeRO stage the ranks run: the spec's, or the one `stage: auto` chose (condition StageChosen says why)."""
+    stage_floor: Stage | None = None
+    """`stage: auto`: the lowest stage admission may choose, raised past a stage whose ranks ran out of memory."""
     next_restart_time: datetime | None = None
     """When a gang torn down after a failure is created again (exponential back-off); null when none is due."""
     observed_generation: int | None = None

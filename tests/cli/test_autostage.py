@@ -113,3 +113,10 @@ def test_zerotrain_run_chooses_against_each_rank_s_memory_and_trains(
     out = " ".join(capsys.readouterr().out.split())
     assert f": stage {want.stage.value}, 2 rank(s)" in out and f"stage auto chose {want.message}" in out
     assert summary.exists()
+
+
+def test_a_floor_raised_past_a_stage_that_ran_out_is_respected_and_said() -> None:
+    choice = choose_stage(spec(), 12_000_000_000, floor=Stage.PARAMETERS)
+    assert choice.stage == Stage.PARAMETERS and choice.message.endswith("; stage 2 ran out of memory")
+    # A floor below the plan's choice changes nothing.
+    assert choose_stage(spec(), 12_000_000_000, floor=Stage.OPTIMIZER_STATES).stage == Stage.GRADIENTS

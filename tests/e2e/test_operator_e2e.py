@@ -252,6 +252,37 @@ async def test_a_rank_out_of_memory_fails_the_job_at_once_with_its_account(
     assert job["status"]["restarts"]["total"] == 0, "the same gang would run out again: no back-off spent"
 
 
+async def test_stage_auto_out_of_memory_moves_to_the_next_stage_until_none_is_left(
+    cluster: Cluster, operator: Operator, kube: Kube
+) -> None:
+    ns = cluster.namespace
+    spec = {
+        "model": {"parameters": 1_000_000_000},
+        "resources": {"gpu": 2, "gpuMemory": "12G"},
+        "zero": {"stage": "auto"},
+    }
+    await start_job(kube, ns, "replan", **spec)
+    said = "rank-failed: rank 0 failed first: it exited with status 1: out of memory: rank 0 during forward"
+    await call(set_pod_phase, kube, ns, "replan-worker-0", "Failed", 1, None, said)
+    # The plan chose stage 2; its ranks ran out: the next gang runs stage 3, from the newest checkpoint.
+    job = await wait_status(kube, ns, "replan", lambda s: s.get("stage") == 3)
+    assert job["status"]["restarts"]["byCause"] == {"OutOfMemory": 1} and job["status"]["restarts"]["failures"] == 0
+    assert "stage auto moves to stage 3 or higher" in condition(job, "OutOfMemory")["message"]
+    assert condition(job, "StageChosen")["message"].endswith("; stage 2 ran out of memory")
+    created = await wait_pods(kube, ns, "replan", 2, gang=1)
+    config_map = {v["name"]: v for v in created[0]["spec"]["volumes"]}["zerotrain-config"]["configMap"]["name"]
+    config = await call(kube.request, "GET", path_of("v1", "configmaps", ns, config_map))
+    assert yaml.safe_load(config["data"][naming.CONFIG_KEY])["spec"]["zero"]["stage"] == 3
+    await asyncio.gather(*(call(set_pod_phase, kube, ns, p["metadata"]["name"], "Running") for p in created))
+    job = await wait_status(kube, ns, "replan", lambda s: s.get("phase") == "Running")
+    assert condition(job, "OutOfMemory")["status"] == "False"
+    # Stage 3 runs out too: nothing is left to try.
+    await call(set_pod_phase, kube, ns, created[1]["metadata"]["name"], "Failed", 1, None, said)
+    job = await wait_status(kube, ns, "replan", lambda s: s.get("phase") == "Failed")
+    assert condition(job, "Failed")["reason"] == "OutOfMemory"
+    assert condition(job, "Failed")["message"].endswith("stage auto has no stage above 3 left to try")
+
+
 async def test_suspend_and_resume(cluster: Cluster, operator: Operator, kube: Kube) -> None:
     ns = cluster.namespace
     await start_job(kube, ns, "zeta")
