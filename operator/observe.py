@@ -185,7 +185,7 @@ OUT_OF_MEMORY_MARKER = "out of memory: rank "
 
 def _out_of_memory(term: dict[str, Any], said: str) -> str:
     if (at := said.find(OUT_OF_MEMORY_MARKER)) >= 0:
-        return said[at:].splitlines()[0].removesuffix(")").rsplit(" (exit status", 1)[0]
+        return said[at:].splitlines()[0].rsplit(" (exit status", 1)[0]
     if term.get("reason") == "OOMKilled":
         return "the kernel's OOM killer stopped the container at its memory limit (OOMKilled)"
     return ""

@@ -249,14 +249,15 @@ def _out_of_memory(
             f"{format_bytes(mp.usable_memory)} usable per rank"
         )
     message = f"pod {pod.name} (node rank {pod.replica}): {pod.out_of_memory}{plan}"
-    if replan and stage < Stage.PARAMETERS:
+    moves = replan and stage < Stage.PARAMETERS
+    if moves:
         d.status.stage_floor = Stage(stage + 1)
         message += f"; stage auto moves to stage {stage.value + 1} or higher and restarts from the newest checkpoint"
-        set_condition(d.status, ConditionType.OUT_OF_MEMORY, True, Reason.OUT_OF_MEMORY, message, now)
-        return _restart(d, current, Reason.OUT_OF_MEMORY, message, now, 0)
-    if replan:
+    elif replan:
         message += "; stage auto has no stage above 3 left to try"
     set_condition(d.status, ConditionType.OUT_OF_MEMORY, True, Reason.OUT_OF_MEMORY, message, now)
+    if moves:
+        return _restart(d, current, Reason.OUT_OF_MEMORY, message, now, 0)
     return _fail(d, current, Reason.OUT_OF_MEMORY, message, now)
 
 

@@ -36,22 +36,27 @@ def rank_memory(spec: ZeroTrainingJobSpec, default_gpu_memory: str | None = None
     if spec.resources.gpu > 0:
         memory = spec.resources.gpu_memory or default_gpu_memory
         return gpu_memory_bytes(memory) if memory else None
-    if spec.resources.memory:
-        return gpu_memory_bytes(spec.resources.memory) // spec.nproc_per_node
-    return None
+    return pod_memory_share(spec)
 
 
-def _stage_plans(spec: ZeroTrainingJobSpec, device_memory: int) -> list[StagePlan]:
-    # Each stage planned as itself: gradient bytes per element differ between stages 0/1 and 2/3.
-    return [plan_job(at_stage(spec, s), device_memory).stages[s] for s in Stage]
+def pod_memory_share(spec: ZeroTrainingJobSpec) -> int | None:
+    """One rank's share of the pod's memory limit (resources.memory over nprocPerNode), when the spec sets one."""
+    return gpu_memory_bytes(spec.resources.memory) // spec.nproc_per_node if spec.resources.memory else None
+
+
+def _stage_plans(spec: ZeroTrainingJobSpec, device_memory: int) -> tuple[int, list[StagePlan]]:
+    """The usable bytes (the planner's headroom applied) and each stage's plan, each stage planned as itself:
+    gradient bytes per element differ between stages 0/1 and 2/3."""
+    jobs = [plan_job(at_stage(spec, s), device_memory) for s in Stage]
+    usable = jobs[0].usable_memory
+    assert usable is not None  # a device memory was given
+    return usable, [job.stages[s] for job, s in zip(jobs, Stage, strict=True)]
 
 
 def choose_stage(spec: ZeroTrainingJobSpec, device_memory: int, floor: Stage = Stage.DATA_PARALLEL) -> StageChoice:
     """The lowest stage from `floor` whose plan (the whole peak when the shape is known, else the model states)
     fits `device_memory` less headroom; NoStageFits naming the smallest world size where stage 3 fits."""
-    p = plan_input(at_stage(spec, Stage.PARAMETERS), device_memory)
-    usable = int(device_memory * (1 - p.headroom))
-    plans = _stage_plans(spec, device_memory)
+    usable, plans = _stage_plans(spec, device_memory)
     budget = f"{format_bytes(usable)} usable of {format_bytes(device_memory)}"
     for sp in plans[floor:]:
         if sp.fits:
@@ -67,7 +72,7 @@ def choose_stage(spec: ZeroTrainingJobSpec, device_memory: int, floor: Stage = S
     if spec.model.shape is not None:
         ranks = min_world_size(at_stage(spec, Stage.PARAMETERS), Stage.PARAMETERS, usable)
     else:
-        ranks = min_data_parallel(Stage.PARAMETERS, p, usable)
+        ranks = min_data_parallel(Stage.PARAMETERS, plan_input(at_stage(spec, Stage.PARAMETERS), device_memory), usable)
     need = format_bytes(plans[Stage.PARAMETERS].required_bytes)
     if ranks is None:
         where = "at no world size (what every rank holds whole does not fit); use devices with more memory"
@@ -83,8 +88,8 @@ def choose_stage(spec: ZeroTrainingJobSpec, device_memory: int, floor: Stage = S
 def local_rank_memory(spec: ZeroTrainingJobSpec, nproc: int) -> int:
     """Bytes one rank of `zerotrain run` has: local ranks are CPU processes, each with its share of
     resources.memory (as in a pod), or of this machine's memory when the manifest sets none."""
-    if spec.resources.memory:
-        return gpu_memory_bytes(spec.resources.memory) // spec.nproc_per_node
+    if (share := pod_memory_share(spec)) is not None:
+        return share
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // max(1, nproc)
 
 

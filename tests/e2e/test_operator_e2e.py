@@ -86,6 +86,18 @@ async def start_job(kube: Kube, ns: str, name: str, **spec: Any) -> list[dict[st
     return created
 
 
+def billion(stage: int | str, gpu_memory: str) -> dict[str, Any]:
+    """Ψ = 1e9 in fp32 AdamW on 2 pods × 2 GPUs: 16, 10, 7 and 4 GB of model states per rank for stages 0-3."""
+    return {"model": {"parameters": 10**9}, "resources": {"gpu": 2, "gpuMemory": gpu_memory}, "zero": {"stage": stage}}
+
+
+async def gang_config(kube: Kube, ns: str, pod: dict[str, Any]) -> dict[str, Any]:
+    """The job manifest the pod's gang reads from its ConfigMap."""
+    name = {v["name"]: v for v in pod["spec"]["volumes"]}["zerotrain-config"]["configMap"]["name"]
+    config = await call(kube.request, "GET", path_of("v1", "configmaps", ns, name))
+    return dict(yaml.safe_load(config["data"][naming.CONFIG_KEY]))
+
+
 def env_of(pod: dict[str, Any]) -> dict[str, str]:
     return {e["name"]: e.get("value", "") for e in pod["spec"]["containers"][0]["env"]}
 
@@ -234,8 +246,7 @@ async def test_a_rank_out_of_memory_fails_the_job_at_once_with_its_account(
     cluster: Cluster, operator: Operator, kube: Kube
 ) -> None:
     ns = cluster.namespace
-    spec = {"model": {"parameters": 1_000_000_000}, "resources": {"gpu": 2, "gpuMemory": "12G"}, "zero": {"stage": 2}}
-    await start_job(kube, ns, "oom", **spec)
+    await start_job(kube, ns, "oom", **billion(2, "12G"))
     # What the runtime's launcher writes when a rank could not allocate (`runtime.job.out_of_memory`).
     said = (
         "rank-failed: rank 3 failed first: it exited with status 1: out of memory: rank 3 during backward in unit "
@@ -256,12 +267,7 @@ async def test_stage_auto_out_of_memory_moves_to_the_next_stage_until_none_is_le
     cluster: Cluster, operator: Operator, kube: Kube
 ) -> None:
     ns = cluster.namespace
-    spec = {
-        "model": {"parameters": 1_000_000_000},
-        "resources": {"gpu": 2, "gpuMemory": "12G"},
-        "zero": {"stage": "auto"},
-    }
-    await start_job(kube, ns, "replan", **spec)
+    await start_job(kube, ns, "replan", **billion("auto", "12G"))
     said = "rank-failed: rank 0 failed first: it exited with status 1: out of memory: rank 0 during forward"
     await call(set_pod_phase, kube, ns, "replan-worker-0", "Failed", 1, None, said)
     # The plan chose stage 2; its ranks ran out: the next gang runs stage 3, from the newest checkpoint.
@@ -270,9 +276,7 @@ async def test_stage_auto_out_of_memory_moves_to_the_next_stage_until_none_is_le
     assert "stage auto moves to stage 3 or higher" in condition(job, "OutOfMemory")["message"]
     assert condition(job, "StageChosen")["message"].endswith("; stage 2 ran out of memory")
     created = await wait_pods(kube, ns, "replan", 2, gang=1)
-    config_map = {v["name"]: v for v in created[0]["spec"]["volumes"]}["zerotrain-config"]["configMap"]["name"]
-    config = await call(kube.request, "GET", path_of("v1", "configmaps", ns, config_map))
-    assert yaml.safe_load(config["data"][naming.CONFIG_KEY])["spec"]["zero"]["stage"] == 3
+    assert (await gang_config(kube, ns, created[0]))["spec"]["zero"]["stage"] == 3
     await asyncio.gather(*(call(set_pod_phase, kube, ns, p["metadata"]["name"], "Running") for p in created))
     job = await wait_status(kube, ns, "replan", lambda s: s.get("phase") == "Running")
     assert condition(job, "OutOfMemory")["status"] == "False"
@@ -331,24 +335,15 @@ async def test_stage_auto_runs_the_lowest_stage_that_fits_and_says_why(
     cluster: Cluster, operator: Operator, kube: Kube
 ) -> None:
     ns = cluster.namespace
-    # Ψ = 1e9 in fp32 AdamW over 4 ranks: 16, 10, 7 and 4 GB of model states for stages 0-3; 12 GB GPUs (9.6 GB
-    # usable with the 20% headroom) fit stage 2 first.
-    spec = {
-        "model": {"parameters": 1_000_000_000},
-        "resources": {"gpu": 2, "gpuMemory": "12G"},
-        "zero": {"stage": "auto"},
-    }
-    created = await start_job(kube, ns, "auto", **spec)
+    # 12 GB GPUs (9.6 GB usable with the 20% headroom) fit stage 2 first.
+    created = await start_job(kube, ns, "auto", **billion("auto", "12G"))
     job = await wait_status(kube, ns, "auto", lambda s: s.get("stage") is not None)
     assert job["status"]["stage"] == 2 and job["spec"]["zero"]["stage"] == "auto"
     cond = condition(job, "StageChosen")
     assert cond["status"] == "True" and cond["reason"] == "LowestStageThatFits"
     assert cond["message"] == "stage 2: 7.0 GB of model states of 9.6 GB usable of 12.0 GB; stage 1 would need 10.0 GB"
     # The ranks read a concrete stage from the gang's configuration.
-    volumes = {v["name"]: v for v in created[0]["spec"]["volumes"]}
-    config_map = volumes["zerotrain-config"]["configMap"]["name"]
-    config = await call(kube.request, "GET", path_of("v1", "configmaps", ns, config_map))
-    assert yaml.safe_load(config["data"][naming.CONFIG_KEY])["spec"]["zero"]["stage"] == 2
+    assert (await gang_config(kube, ns, created[0]))["spec"]["zero"]["stage"] == 2
     events = (await call(kube.request, "GET", path_of("v1", "events", ns)))["items"]
     assert [e["message"] for e in events if e["reason"] == "LowestStageThatFits"] == [cond["message"]]
 
@@ -357,12 +352,8 @@ async def test_stage_auto_that_nothing_fits_names_the_world_size_that_would(
     cluster: Cluster, operator: Operator, kube: Kube
 ) -> None:
     ns = cluster.namespace
-    spec = {
-        "model": {"parameters": 1_000_000_000},
-        "resources": {"gpu": 2, "gpuMemory": "1.5G"},
-        "zero": {"stage": "auto"},
-    }
-    await call(kube.request, "POST", path_of(JOBS, PLURAL, ns), job_manifest("toosmall", ns, **spec))
+    manifest = job_manifest("toosmall", ns, **billion("auto", "1.5G"))
+    await call(kube.request, "POST", path_of(JOBS, PLURAL, ns), manifest)
     job = await wait_status(kube, ns, "toosmall", lambda s: s.get("phase") == "Failed")
     cond = condition(job, "InvalidSpec")
     assert cond["reason"] == "MemoryPlanDoesNotFit"

@@ -28,11 +28,10 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from zerotrain.autostage import StageChoice, local_rank_memory, resolve_stage
+from zerotrain.autostage import StageChoice, local_rank_memory, pod_memory_share, resolve_stage
 from zerotrain.commands.run_report import local_outcome, render_outcome, render_summary, throughput
 from zerotrain.errors import UserError
 from zerotrain.manifest import load_job
-from zerotrain.plan_inputs import gpu_memory_bytes
 from zerotrain.spec import ZeroTrainingJob
 
 KEEP_LOG_DIRS = 20
@@ -268,8 +267,7 @@ def run(args: argparse.Namespace) -> int:
         local_env = {e.name: e.value for e in job.spec.env}  # spec.env, as the pods get it
         local_env |= {PROGRESS_ENV: str(progress_file), SUMMARY_ENV: str(summary_file), "CUDA_VISIBLE_DEVICES": ""}
         local_env |= beside
-        if job.spec.resources.memory:  # each rank's share, limited as a container's memory would be
-            share = gpu_memory_bytes(job.spec.resources.memory) // job.spec.nproc_per_node
+        if (share := pod_memory_share(job.spec)) is not None:  # limited as a container's memory would be
             local_env[RANK_MEMORY_LIMIT_ENV] = str(share)
         local_env[DEBUG_ENV] = "1" if args.debug or os.environ.get(DEBUG_ENV) == "1" else "0"
         watch = None
