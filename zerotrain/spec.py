@@ -10,9 +10,11 @@ import re
 from enum import Enum
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
+from zerotrain import elastic as elastic_sizes
 from zerotrain._model import Rule, SpecModel
+from zerotrain.elastic import ElasticSpec
 from zerotrain.job_status import ZeroTrainingJobStatus
 from zerotrain.zero_config import AutoStage, ZeroConfig
 
@@ -314,6 +316,20 @@ class ZeroTrainingJobSpec(SpecModel):
             "resources.memory for CPU ranks); set them, or choose a stage 0-3",
             ("zero.stage", "model.parameters", "resources.gpu_memory", "resources.memory"),
         ),
+        Rule(
+            # An inverted range is elastic's own rule's to refuse.
+            "!has(self.elastic) || self.elastic.minReplicas > self.elastic.maxReplicas || ("
+            "(has(self.replicas) ? self.replicas : 1) >= self.elastic.minReplicas && "
+            "(has(self.replicas) ? self.replicas : 1) <= self.elastic.maxReplicas)",
+            lambda s: (
+                s.elastic is None
+                or s.elastic.min_replicas > s.elastic.max_replicas
+                or s.elastic.min_replicas <= s.replicas <= s.elastic.max_replicas
+            ),
+            "replicas is outside elastic [minReplicas, maxReplicas]; the gang starts at replicas, so set it "
+            "between the bounds",
+            ("replicas", "elastic.min_replicas", "elastic.max_replicas"),
+        ),
     )
 
     image: str = Field(min_length=1)
@@ -327,7 +343,11 @@ class ZeroTrainingJobSpec(SpecModel):
     )
     """Keyword arguments passed to a `module:function` entry point (model size, data, batch size...)."""
     replicas: int = Field(default=1, ge=1)
-    """Pods (nodes) in the gang."""
+    """Pods (nodes) in the gang (where an elastic gang starts)."""
+    elastic: ElasticSpec | None = None
+    """Let the operator run the gang at another size between the bounds when it cannot be formed at its own
+    (pods unschedulable, a node lost), and grow it back when capacity returns, resuming from the newest checkpoint;
+    gradient accumulation keeps the global batch. Unset, the gang runs only at `replicas`."""
     nproc_per_node: int = Field(default=1, ge=1)
     """Ranks per pod; world size = replicas × nprocPerNode."""
     resources: Resources = Field(default_factory=Resources)
@@ -377,6 +397,17 @@ class ZeroTrainingJobSpec(SpecModel):
         if not _ENTRYPOINT.match(v):
             raise ValueError("must be `package.module:function` or a script path ending in .py")
         return v
+
+    @model_validator(mode="after")
+    def _elastic_batch(self) -> ZeroTrainingJobSpec:
+        # Not a Rule: whether some size in a range divides the batch is a loop CEL cannot write.
+        if self.elastic is not None and self.elastic.min_replicas <= self.replicas <= self.elastic.max_replicas:
+            problem = elastic_sizes.refusal(
+                self.replicas, self.nproc_per_node, self.zero.gradient_accumulation_steps, self.elastic
+            )
+            if problem:
+                raise ValueError(problem)
+        return self
 
     @property
     def world_size(self) -> int:

@@ -99,6 +99,8 @@ def resume(
         return None
     if metrics is not None:
         metrics.observe_load(loaded.step, time.perf_counter() - t0, loaded.bytes_read)
+    # A checkpoint ends a step; in a gang of another size (spec.elastic) a step holds another count of micro-batches.
+    engine.restore_counters(engine.steps, loaded.step * engine.config.gradient_accumulation_steps)
     skip_data(task, engine.micro_steps)
     log.warning(
         "resumed from %s at step %d (read %d bytes, largest read %d bytes)",

@@ -26,9 +26,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from zerotrain import elastic
 from zerotrain.plan_inputs import declared_parameters
 from zerotrain.pod_contract import PROGRESS_ENV, SUMMARY_ENV
 from zerotrain.runtime.job import out_of_memory
+from zerotrain.runtime.job.elastic_batches import SlotBatches
 from zerotrain.runtime.job.preemption import (
     PEER_REQUEST,
     Preempted,
@@ -276,6 +278,25 @@ def record_step(
     }
 
 
+def elastic_task(spec: ZeroTrainingJobSpec, ctx: RankContext) -> tuple[ZeroTrainingJobSpec, TrainingTask]:
+    """The rank's task, and the spec it runs: at the manifest's size both as they are; in an elastic gang of
+    another size the spec's accumulation becomes the layout's and the task's batches this rank's slots of the
+    manifest's global micro-batches (the entry point is built for the manifest's layout, rank r mod W)."""
+    args = spec.entrypoint_args
+    if spec.elastic is None:
+        return spec, build_task(spec.entrypoint, rank=ctx.rank, world_size=ctx.world_size, args=args)
+    try:
+        grid = elastic.layout(spec.replicas, spec.nproc_per_node, spec.zero.gradient_accumulation_steps, ctx.world_size)
+    except ValueError as e:
+        raise ConfigError(f"spec.elastic: {e}") from None
+    if grid is None:
+        return spec, build_task(spec.entrypoint, rank=ctx.rank, world_size=ctx.world_size, args=args)
+    zero = spec.zero.model_copy(update={"gradient_accumulation_steps": grid.accumulation})
+    task = build_task(spec.entrypoint, rank=ctx.rank % spec.world_size, world_size=spec.world_size, args=args)
+    task.batches = SlotBatches(task.batches, grid, ctx.rank)
+    return spec.model_copy(update={"zero": zero}), task
+
+
 def train(
     spec: ZeroTrainingJobSpec,
     ctx: RankContext,
@@ -296,7 +317,7 @@ def train(
     device = device_for(spec, ctx.local_rank)
     engine: ZeroEngine | None = None
     try:
-        task = build_task(spec.entrypoint, rank=ctx.rank, world_size=ctx.world_size, args=spec.entrypoint_args)
+        spec, task = elastic_task(spec, ctx)
         engine = make_engine(task, spec, device, engine_factory)
         return _train_engine(engine, task, spec, ctx, device, metrics, preemption)
     except (MemoryError, RuntimeError) as e:  # torch.OutOfMemoryError is a RuntimeError

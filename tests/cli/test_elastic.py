@@ -1,0 +1,105 @@
+"""Elastic sizes and layouts (`zerotrain.elastic`): which sizes a manifest's batch allows, and that a step's rows
+fall on a gang of any such size exactly once each, as the manifest's own gang takes them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from zerotrain import elastic
+from zerotrain.elastic import ElasticSpec
+from zerotrain.errors import UserError
+from zerotrain.manifest import parse_spec
+from zerotrain.runtime.job.data import TextBatches
+from zerotrain.runtime.job.elastic_batches import SlotBatches
+from zerotrain.runtime.job.task import ConfigError
+
+
+def test_sizes_are_those_that_divide_a_steps_slots() -> None:
+    assert elastic.sizes(4, 1, 3, ElasticSpec(min_replicas=1, max_replicas=6)) == [1, 2, 3, 4, 6]
+    assert elastic.sizes(2, 2, 1, ElasticSpec(min_replicas=1, max_replicas=4)) == [1, 2]  # 4 slots, 2 ranks a pod
+    assert elastic.accumulation_for_all(4, ElasticSpec(min_replicas=2, max_replicas=4)) == 3
+
+
+@pytest.mark.parametrize(
+    ("elastic_spec", "replicas", "accumulation", "says"),
+    [
+        ({"minReplicas": 5, "maxReplicas": 4}, 4, 1, "elastic.minReplicas is above elastic.maxReplicas"),
+        ({"minReplicas": 1, "maxReplicas": 3}, 4, 1, "replicas is outside elastic [minReplicas, maxReplicas]"),
+        (
+            {"minReplicas": 3, "maxReplicas": 4},
+            4,
+            1,
+            "no size but replicas 4 divides the global batch's 4 micro-batch slots per step "
+            "(gradientAccumulationSteps 1 × 4 ranks), so the gang could never resize; set "
+            "zero.gradientAccumulationSteps to 3",
+        ),
+    ],
+)
+def test_bad_elastic_ranges_are_refused_naming_the_field_and_the_fix(
+    elastic_spec: dict[str, int], replicas: int, accumulation: int, says: str
+) -> None:
+    raw = {
+        "image": "x",
+        "entrypoint": "a:b",
+        "replicas": replicas,
+        "zero": {"gradientAccumulationSteps": accumulation},
+        "elastic": elastic_spec,
+    }
+    with pytest.raises(UserError, match="elastic") as err:
+        parse_spec(raw)
+    assert says in str(err.value)
+
+
+def test_the_manifests_size_has_no_layout_and_a_size_that_does_not_divide_is_refused() -> None:
+    assert elastic.layout(4, 1, 3, 4) is None
+    assert elastic.layout(4, 1, 3, 3) == elastic.Layout(4, 3, 3)
+    with pytest.raises(ValueError, match="WORLD_SIZE 5 does not divide the 12 micro-batch slots"):
+        elastic.layout(4, 1, 3, 5)
+
+
+def _rows(world: int, reference: int = 4, accumulation: int = 3, steps: int = 2) -> list[list[torch.Tensor]]:
+    """Per step, the rows every rank of a `world`-rank gang trains on, rank by rank."""
+    corpus = torch.arange(256, dtype=torch.uint8).repeat(8)
+    grid = elastic.layout(reference, 1, accumulation, world)
+    per_step: list[list[torch.Tensor]] = [[] for _ in range(steps)]
+    for rank in range(world):
+        source = TextBatches(corpus, seq_len=8, batch_size=8, rank=rank % reference, world_size=reference, seed=3)
+        batches = iter(source) if grid is None else SlotBatches(source, grid, rank)
+        per_micro = accumulation if grid is None else grid.accumulation
+        for step in range(steps):
+            per_step[step] += [next(batches) for _ in range(per_micro)]
+    return per_step
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 6, 12])
+def test_every_size_trains_each_step_on_the_manifests_rows_once_each(world: int) -> None:
+    reference = _rows(4)
+    for step, got in enumerate(_rows(world)):
+        want = sorted(map(tuple, torch.cat(reference[step]).tolist()))
+        assert sorted(map(tuple, torch.cat(got).tolist())) == want, f"step {step} at {world} ranks"
+
+
+def test_a_task_whose_batches_cannot_be_sliced_is_refused_naming_elastic() -> None:
+    with pytest.raises(ConfigError, match=r"spec\.elastic: the gang runs at 3 ranks, not the manifest.s 4"):
+        SlotBatches(iter([torch.zeros(1)]), elastic.Layout(4, 3, 3), 0)
+
+
+def test_slot_batches_resume_at_a_step_boundary() -> None:
+    corpus = torch.arange(256, dtype=torch.uint8).repeat(8)
+    grid = elastic.Layout(4, 3, 3)
+    a = SlotBatches(TextBatches(corpus, seq_len=8, batch_size=8, rank=1, world_size=4), grid, 1)
+    drawn = [next(a) for _ in range(8)]
+    b = SlotBatches(TextBatches(corpus, seq_len=8, batch_size=8, rank=1, world_size=4), grid, 1)
+    b.load_state_dict({"micro_batches": 4})
+    assert all(torch.equal(x, y) for x, y in zip(drawn[4:], [next(b) for _ in range(4)], strict=True))
+
+
+def test_at_the_manifests_size_the_slots_are_the_manifests_own_layout() -> None:
+    corpus = torch.arange(256, dtype=torch.uint8).repeat(8)
+    for rank in range(4):
+        plain = iter(TextBatches(corpus, seq_len=8, batch_size=8, rank=rank, world_size=4))
+        slots = SlotBatches(
+            TextBatches(corpus, seq_len=8, batch_size=8, rank=rank, world_size=4), elastic.Layout(4, 3, 4), rank
+        )
+        assert all(torch.equal(next(plain), next(slots)) for _ in range(6))
