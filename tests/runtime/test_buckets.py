@@ -47,14 +47,21 @@ def buffers(rank: int, world: int, depth: int, stage: int, precision: str) -> di
     return {"peak": engine.memory_report().comm_buffer_peak_bytes, "allocations": allocations}
 
 
+def buffers_at_depths(
+    rank: int, world: int, depths: tuple[int, ...], stage: int, precision: str
+) -> list[dict[str, Any]]:
+    # One engine after another in one spawn of the ranks (each engine has its own buffers and counters).
+    return [buffers(rank, world, depth, stage, precision) for depth in depths]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("stage", "precision"), [(0, "bf16"), (1, "fp32"), (2, "bf16"), (3, "fp32")])
 def test_buffer_bytes_stay_flat_with_depth_and_nothing_is_allocated_after_the_first_step(
     stage: int, precision: str
 ) -> None:
     peaks = {}
-    for depth in (2, 4, 8, 16):
-        result = run_ranks(buffers, 2, depth, stage, precision)[0]
+    depths = (2, 4, 8, 16)
+    for depth, result in zip(depths, run_ranks(buffers_at_depths, 2, depths, stage, precision)[0], strict=True):
         first, *later = result["allocations"]
         assert first > 0 and all(n == first for n in later), result  # nothing new after step 1
         peaks[depth] = result["peak"]
@@ -102,11 +109,27 @@ def gradient_storages(rank: int, world: int, stage: int, contiguous: bool, bucke
     }
 
 
+def small_bucket() -> int:
+    """One element short of a Block's flat buffer (weight, bias at the next multiple of 16, 2 aligned shards)."""
+    return align_up(align_up(WIDTH * WIDTH, ALIGN) + WIDTH, 2 * ALIGN) - 1
+
+
+def gradient_storage_cases(
+    rank: int, world: int, stage: int, cases: tuple[tuple[bool, int | None], ...]
+) -> list[dict[str, Any]]:
+    """`gradient_storages` per (contiguous, bucket) in one spawn of the ranks; bucket -1 is `small_bucket()`."""
+    out = []
+    for contiguous, bucket in cases:
+        size = {None: 50_000_000, -1: small_bucket()}.get(bucket, bucket)
+        assert size is not None
+        out.append(gradient_storages(rank, world, stage, contiguous, size))
+    return out
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", [2, 3])
 def test_contiguous_gradients_land_in_reused_arenas_and_allocate_nothing_after_the_first_step(stage: int) -> None:
-    on = run_ranks(gradient_storages, 2, stage, True)[0]
-    off = run_ranks(gradient_storages, 2, stage, False)[0]
+    on, off, small = run_ranks(gradient_storage_cases, 2, stage, ((True, None), (False, None), (True, -1)))[0]
     # On: every gradient, every micro-batch, lives in one of the arenas made at construction (2 + the root's).
     assert len(set().union(*on["seen"])) <= 3, on
     assert on["seen"][1] <= on["seen"][0] and on["seen"][2] <= on["seen"][0]
@@ -121,6 +144,5 @@ def test_contiguous_gradients_land_in_reused_arenas_and_allocate_nothing_after_t
     assert on["grad_bytes"] == off["grad_bytes"]
     # Units larger than the reduce bucket get no arena: what is kept for the run is bounded by the configuration,
     # and their gradients are autograd's, as without contiguous gradients.
-    small = run_ranks(gradient_storages, 2, stage, True, block // 4 - 1)[0]
     assert small["arena_bytes"] == 0
     assert len(set().union(*small["seen"])) > 3

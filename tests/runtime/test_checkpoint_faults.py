@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 from pathlib import Path
 from typing import Any
@@ -140,6 +141,14 @@ def save_two_ranks(rank: int, world: int, root: str) -> None:
     engine.save_checkpoint(root)
 
 
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One committed 2-rank checkpoint, saved once; each case damages its own copy."""
+    root = tmp_path_factory.mktemp("saved") / "ckpt"
+    run_ranks(save_two_ranks, 2, str(root))
+    return root
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("kind", "says"),
@@ -155,10 +164,10 @@ def save_two_ranks(rank: int, world: int, root: str) -> None:
     ],
 )
 def test_a_bad_checkpoint_is_refused_naming_why_and_the_engine_is_unchanged(
-    tmp_path: Path, kind: str, says: str
+    tmp_path: Path, saved: Path, kind: str, says: str
 ) -> None:
     root = tmp_path / "ckpt"
-    run_ranks(save_two_ranks, 2, str(root))
+    shutil.copytree(saved, root)
     victim = next(root.glob("*/rank-00001.safetensors"))
     if kind == "missing":
         victim.unlink()

@@ -41,13 +41,18 @@ def categories(rank: int, world: int, stage: int, optimizer: str) -> dict[str, f
     return {**after.model_dump(), "k_before": before.optimizer_multiplier}
 
 
+def categories_of_both(rank: int, world: int, stage: int) -> list[dict[str, float]]:
+    return [categories(rank, world, stage, optimizer) for optimizer in ("adamw", "sgd")]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_every_category_matches_its_closed_form(stage: int) -> None:
     world = 2
     psi = K * D * D  # divisible by 2: no padding
-    for optimizer, k in (("adamw", 8.0), ("sgd", 4.0)):
-        for m in run_ranks(categories, world, stage, optimizer):
+    both = run_ranks(categories_of_both, world, stage)  # one spawn of the ranks for both optimizers
+    for i, (optimizer, k) in enumerate((("adamw", 8.0), ("sgd", 4.0))):
+        for m in (rank_results[i] for rank_results in both):
             assert m["activation_bytes"] == K * B * D * 4, m  # gathered stage-3 weights are parameters, not this
             assert m["k_before"] == m["optimizer_multiplier"] == k  # from the configuration, before any state
             sharded = {"parameter": stage >= 3, "gradient": stage >= 2, "optimizer": stage >= 1}
