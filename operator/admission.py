@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
 
+from zerotrain import elastic
 from zerotrain.autostage import NoStageFits, StageChoice, resolve_stage
 from zerotrain.errors import UserError
 from zerotrain.manifest import parse_spec
@@ -22,7 +24,10 @@ class Admission:
     """The verdict: a parsed spec and its memory plan, or the reason and message of a refusal."""
 
     spec: ZeroTrainingJobSpec | None
-    """The spec the gang runs: `stage: auto` replaced by the chosen stage."""
+    """The spec the ranks read: `stage: auto` replaced by the chosen stage, the manifest's replicas (from which an
+    elastic gang's ranks derive their layout)."""
+    replicas: int | None = None
+    """Pods of the gang in force: spec.replicas, or the size an elastic job runs at now."""
     plan: MemoryPlan | None = None
     reason: str | None = None
     message: str = ""
@@ -32,6 +37,13 @@ class Admission:
     @property
     def admitted(self) -> bool:
         return self.reason is None
+
+    @property
+    def sized(self) -> ZeroTrainingJobSpec | None:
+        """The spec as the gang in force sees it (its replicas), for its pods, its status and its plan."""
+        if self.spec is None or self.replicas is None:
+            return self.spec
+        return builders.at_replicas(self.spec, self.replicas)
 
 
 def plan_for(spec: ZeroTrainingJobSpec, default_gpu_memory: str | None) -> tuple[MemoryPlan, PlanInput] | None:
@@ -94,19 +106,49 @@ def pod_problems(spec: ZeroTrainingJobSpec, job_name: str, allow_host_path: bool
     return out
 
 
+def in_force(spec: ZeroTrainingJobSpec, replicas: int | None) -> int:
+    """The size the gang runs at: `replicas` (an elastic job's current size) while the manifest allows it, else
+    spec.replicas."""
+    e = spec.elastic
+    if e is None or replicas is None or not e.min_replicas <= replicas <= e.max_replicas:
+        return spec.replicas
+    slots = elastic.step_slots(spec.replicas, spec.nproc_per_node, spec.zero.gradient_accumulation_steps)
+    return replicas if elastic.divides(slots, replicas, spec.nproc_per_node) else spec.replicas
+
+
 def admit(
     raw_spec: Any,
     job_name: str,
     default_gpu_memory: str | None = None,
     allow_host_path: bool = False,
     stage_floor: Stage | None = None,
+    replicas: int | None = None,
 ) -> Admission:
-    """Validate `raw_spec` as the operator receives it; never raises for bad input."""
+    """Validate `raw_spec` as the operator receives it, planned for a gang of `replicas` pods when the job is
+    elastic and allows that size (`in_force`); never raises for bad input."""
     try:
-        spec = parse_spec(raw_spec)
+        manifest = parse_spec(raw_spec)
     except UserError as e:
         return Admission(spec=None, reason=Reason.INVALID_SPEC, message=str(e))
-    if problem := naming.name_problem(job_name, spec.replicas):
+    size = in_force(manifest, replicas)
+    verdict = _admit_sized(
+        builders.at_replicas(manifest, size), job_name, default_gpu_memory, allow_host_path, stage_floor
+    )
+    if verdict.spec is None:
+        return verdict
+    runs = verdict.spec.model_copy(update={"replicas": manifest.replicas})
+    return dataclasses.replace(verdict, spec=runs, replicas=size)
+
+
+def _admit_sized(
+    spec: ZeroTrainingJobSpec,
+    job_name: str,
+    default_gpu_memory: str | None,
+    allow_host_path: bool,
+    stage_floor: Stage | None,
+) -> Admission:
+    largest = max(spec.replicas, spec.elastic.max_replicas if spec.elastic else 0)
+    if problem := naming.name_problem(job_name, largest):
         return Admission(spec=spec, reason=Reason.INVALID_NAME, message=problem)
     if problems := pod_problems(spec, job_name, allow_host_path):
         return Admission(spec=spec, reason=Reason.INVALID_POD_TEMPLATE, message="; ".join(problems))

@@ -308,9 +308,37 @@ def build_pods(job: JobRef, spec: ZeroTrainingJobSpec, gang: int) -> list[Obj]:
     return [build_pod(job, spec, r, gang) for r in range(spec.replicas)]
 
 
-def build_gang(job: JobRef, spec: ZeroTrainingJobSpec, gang: int) -> list[Obj]:
-    """Gang `gang`: its config first, then its pods."""
-    return [build_config_map(job, spec, gang), *build_pods(job, spec, gang)]
+def at_replicas(spec: ZeroTrainingJobSpec, replicas: int) -> ZeroTrainingJobSpec:
+    """The spec as a gang of `replicas` pods sees it (an elastic job's size in force; the ranks' accumulation
+    follows from the manifest's own size, which their config keeps)."""
+    return spec if replicas == spec.replicas else spec.model_copy(update={"replicas": replicas})
+
+
+def build_gang(job: JobRef, spec: ZeroTrainingJobSpec, gang: int, replicas: int | None = None) -> list[Obj]:
+    """Gang `gang` of `replicas` pods (default spec.replicas): its config (the manifest's spec, so the ranks know
+    the layout they absorb) first, then its pods."""
+    sized = at_replicas(spec, spec.replicas if replicas is None else replicas)
+    return [build_config_map(job, spec, gang), *build_pods(job, sized, gang)]
+
+
+PROBE_COMMAND = ["python", "-c", "import signal; signal.pause()"]
+"""What a capacity probe runs: nothing, until the operator deletes it (the default SIGTERM action ends it)."""
+
+
+def build_probe(job: JobRef, spec: ZeroTrainingJobSpec, gang: int, index: int) -> Obj:
+    """A capacity probe: a rank pod's scheduling constraints and resources (so the scheduler places it exactly
+    where a new rank pod would fit), running nothing, labelled as a probe of gang `gang`."""
+    pod = build_pod(job, spec, spec.replicas + index, gang)
+    # Not a member of the gang's PodGroup or Kueue workload: a probe must not hold the gang's admission.
+    labels = {**naming.job_labels(job.name), naming.LABEL_GANG: str(gang), naming.LABEL_PROBE: str(index)}
+    pod["metadata"] = _metadata(job, naming.probe_name(job.name, index), labels)
+    trainer = next(c for c in pod["spec"]["containers"] if c["name"] == naming.CONTAINER_NAME)
+    kept = {k: trainer[k] for k in ("name", "image", "resources", "securityContext") if k in trainer}
+    pod["spec"]["containers"] = [{**kept, "command": list(PROBE_COMMAND)}]
+    for key in ("hostname", "subdomain", "initContainers", "schedulingGates", "volumes"):
+        pod["spec"].pop(key, None)
+    pod["spec"]["terminationGracePeriodSeconds"] = 0
+    return pod
 
 
 def build_supporting(job: JobRef, spec: ZeroTrainingJobSpec) -> list[Obj]:

@@ -11,7 +11,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from zerotrain.job_status import Phase
+from zerotrain.job_status import Phase, Resize
+from zerotrain.zero_config import Stage
 
 JobKey = tuple[str, str]  # (namespace, name)
 
@@ -26,6 +27,10 @@ class JobView:
     """status.restarts.byCause (persisted in the job, so it survives an operator restart)."""
     restarts_total: int = 0
     """status.restarts.total."""
+    replicas: int | None = None
+    """status.replicas: the gang's size in force (an elastic job's moves)."""
+    stage: Stage | None = None
+    """status.stage: the ZeRO stage in force (stage auto's choice moves on a re-plan)."""
 
 
 class JobCollector(Collector):
@@ -51,13 +56,29 @@ class JobCollector(Collector):
             "Gang restarts of the job by cause, from its status.",
             labels=["namespace", "zerotrain_job", "cause"],
         )
+        replicas = GaugeMetricFamily(
+            "zerotrain_operator_job_replicas",
+            "Pods of the job's gang in force (an elastic job's size; the dashboard marks its changes).",
+            labels=["namespace", "zerotrain_job"],
+        )
+        stage = GaugeMetricFamily(
+            "zerotrain_operator_job_stage",
+            "The ZeRO stage the job's ranks run (stage auto's choice; the dashboard marks its changes).",
+            labels=["namespace", "zerotrain_job"],
+        )
         for (ns, name), view in sorted(jobs.items()):
             for p in Phase:
                 phase.add_metric([ns, name, p.value], float(p is view.phase))
             for cause, count in sorted(view.restarts_by_cause.items()):
                 restarts.add_metric([ns, name, cause], count)
+            if view.replicas is not None:
+                replicas.add_metric([ns, name], view.replicas)
+            if view.stage is not None:
+                stage.add_metric([ns, name], int(view.stage))
         yield phase
         yield restarts
+        yield replicas
+        yield stage
 
 
 class OperatorMetrics:
@@ -78,6 +99,19 @@ class OperatorMetrics:
         self.jobs = Gauge("zerotrain_operator_jobs", "Jobs by phase.", ["phase"], registry=self.registry)
         self.restarts = Counter(
             "zerotrain_operator_gang_restarts", "Gang restarts by reason.", ["reason"], registry=self.registry
+        )
+        self.resizes = Counter(
+            "zerotrain_operator_resizes",
+            "Elastic gang resizes by cause (Unschedulable, CapacityReturned) and direction (shrink, grow).",
+            ["cause", "direction"],
+            registry=self.registry,
+        )
+        self.replans = Counter(
+            "zerotrain_operator_replans",
+            "Re-plans of a job's stage by cause (OutOfMemory; Resized when stage auto chose another stage at a "
+            "new size).",
+            ["cause"],
+            registry=self.registry,
         )
         self._jobs: dict[JobKey, JobView] = {}
         self._lock = threading.Lock()
@@ -106,6 +140,13 @@ class OperatorMetrics:
 
     def gang_restarted(self, reason: str) -> None:
         self.restarts.labels(reason=reason).inc()
+
+    def resized(self, record: Resize) -> None:
+        direction = "grow" if record.to_replicas > record.from_replicas else "shrink"
+        self.resizes.labels(cause=record.cause.value, direction=direction).inc()
+
+    def replanned(self, cause: str) -> None:
+        self.replans.labels(cause=cause).inc()
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
         self._server, _ = start_http_server(port, addr=addr, registry=self.registry)

@@ -13,6 +13,9 @@ LABEL_REPLICA = f"{GROUP}/replica-index"
 """A pod's NODE_RANK."""
 LABEL_GANG = f"{GROUP}/gang"
 """Which incarnation of the gang a pod belongs to (status.restarts.total when it was created)."""
+LABEL_PROBE = f"{GROUP}/capacity-probe"
+"""On a pod that only holds a place an elastic gang could grow into (it runs nothing): the scheduler placing it is
+how the operator learns capacity returned. Its value is the probe's index."""
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGER = "zerotrain-operator"
 
@@ -38,6 +41,11 @@ def config_map_name(job: str, gang: int) -> str:
 def pod_name(job: str, replica: int) -> str:
     """Stable per rank, so the pod's hostname (and so MASTER_ADDR) survives gang restarts."""
     return f"{job}-worker-{replica}"
+
+
+def probe_name(job: str, index: int) -> str:
+    """Capacity probe `index` of an elastic job."""
+    return f"{job}-probe-{index}"
 
 
 def service_account_name(job: str) -> str:

@@ -83,6 +83,12 @@ class ObservedPod:
     out_of_memory: str = ""
     """Why it ran out of memory, when it did: the rank's own account (`runtime.job.out_of_memory`), or the
     kubelet's OOMKilled."""
+    scheduled: bool = False
+    """A node was chosen for it (PodScheduled=True, a nodeName, or a phase past Pending)."""
+    unschedulable: str = ""
+    """The scheduler's message when it found no node (PodScheduled=False, reason Unschedulable)."""
+    probe: int | None = None
+    """A capacity probe of an elastic job (its index, `naming.LABEL_PROBE`), not a rank pod."""
 
 
 def _time(value: Any) -> datetime | None:
@@ -159,6 +165,8 @@ def observe_pod(pod: dict[str, Any]) -> ObservedPod:
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
     waiting, waiting_message = _waiting(status)
     said = str(term.get("message") or "")
+    placed: dict[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), {})
+    refused = placed.get("status") == "False" and placed.get("reason") == "Unschedulable"
     return ObservedPod(
         name=md.get("name", ""),
         replica=_int(labels.get(naming.LABEL_REPLICA)),
@@ -176,6 +184,11 @@ def observe_pod(pod: dict[str, Any]) -> ObservedPod:
         waiting_message=waiting_message,
         gated=kueue.is_gated(pod),
         out_of_memory=_out_of_memory(term, said),
+        scheduled=placed.get("status") == "True"
+        or bool((pod.get("spec") or {}).get("nodeName"))
+        or phase != PodPhase.PENDING,
+        unschedulable=str(placed.get("message") or "no node fits it") if refused else "",
+        probe=_int(labels.get(naming.LABEL_PROBE)),
     )
 
 

@@ -20,8 +20,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from zerotrain.job_status import Phase, ZeroTrainingJobStatus
-from zerotrain.operator import api_failure, builders, kueue, naming
-from zerotrain.operator.admission import admit
+from zerotrain.operator import api_failure, builders, kueue, naming, resize
+from zerotrain.operator.admission import Admission, admit
 from zerotrain.operator.api_failure import ChildWriteError
 from zerotrain.operator.conditions import ConditionType, Reason, is_true, set_condition
 from zerotrain.operator.kube import Kube, KubeError, path_of
@@ -30,6 +30,7 @@ from zerotrain.operator.observe import observe_pods
 from zerotrain.operator.settings import OperatorSettings
 from zerotrain.operator.status import TERMINAL, Backoff, Decision, compute_status, invalid, transitions
 from zerotrain.spec import ZeroTrainingJobSpec
+from zerotrain.zero_config import Stage
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]  # (namespace, name)
@@ -179,23 +180,28 @@ class Reconciler:
         previous = read_status(body)
         now = self.clock()
         floor = previous.stage_floor if previous is not None else None
-        verdict = admit(body.get("spec"), name, self.settings.gpu_memory, self.settings.allow_host_path, floor)
-        if not verdict.admitted or verdict.spec is None:
+        size = previous.replicas if previous is not None else None
+        verdict = self._admit(body, floor, size)
+        if not verdict.admitted or verdict.spec is None or verdict.sized is None:
             new = invalid(previous, verdict.reason or "", verdict.message, now)
             new.memory_plan = verdict.plan
             self._write(body, previous, new)
             return PassOutcome(Result.INVALID, verdict.message)
         job = builders.JobRef.from_body(body)
         decision = compute_status(
-            verdict.spec,
+            verdict.sized,
             observe_pods(self.kube.list_pods(namespace, name)),
             previous,
             now,
             self.backoff,
             replan=verdict.stage_choice is not None,
+            sizing=self._sizing(body, verdict, floor),
         )
         decision.status.memory_plan = verdict.plan
         decision.status.stage = verdict.spec.zero.fixed_stage
+        if decision.resize is not None:  # the next gang's plan and stage: admission at the new size
+            resized = self._admit(body, floor, decision.resize.to_replicas)
+            decision.status.memory_plan, decision.status.stage = resized.plan, decision.resize.stage
         if verdict.stage_choice is not None:
             chose = verdict.stage_choice.message
             set_condition(decision.status, ConditionType.STAGE_CHOSEN, True, Reason.LOWEST_STAGE_THAT_FITS, chose, now)
@@ -208,7 +214,7 @@ class Reconciler:
             msg = f"LocalQueue {job.queue!r} found" if job.queue else "the job names no Kueue queue any more"
             set_condition(decision.status, ConditionType.QUEUE_UNAVAILABLE, False, Reason.QUEUE_FOUND, msg, now)
         try:
-            self._act(job, verdict.spec, decision, apply_supporting=decision.create_gang or spec_changed)
+            self._act(job, verdict.spec, verdict.sized, decision, decision.create_gang or spec_changed)
         except ChildWriteError as e:
             return self._write_failed(body, previous, e, now)
         self._failures.pop((namespace, name), None)
@@ -220,7 +226,28 @@ class Reconciler:
         self._write(body, previous, decision.status)
         if decision.restart_cause:
             self.metrics.gang_restarted(decision.restart_cause)
+        if decision.resize is not None:
+            self.metrics.resized(decision.resize)
+        if (cause := replan_cause(previous, decision)) is not None:
+            self.metrics.replanned(cause)
         return PassOutcome(Result.OK, requeue_after=decision.requeue_after)
+
+    def _admit(self, body: dict[str, Any], floor: Stage | None, replicas: int | None) -> Admission:
+        s = self.settings
+        return admit(body.get("spec"), body["metadata"]["name"], s.gpu_memory, s.allow_host_path, floor, replicas)
+
+    def _sizing(self, body: dict[str, Any], verdict: Admission, floor: Stage | None) -> resize.Sizing | None:
+        """What resizes may move to, for an elastic job: each size checked by admission at that size."""
+        spec = verdict.spec
+        if spec is None or spec.elastic is None:
+            return None
+
+        def check(replicas: int) -> resize.SizeVerdict:
+            at = self._admit(body, floor, replicas)
+            stage = at.spec.zero.fixed_stage if at.admitted and at.spec is not None else None
+            return resize.SizeVerdict(at.admitted, stage, at.message)
+
+        return resize.Sizing(spec.elastic, spec, check)
 
     def _queue_missing(self, job: builders.JobRef) -> tuple[str, str] | None:
         """(reason, message) when the job's Kueue LocalQueue (or Kueue itself) is missing, else None."""
@@ -267,12 +294,20 @@ class Reconciler:
         self._write(body, previous, new)
         return self.backoff.delay(failures)
 
-    def _act(self, job: builders.JobRef, spec: ZeroTrainingJobSpec, d: Decision, apply_supporting: bool) -> None:
-        """Make the cluster match the decision; a refused child write raises ChildWriteError naming the child."""
+    def _act(
+        self,
+        job: builders.JobRef,
+        spec: ZeroTrainingJobSpec,
+        sized: ZeroTrainingJobSpec,
+        d: Decision,
+        apply_supporting: bool,
+    ) -> None:
+        """Make the cluster match the decision (`spec` is what the ranks read, `sized` the gang in force); a refused
+        child write raises ChildWriteError naming the child."""
         # Service, ConfigMap and RBAC follow the spec: applied when it changes and before every gang starts,
         # not on each of the many pod events in between.
         if apply_supporting and d.status.phase not in TERMINAL and d.status.phase != Phase.SUSPENDED:
-            for obj in builders.build_supporting(job, spec):
+            for obj in builders.build_supporting(job, sized):
                 with child_write("apply", obj):
                     self.kube.apply(obj)
         for pod_name in d.delete_pods:
@@ -281,7 +316,7 @@ class Reconciler:
         if d.create_gang:
             gang = d.status.restarts.total
             existing = {p["metadata"]["name"] for p in self.kube.list_pods(job.namespace, job.name)}
-            config, *gang_pods = builders.build_gang(job, spec, gang)
+            config, *gang_pods = builders.build_gang(job, spec, gang, sized.replicas)
             with child_write("create", config):
                 self.kube.ensure(config)  # created once per gang; a retry keeps the first one (immutable)
             self._create_pods([p for p in gang_pods if p["metadata"]["name"] not in existing])
@@ -289,6 +324,11 @@ class Reconciler:
                 old = naming.config_map_name(job.name, gang - 1)
                 with child_write("delete", {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": old}}):
                     self.kube.delete_config_map(job.namespace, old)
+        if d.create_probes:
+            gang = d.status.restarts.total
+            existing = {p["metadata"]["name"] for p in self.kube.list_pods(job.namespace, job.name)}
+            probes = [builders.build_probe(job, sized, gang, i) for i in d.create_probes]
+            self._create_pods([p for p in probes if p["metadata"]["name"] not in existing])
         if d.delete_job:
             log.info("deleting %s/%s: ttlSecondsAfterFinished passed", job.namespace, job.name)
             self.kube.delete_job(job.namespace, job.name)
@@ -310,9 +350,8 @@ class Reconciler:
 
     def _write(self, body: dict[str, Any], previous: ZeroTrainingJobStatus | None, new: ZeroTrainingJobStatus) -> None:
         md = body["metadata"]
-        self.metrics.set_job(
-            (md["namespace"], md["name"]), JobView(new.phase, dict(new.restarts.by_cause), new.restarts.total)
-        )
+        view = JobView(new.phase, dict(new.restarts.by_cause), new.restarts.total, new.replicas, new.stage)
+        self.metrics.set_job((md["namespace"], md["name"]), view)
         patch = status_patch(previous, new)
         if patch is None:
             return
@@ -320,6 +359,17 @@ class Reconciler:
         job, now = builders.JobRef.from_body(body), self.clock()
         for ev in transitions(previous, new):
             self.kube.create_event(builders.build_event(job, ev.type, ev.reason, ev.message, now))
+
+
+def replan_cause(previous: ZeroTrainingJobStatus | None, d: Decision) -> str | None:
+    """Why the stage in force changed in this pass, if it did: stage auto moving past a stage that ran out of
+    memory, choosing again at a new size, or the spec changed."""
+    before, after = (previous.stage if previous else None), d.status.stage
+    if before is None or after is None or before == after:
+        return None
+    if d.resize is not None:
+        return resize.RESIZED
+    return Reason.OUT_OF_MEMORY if previous and previous.stage_floor == after else "SpecChanged"
 
 
 @contextlib.contextmanager

@@ -7,8 +7,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from zerotrain.job_status import Phase, RankCounts, ZeroTrainingJobStatus
-from zerotrain.operator import startup
+from zerotrain.job_status import Phase, RankCounts, Resize, ZeroTrainingJobStatus
+from zerotrain.operator import resize, startup
 from zerotrain.operator.conditions import ConditionType, Reason, get_condition, is_true, set_condition
 from zerotrain.operator.observe import Disruption, ObservedPod, PodPhase
 from zerotrain.planner import format_bytes
@@ -50,6 +50,10 @@ class Decision:
     requeue_after: float | None = None
     restart_cause: str | None = None
     """Set when this decision tore the gang down for a restart."""
+    create_probes: list[int] = field(default_factory=list)
+    """Capacity probes (by index) an elastic gang below maxReplicas creates (`resize`)."""
+    resize: Resize | None = None
+    """The resize this decision made, if any."""
 
 
 @dataclass(frozen=True)
@@ -103,16 +107,20 @@ def compute_status(
     now: datetime,
     backoff: Backoff = Backoff(),
     replan: bool = False,
+    sizing: resize.Sizing | None = None,
 ) -> Decision:
-    """The whole lifecycle in one pure step; see docs/operator.md for the state diagram. `replan`: the stage is
-    `auto`'s choice, so a rank out of memory moves the job to the next stage instead of failing it."""
+    """The whole lifecycle in one pure step; see docs/operator.md for the state diagram. `spec` is the gang's
+    in force (an elastic job's replicas are the size it runs at). `replan`: the stage is `auto`'s choice, so a
+    rank out of memory moves the job to the next stage instead of failing it. `sizing`: the job is elastic."""
     st = (previous or ZeroTrainingJobStatus()).model_copy(deep=True)
     if is_true(st, ConditionType.INVALID_SPEC):  # the spec was fixed: admit the job afresh
         st.phase, st.completion_time = Phase.PENDING, None
         set_condition(st, ConditionType.FAILED, False, Reason.SPEC_VALID, "spec is valid", now)
     set_condition(st, ConditionType.INVALID_SPEC, False, Reason.SPEC_VALID, "spec is valid", now)
     gang = st.restarts.total
-    current = [p for p in observed if p.gang == gang and not p.terminating]
+    st.replicas = spec.replicas
+    current = [p for p in observed if p.gang == gang and not p.terminating and p.probe is None]
+    probes = [p for p in observed if p.gang == gang and not p.terminating and p.probe is not None]
     st.ranks = rank_counts(spec, current)
     d = Decision(status=st)
     alive = [p.name for p in observed if not p.terminating]
@@ -132,7 +140,7 @@ def compute_status(
     if not is_true(st, ConditionType.CREATED, Reason.GANG_CREATED):
         return _create(d, observed, stale, now)
     d.delete_pods = stale
-    return _judge(spec, d, current, now, backoff, replan)
+    return _judge(spec, d, current, now, backoff, replan, sizing, probes)
 
 
 def _create(d: Decision, observed: Sequence[ObservedPod], stale: list[str], now: datetime) -> Decision:
@@ -163,6 +171,8 @@ def _judge(
     now: datetime,
     backoff: Backoff,
     replan: bool = False,
+    sizing: resize.Sizing | None = None,
+    probes: Sequence[ObservedPod] = (),
 ) -> Decision:
     st = d.status
     by_replica = {p.replica: p for p in current}
@@ -183,12 +193,15 @@ def _judge(
         assert cause is not None
         return _restart(d, current, cause.value, f"{what}: {cause.value}; restarting the gang (not counted)", now, 0)
     if all(by_replica[r].phase == PodPhase.SUCCEEDED for r in range(spec.replicas)):
+        d.delete_pods = sorted({*d.delete_pods, *(p.name for p in probes)})
         st.phase, st.completion_time = Phase.SUCCEEDED, now
         set_condition(st, ConditionType.SUCCEEDED, True, Reason.ALL_RANKS_SUCCEEDED, "all ranks exited 0", now)
         set_condition(st, ConditionType.RUNNING, False, Reason.COMPLETED, "job finished", now)
         if is_true(st, ConditionType.RESTARTING):
             set_condition(st, ConditionType.RESTARTING, False, Reason.COMPLETED, "job finished", now)
         return _ttl(spec, d, now)
+    if sizing is not None and (shrunk := resize.shrink(spec, sizing, current, now)) is not None:
+        return _resized(d, [*current, *probes], shrunk, now)
     if (delay := startup.report(spec, st, current, now)) is not None:
         d.requeue_after = delay
     if all(p.phase in (PodPhase.RUNNING, PodPhase.SUCCEEDED) for p in current):
@@ -202,7 +215,23 @@ def _judge(
             set_condition(st, ConditionType.OUT_OF_MEMORY, False, Reason.GANG_RECOVERED, msg, now)
     elif st.phase != Phase.RESTARTING:
         st.phase = Phase.PENDING
+    if sizing is not None:
+        growth = resize.grow(spec, sizing, st, probes, now)
+        if growth.step is not None:
+            return _resized(d, [*current, *probes], growth.step, now)
+        d.create_probes = growth.create_probes
+        if growth.look_again_in is not None:
+            d.requeue_after = min(d.requeue_after or growth.look_again_in, growth.look_again_in)
     return d
+
+
+def _resized(d: Decision, pods: list[ObservedPod], step: resize.ResizeStep, now: datetime) -> Decision:
+    """Restart the gang at the resize's size (deleting a rank's pod makes it commit its step first)."""
+    resize.keep(d.status, step)
+    d.resize = step.record
+    r = step.record
+    message = f"resizing the gang from {r.from_replicas} to {r.to_replicas} pods ({r.cause.value}): {r.message}"
+    return _restart(d, pods, resize.RESIZED, message, now, 0)
 
 
 def _on_failure(
@@ -302,6 +331,7 @@ def _unfinished(pods: Sequence[ObservedPod]) -> list[str]:
 def _finished(spec: ZeroTrainingJobSpec, d: Decision, pods: Sequence[ObservedPod], now: datetime) -> Decision:
     if d.status.phase == Phase.FAILED:
         d.delete_pods = _unfinished(pods)
+    d.delete_pods = sorted({*d.delete_pods, *(p.name for p in pods if p.probe is not None and not p.terminating)})
     return _ttl(spec, d, now)
 
 

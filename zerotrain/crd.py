@@ -28,6 +28,12 @@ PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
     {"name": "Stage", "type": "integer", "jsonPath": ".status.stage", "description": "the ZeRO stage in force"},
     {"name": "Ranks", "type": "integer", "jsonPath": ".status.ranks.running", "description": "ranks running"},
+    {
+        "name": "World",
+        "type": "integer",
+        "jsonPath": ".status.ranks.total",
+        "description": "the gang's world size in force (an elastic job's moves between its bounds)",
+    },
     {"name": "Step", "type": "integer", "jsonPath": ".status.step"},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts.total"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

@@ -64,6 +64,38 @@ class Restarts(SpecModel):
     """Restarts per cause (Failed, Evicted, Preempted, NodeLost...)."""
 
 
+class ResizeCause(str, Enum):
+    """Why an elastic gang changed size."""
+
+    UNSCHEDULABLE = "Unschedulable"
+    """Pods of the gang stayed unschedulable past scheduling.startupTimeoutSeconds (no room, a node lost)."""
+    CAPACITY_RETURNED = "CapacityReturned"
+    """Capacity probes for the missing pods were scheduled: the gang grows at a checkpoint."""
+
+
+class Resize(SpecModel):
+    """One change of an elastic gang's size."""
+
+    from_replicas: int
+    """Pods before."""
+    to_replicas: int
+    """Pods after."""
+    cause: ResizeCause
+    """Unschedulable or CapacityReturned."""
+    gradient_accumulation_steps: int
+    """Micro-batches per rank and step at the new size (the manifest's global batch kept)."""
+    stage: Stage | None = None
+    """The ZeRO stage in force at the new size (stage auto re-plans it)."""
+    time: datetime | None = None
+    """When the operator decided it."""
+    message: str = ""
+    """What it saw, with the figures."""
+
+
+MAX_RESIZES_KEPT = 10
+"""status.resizes keeps the newest this many; the operator's resize counter keeps the totals."""
+
+
 class CheckpointStatus(SpecModel):
     """The newest committed checkpoint."""
 
@@ -98,6 +130,11 @@ class ZeroTrainingJobStatus(SpecModel):
     """Per-rank model-state memory by ZeRO stage for this job."""
     stage: Stage | None = None
     """The ZeRO stage the ranks run: the spec's, or the one `stage: auto` chose (condition StageChosen says why)."""
+    replicas: int | None = None
+    """Pods of the gang in force: spec.replicas, or for an elastic job the size it runs at now (status.ranks.total
+    counts its ranks)."""
+    resizes: list[Resize] = Field(default_factory=list)
+    """An elastic gang's resizes, oldest first (the newest MAX_RESIZES_KEPT)."""
     stage_floor: Stage | None = None
     """`stage: auto`: the lowest stage admission may choose, raised past a stage whose ranks ran out of memory."""
     next_restart_time: datetime | None = None

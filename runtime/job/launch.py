@@ -120,7 +120,9 @@ def plan_from_env(env: Mapping[str, str], spec: ZeroTrainingJobSpec) -> LaunchPl
             f"{nnodes * nproc}; "
             "WORLD_SIZE is the total number of ranks; set it to NNODES × NPROC_PER_NODE"
         )
-    if (nnodes, nproc) != (spec.replicas, spec.nproc_per_node):
+    e = spec.elastic
+    elastic_size = e is not None and nproc == spec.nproc_per_node and e.min_replicas <= nnodes <= e.max_replicas
+    if (nnodes, nproc) != (spec.replicas, spec.nproc_per_node) and not elastic_size:
         raise ConfigError(
             f"environment: NNODES={nnodes}, NPROC_PER_NODE={nproc}, but the manifest has spec.replicas="
             f"{spec.replicas}, spec.nprocPerNode={spec.nproc_per_node}; the pod and its config disagree, "

@@ -103,3 +103,31 @@ def test_at_the_manifests_size_the_slots_are_the_manifests_own_layout() -> None:
             TextBatches(corpus, seq_len=8, batch_size=8, rank=rank, world_size=4), elastic.Layout(4, 3, 4), rank
         )
         assert all(torch.equal(next(plain), next(slots)) for _ in range(6))
+
+
+def test_a_rank_at_a_size_that_does_not_divide_the_batch_refuses_to_start_naming_elastic() -> None:
+    from zerotrain.runtime.job.train import RankContext, elastic_task
+
+    spec = parse_spec(
+        {
+            "image": "i",
+            "entrypoint": "zerotrain.runtime.examples.gpt:build",
+            "entrypointArgs": {
+                "seq_len": 8,
+                "batch_size": 8,
+                "d_model": 8,
+                "n_layers": 1,
+                "n_heads": 1,
+                "max_bytes": 4096,
+            },
+            "replicas": 4,
+            "zero": {"gradientAccumulationSteps": 3},
+            "elastic": {"minReplicas": 2, "maxReplicas": 6},
+        }
+    )
+    with pytest.raises(ConfigError, match=r"spec\.elastic: WORLD_SIZE 5 does not divide the 12 micro-batch slots"):
+        elastic_task(spec, RankContext(rank=0, world_size=5, local_rank=0))
+    shrunk, task = elastic_task(spec, RankContext(rank=2, world_size=3, local_rank=0))
+    assert shrunk.zero.gradient_accumulation_steps == 4 and isinstance(task.batches, SlotBatches)
+    same, task = elastic_task(spec, RankContext(rank=2, world_size=4, local_rank=0))
+    assert same is spec and not isinstance(task.batches, SlotBatches)

@@ -93,13 +93,17 @@ def rank_registry() -> CollectorRegistry:
 
 
 def operator_registry() -> CollectorRegistry:
-    from zerotrain.job_status import Phase
+    from zerotrain.job_status import Phase, Resize, ResizeCause
     from zerotrain.operator.metrics import JobView, OperatorMetrics
+    from zerotrain.zero_config import Stage
 
     m = OperatorMetrics()
     m.observe_reconcile("ok", 0.01)
     m.gang_restarted("RankFailed")
-    m.set_job(("ns", "job"), JobView(phase=next(iter(Phase)), restarts_by_cause={"failure": 1}, restarts_total=1))
+    m.resized(Resize(from_replicas=4, to_replicas=3, cause=ResizeCause.UNSCHEDULABLE, gradient_accumulation_steps=4))
+    m.replanned("OutOfMemory")
+    view = JobView(next(iter(Phase)), {"failure": 1}, 1, replicas=3, stage=Stage.PARAMETERS)
+    m.set_job(("ns", "job"), view)
     return m.registry
 
 

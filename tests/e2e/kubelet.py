@@ -39,7 +39,10 @@ def set_pod_phase(
         state = {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error", "message": message}}
     status: dict[str, Any] = {
         "phase": phase,
-        "conditions": [{"type": "Ready", "status": "True" if phase == "Running" else "False"}],
+        "conditions": [
+            {"type": "PodScheduled", "status": "True"},
+            {"type": "Ready", "status": "True" if phase == "Running" else "False"},
+        ],
         "containerStatuses": [_container_status(image, state)],
     }
     if reason:

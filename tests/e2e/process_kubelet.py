@@ -10,6 +10,14 @@ A deleted pod's processes are killed with SIGKILL, the whole tree: torch's launc
 session of its own, and a real kubelet stops the container's whole cgroup. Only processes it started (and
 their descendants) are ever signalled, by PID.
 
+Optionally it models a scheduler and nodes (`capacity`, the elastic tests): it runs at most `capacity` pods at
+once; the others stay Pending with `PodScheduled=False`/`Unschedulable` and the scheduler's kind of message, and
+start, in creation order, when room frees. `lose_node(pod)` is a node going away with its pod: the process is
+killed, the pod Failed with the `DisruptionTarget` condition the pod garbage collector writes, and the capacity one
+less. And it can model graceful deletion (`graceful`): it holds each pod it runs with a finalizer, so a DELETE
+leaves the pod Terminating while the container gets SIGTERM and up to its terminationGracePeriodSeconds (then
+SIGKILL), as a kubelet does; once it exited the status is written and the finalizer removed.
+
 What a cluster network would do, done by hand: MASTER_ADDR (rank 0's DNS name through the job's headless
 Service) becomes 127.0.0.1, and each gang (label `zerotrain.dev/gang`) gets its own free MASTER_PORT, shared by
 its pods, so no process of an old gang can join a new gang's rendezvous.
@@ -18,11 +26,13 @@ its pods, so no process of an old gang can join a new gang's rendezvous.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +46,9 @@ from zerotrain.runtime.job.launch import free_port
 from .cluster import Cluster, project_token
 from .kubelet import set_pod_phase
 
+KUBELET_FINALIZER = "zerotrain.dev/e2e-kubelet"
+"""Holds a pod the process kubelet runs (with `graceful`) until its container stopped, as a kubelet's final
+deletion does."""
 BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")  # what an image provides; nothing else of the test's env
 
 
@@ -86,6 +99,10 @@ class PodProcess:
     """The container's exit code once it ended (128 + signal when a signal killed it)."""
     deleted: bool = False
     """Its pod was deleted while it ran: killed, and no status written."""
+    stopping_since: float | None = None
+    """When a graceful deletion sent it SIGTERM (`graceful`)."""
+    grace_s: float = 30.0
+    """Its pod's terminationGracePeriodSeconds."""
 
     def output(self) -> str:
         return (self.root / "output.log").read_text(errors="replace")
@@ -94,8 +111,18 @@ class PodProcess:
 class ProcessKubelet:
     """Runs the pods of job `job` in the cluster's namespace; `async with` it in a test."""
 
-    def __init__(self, cluster: Cluster, job: str, workdir: Path, poll_s: float = 0.2) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        job: str,
+        workdir: Path,
+        poll_s: float = 0.2,
+        capacity: int | None = None,
+        graceful: bool = False,
+    ) -> None:
         self.cluster = cluster
+        self.capacity, self.graceful = capacity, graceful
+        self._refused: set[str] = set()  # pods marked Unschedulable (uid), so each is written once
         self.namespace, self.job, self.workdir, self.poll_s = cluster.namespace, job, workdir, poll_s
         self.api_url = str(cluster.configuration.host)
         self.kube: Kube = cluster.client("zerotrain-e2e-kubelet")
@@ -138,6 +165,39 @@ class ProcessKubelet:
             running[0].popen.send_signal(signal.SIGTERM)
             return running[0]
 
+    def set_capacity(self, pods: int) -> None:
+        """Nodes came back (or went): at most `pods` pods run from the next poll."""
+        with self._lock:
+            self.capacity = pods
+            self._refused.clear()
+
+    def lose_node(self, pod: str) -> PodProcess:
+        """The node under `pod` goes away: its processes die, the pod garbage collector fails the pod (phase
+        Failed, DisruptionTarget=True/DeletionByPodGC), and the capacity is one pod less."""
+        with self._lock:
+            running = [p for p in self.pods if p.name == pod and p.popen.poll() is None]
+            assert running, f"pod {pod} has no running process (did it finish already?)"
+            self._kill(running[0])
+            running[0].exit_code = _exit_code(running[0].popen.wait())
+            if self.capacity is not None:
+                self.capacity -= 1
+            status = {
+                "phase": "Failed",
+                "reason": "NodeLost",
+                "message": "the node the pod ran on is gone",
+                "conditions": [
+                    {
+                        "type": "DisruptionTarget",
+                        "status": "True",
+                        "reason": "DeletionByPodGC",
+                        "message": "PodGC: node no longer exists",
+                    }
+                ],
+            }
+            path = path_of("v1", "pods", self.namespace, pod, "status")
+            self.kube.request("PATCH", path, {"status": status}, "application/merge-patch+json")
+            return running[0]
+
     def gang(self, gang: int) -> list[PodProcess]:
         return [p for p in self.pods if p.gang == str(gang)]
 
@@ -151,23 +211,102 @@ class ProcessKubelet:
 
     def _sync(self) -> None:
         listed = self.kube.list_pods(self.namespace, self.job)
-        live = {p["metadata"]["uid"]: p for p in listed if not p["metadata"].get("deletionTimestamp")}
+        stored = {p["metadata"]["uid"]: p for p in listed}
+        live = {uid: p for uid, p in stored.items() if not p["metadata"].get("deletionTimestamp")}
         for proc in (p for p in self.pods if p.exit_code is None):
-            if proc.uid not in live:
+            if proc.uid not in stored or (proc.uid not in live and not self.graceful):
                 self._kill(proc)
                 proc.deleted, proc.exit_code = True, _exit_code(proc.popen.wait())
                 continue
             proc.tree |= process_tree(proc.popen.pid)
+            if proc.uid not in live:
+                self._stop_gracefully(proc)
             if (rc := proc.popen.poll()) is not None:
                 proc.exit_code = _exit_code(rc)
                 log = proc.root / "termination-log"
                 message = log.read_text().strip() if log.is_file() else ""
                 self._set_phase(proc.name, "Succeeded" if rc == 0 else "Failed", proc.exit_code, message)
+        for proc in self.pods:
+            if self.graceful and proc.exit_code is not None and proc.uid in stored and proc.uid not in live:
+                self._release(proc.name)
+        self._schedule(live)
+
+    def _schedule(self, live: dict[str, dict[str, Any]]) -> None:
+        """Start new Pending pods while there is room (all, without a capacity); mark the rest Unschedulable."""
         started = {p.uid for p in self.pods}
-        for uid, pod in live.items():
-            if uid not in started and pod.get("status", {}).get("phase", "Pending") == "Pending":
+        running = sum(1 for p in self.pods if p.exit_code is None)
+        waiting = sorted(
+            (
+                pod
+                for uid, pod in live.items()
+                if uid not in started and pod.get("status", {}).get("phase", "Pending") == "Pending"
+            ),
+            key=lambda pod: pod["metadata"].get("creationTimestamp") or "",
+        )
+        for pod in waiting:
+            if self.capacity is None or running < self.capacity:
+                if self.graceful and not self._hold(pod["metadata"]["name"]):
+                    continue  # deleted since the list
                 self.pods.append(self._start(pod))
                 self._set_phase(pod["metadata"]["name"], "Running")
+                running += 1
+            elif pod["metadata"]["uid"] not in self._refused:
+                self._refused.add(pod["metadata"]["uid"])
+                self._unschedulable(pod["metadata"]["name"], running)
+
+    def _unschedulable(self, name: str, running: int) -> None:
+        """What kube-scheduler writes on a pod no node can take."""
+        nodes = max(self.capacity or 0, 1)
+        condition = {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "Unschedulable",
+            "message": f"0/{nodes} nodes are available: {nodes} Insufficient cpu. preemption: 0/{nodes} nodes are "
+            f"available: {nodes} No preemption victims found for incoming pod.",
+        }
+        path = path_of("v1", "pods", self.namespace, name, "status")
+        with contextlib.suppress(KubeError):
+            self.kube.request(
+                "PATCH",
+                path,
+                {"status": {"phase": "Pending", "conditions": [condition]}},
+                "application/merge-patch+json",
+            )
+
+    def _hold(self, name: str) -> bool:
+        """Put the finalizer on a pod about to start; False when the pod is gone."""
+        try:
+            self.kube.request(
+                "PATCH",
+                path_of("v1", "pods", self.namespace, name),
+                {"metadata": {"finalizers": [KUBELET_FINALIZER]}},
+                "application/merge-patch+json",
+            )
+        except KubeError as e:
+            if e.status != 404:
+                raise
+            return False
+        return True
+
+    def _release(self, name: str) -> None:
+        """The container stopped: let the API server remove the pod."""
+        with contextlib.suppress(KubeError):
+            self.kube.request(
+                "PATCH",
+                path_of("v1", "pods", self.namespace, name),
+                {"metadata": {"finalizers": None}},
+                "application/merge-patch+json",
+            )
+
+    def _stop_gracefully(self, proc: PodProcess) -> None:
+        """SIGTERM to the container's process once; SIGKILL to its tree after the grace period."""
+        now = time.monotonic()
+        if proc.stopping_since is None:
+            proc.stopping_since = now
+            if proc.popen.poll() is None:
+                proc.popen.send_signal(signal.SIGTERM)
+        elif now - proc.stopping_since > proc.grace_s and proc.popen.poll() is None:
+            self._kill(proc)
 
     def _set_phase(self, name: str, phase: str, code: int | None = None, message: str = "") -> None:
         # The pod may be deleted between the list and this write (the operator tearing the gang down); a
@@ -195,11 +334,12 @@ class ProcessKubelet:
         env = {k: os.environ[k] for k in BASE_ENV if k in os.environ}
         for var in container.get("env", []):
             env[var["name"]] = _remap(mounts, var["value"]) if "value" in var else _field(pod, var["valueFrom"])
-        master = naming.master_addr(self.job, self.namespace)
-        assert env.get("MASTER_ADDR") == master, f"pod env MASTER_ADDR={env.get('MASTER_ADDR')!r}, expected {master!r}"
         gang = md["labels"][naming.LABEL_GANG]
         token_dir = root / "serviceaccount"
-        project_token(self.cluster, self.kube, spec.get("serviceAccountName", "default"), pod, token_dir)
+        if naming.LABEL_PROBE not in md["labels"]:  # a capacity probe runs nothing: no rendezvous, no token
+            master = naming.master_addr(self.job, self.namespace)
+            assert env.get("MASTER_ADDR") == master, f"pod env MASTER_ADDR={env.get('MASTER_ADDR')!r}, not {master!r}"
+            project_token(self.cluster, self.kube, spec.get("serviceAccountName", "default"), pod, token_dir)
         env.update(
             ZEROTRAIN_SERVICE_ACCOUNT_DIR=str(token_dir),
             MASTER_ADDR="127.0.0.1",
@@ -215,7 +355,8 @@ class ProcessKubelet:
             popen = subprocess.Popen(
                 argv, env=env, cwd=root, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )
-        return PodProcess(md["name"], md["uid"], gang, popen, root)
+        grace = float(spec.get("terminationGracePeriodSeconds", 30))
+        return PodProcess(md["name"], md["uid"], gang, popen, root, grace_s=grace)
 
     def _mounts(self, spec: dict[str, Any], container: dict[str, Any], root: Path) -> dict[str, Path]:
         """mountPath -> local directory, for ConfigMap (files written now) and PVC (one per claim) volumes."""

@@ -18,8 +18,8 @@ import pytest
 import yaml
 
 from zerotrain.monitoring.alerts import ALERTS
-from zerotrain.monitoring.dashboard import panel_queries
-from zerotrain.monitoring.queries import Query, Scope, all_queries, vars_all
+from zerotrain.monitoring.dashboard import annotation_queries, panel_queries
+from zerotrain.monitoring.queries import MARK_ABOVE, Query, Scope, all_queries, vars_all
 from zerotrain.operator.kube import Kube
 from zerotrain.runtime.job.launch import free_port
 
@@ -171,6 +171,12 @@ async def test_operator_panels_answer_for_the_job_and_forget_it_when_deleted(
             for alert in ALERTS:
                 if alert.scope is Scope.OPERATOR:
                     check(prom, f"alert {alert.name}", alert.signal, alert.scope, counts, job=name)
+            # An annotation answers only where its value changed (none did here): its series must be the job's.
+            marks = annotation_queries(json.loads(DASHBOARD.read_text()))
+            assert {n for n, _ in marks} == {"Resizes (operator)", "Re-plans (operator)"}, marks
+            for mark, expr in marks:
+                assert expr.endswith(MARK_ABOVE), expr
+                check(prom, f"annotation {mark!r}", expr.removesuffix(MARK_ABOVE), Scope.OPERATOR, counts, job=name)
             restarts = prom.query(f"zerotrain_operator_job_restarts_total{{{job}}}")
             assert [(r["metric"]["cause"], r["value"][1]) for r in restarts] == [("Failed", "1")]
             report(counts)

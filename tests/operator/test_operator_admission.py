@@ -63,3 +63,35 @@ def test_too_few_replicas_for_the_stage_names_the_count() -> None:
 
 def test_cpu_job_ignores_the_gpu_default() -> None:
     assert admit({**BASE, "nprocPerNode": 1, **BIG, "resources": {}}, "job", "80Gi").plan is None
+
+
+ELASTIC: dict[str, Any] = {
+    **BASE,
+    "replicas": 4,
+    "zero": {"stage": "auto", "gradientAccumulationSteps": 3},
+    "elastic": {"minReplicas": 2, "maxReplicas": 4},
+    "model": {"parameters": 7_500_000_000},
+    "resources": {"gpu": 8, "gpuMemory": "80Gi"},
+}
+
+
+def test_an_elastic_job_is_planned_at_its_size_in_force_and_its_ranks_keep_the_manifests() -> None:
+    at4, at2 = admit(ELASTIC, "job"), admit(ELASTIC, "job", replicas=2)
+    assert at4.admitted and at2.admitted and at4.replicas == 4 and at2.replicas == 2
+    assert at2.spec is not None and at2.spec.replicas == 4  # what the ranks read: the manifest's size
+    assert at2.sized is not None and at2.sized.world_size == 16
+    # Fewer ranks shard less: the plan (and stage auto's choice) is the smaller gang's.
+    assert at4.plan is not None and at2.plan is not None
+    assert at2.plan.stages[3].required_bytes > at4.plan.stages[3].required_bytes
+    assert at4.spec is not None and at2.spec.zero.fixed_stage >= at4.spec.zero.fixed_stage
+
+
+@pytest.mark.parametrize("replicas", [1, 5, None])
+def test_a_size_the_manifest_does_not_allow_is_the_manifests_own(replicas: int | None) -> None:
+    assert admit(ELASTIC, "job", replicas=replicas).replicas == 4  # outside [2, 4] (or unknown)
+    assert admit({**BASE, "replicas": 2}, "job", replicas=3).replicas == 2  # not elastic at all
+
+
+def test_an_elastic_job_names_its_largest_pod_within_the_hostname_limit() -> None:
+    verdict = admit({**ELASTIC, "replicas": 2, "elastic": {"minReplicas": 2, "maxReplicas": 12}}, "x" * 54)
+    assert verdict.reason == Reason.INVALID_NAME and "x-worker-11" in verdict.message.replace("x" * 54, "x")

@@ -323,7 +323,23 @@ def health_rows(d: db.Dashboard) -> db.Dashboard:
         .with_panel(
             series("Gang restarts by cause (operator)", "From the job's status.", "short", q.JOB_RESTARTS, width=8)
         )
+        .with_panel(
+            series(
+                "Gang size and stage (operator)",
+                "Pods of the gang in force (an elastic job's moves between its bounds) and the ZeRO stage its ranks "
+                "run (stage auto's choice); the dashboard's annotations mark each change.",
+                "short",
+                q.JOB_REPLICAS,
+                q.JOB_STAGE,
+                width=8,
+            )
+        )
     )
+
+
+def annotation(name: str, query: q.Query, color: str) -> db.AnnotationQuery:
+    """A mark on every time-series panel where `query` answers (a resize, a re-plan)."""
+    return db.AnnotationQuery().name(name).datasource(DATASOURCE).enable(True).icon_color(color).expr(query.expr)
 
 
 def build() -> dm.Dashboard:
@@ -342,6 +358,8 @@ def build() -> dm.Dashboard:
         )
         .with_variable(variable("rank", "Rank", f"label_values(zerotrain_world_size{{{q.JOB_SEL}}}, rank)"))
     )
+    d = d.annotation(annotation("Resizes (operator)", q.RESIZED, "orange"))
+    d = d.annotation(annotation("Re-plans (operator)", q.REPLANNED, "purple"))
     for rows in (memory_rows, communication_rows, training_rows, health_rows):
         d = rows(d)
     return d.build()
@@ -350,6 +368,12 @@ def build() -> dm.Dashboard:
 def dashboard_json() -> str:
     """The dashboard as Grafana imports it (stable key order, so the committed file diffs cleanly)."""
     return json.dumps(json.loads(JSONEncoder(sort_keys=True).encode(build())), indent=2, sort_keys=True) + "\n"
+
+
+def annotation_queries(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
+    """(name, expr) of every Prometheus annotation of a dashboard JSON (Grafana's built-in one has no expr)."""
+    listed = dashboard.get("annotations", {}).get("list", [])
+    return [(a.get("name", ""), a["expr"]) for a in listed if "expr" in a]
 
 
 def panel_queries(dashboard: dict[str, Any]) -> list[tuple[str, str]]:

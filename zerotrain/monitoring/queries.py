@@ -193,6 +193,21 @@ JOB_RESTARTS = Query(
     f"sum by ({JOB_KEY}, cause) (zerotrain_operator_job_restarts_total{{{JOB_SEL}}})", "{{cause}}", Scope.OPERATOR
 )
 
+JOB_REPLICAS = Query(f"max by ({JOB_KEY}) (zerotrain_operator_job_replicas{{{JOB_SEL}}})", "pods", Scope.OPERATOR)
+JOB_STAGE = Query(f"max by ({JOB_KEY}) (zerotrain_operator_job_stage{{{JOB_SEL}}})", "ZeRO stage", Scope.OPERATOR)
+# Annotations: a mark where the value changed. Grafana draws one per series and step the expression returns.
+MARK_ABOVE = " > 0"
+RESIZED = Query(
+    f"changes(zerotrain_operator_job_replicas{{{JOB_SEL}}}[2m]){MARK_ABOVE}",
+    "{{zerotrain_job}} resized",
+    Scope.OPERATOR,
+)
+REPLANNED = Query(
+    f"changes(zerotrain_operator_job_stage{{{JOB_SEL}}}[2m]){MARK_ABOVE}",
+    "{{zerotrain_job}} re-planned",
+    Scope.OPERATOR,
+)
+
 
 def all_queries() -> list[Query]:
     """Every query defined here (what the dashboard may use)."""
