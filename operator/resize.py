@@ -91,11 +91,18 @@ def _record(
     )
 
 
+@dataclass(frozen=True)
+class NoShrink:
+    """Pods are stuck, and no smaller size can run: why, for the Unschedulable condition."""
+
+    why: str
+
+
 def shrink(
     spec: ZeroTrainingJobSpec, sizing: Sizing, current: Sequence[ObservedPod], now: datetime
-) -> ResizeStep | None:
+) -> ResizeStep | NoShrink | None:
     """Shrink when gang pods stayed unschedulable past the startup timeout and a smaller size fits what was
-    scheduled; None otherwise (the Unschedulable condition then says what waits)."""
+    scheduled; NoShrink saying why not when none does; None when nothing is stuck."""
     limit = timedelta(seconds=spec.scheduling.startup_timeout_seconds)
     late = [
         p
@@ -107,7 +114,11 @@ def shrink(
     placed = sum(1 for p in current if p.scheduled)
     found = _largest(sizing, sizing.elastic.min_replicas - 1, min(placed, spec.replicas - 1))
     if found is None:
-        return None
+        low = sizing.elastic.min_replicas
+        if placed < low:
+            return NoShrink(f"elastic: {placed} pod(s) scheduled, fewer than minReplicas={low}")
+        refused = [f"{r}: {sizing.check(r).why}" for r in sizing.sizes() if low <= r <= min(placed, spec.replicas - 1)]
+        return NoShrink("elastic: no smaller size runs (" + ("; ".join(refused) or "none divides the batch") + ")")
     size, verdict, _ = found
     message = (
         f"{len(late)} of {spec.replicas} pods unschedulable for over startupTimeoutSeconds="

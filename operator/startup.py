@@ -15,7 +15,7 @@ from zerotrain.spec import ZeroTrainingJobSpec
 def _why(pod: ObservedPod) -> str:
     if pod.waiting:
         return f"{pod.waiting}: {pod.waiting_message}"
-    return pod.message or "not scheduled"
+    return pod.message or pod.unschedulable or "not scheduled"
 
 
 def _waiting(st: ZeroTrainingJobStatus, current: list[ObservedPod], now: datetime) -> None:
@@ -39,9 +39,10 @@ def _queued(st: ZeroTrainingJobStatus, current: list[ObservedPod], now: datetime
 
 
 def report(
-    spec: ZeroTrainingJobSpec, st: ZeroTrainingJobStatus, current: list[ObservedPod], now: datetime
+    spec: ZeroTrainingJobSpec, st: ZeroTrainingJobStatus, current: list[ObservedPod], now: datetime, also: str = ""
 ) -> float | None:
-    """Set ContainersWaiting and Unschedulable on `st`; the seconds until a Pending pod's startup timeout is due."""
+    """Set ContainersWaiting and Unschedulable (ending with `also`, e.g. why an elastic gang cannot shrink) on `st`;
+    the seconds until a Pending pod's startup timeout is due."""
     _waiting(st, current, now)
     _queued(st, current, now)
     limit = timedelta(seconds=spec.scheduling.startup_timeout_seconds)
@@ -51,7 +52,7 @@ def report(
         msg = (
             f"{len(late)} pod(s) Pending longer than startupTimeoutSeconds="
             f"{spec.scheduling.startup_timeout_seconds}, e.g. {late[0].name}: {_why(late[0])}"
-        )
+        ) + (f"; {also}" if also else "")
         set_condition(st, ConditionType.UNSCHEDULABLE, True, Reason.STARTUP_TIMEOUT, msg, now)
     elif get_condition(st, ConditionType.UNSCHEDULABLE) is not None:
         set_condition(st, ConditionType.UNSCHEDULABLE, False, Reason.PODS_SCHEDULED, "no pod is stuck Pending", now)

@@ -200,9 +200,10 @@ def _judge(
         if is_true(st, ConditionType.RESTARTING):
             set_condition(st, ConditionType.RESTARTING, False, Reason.COMPLETED, "job finished", now)
         return _ttl(spec, d, now)
-    if sizing is not None and (shrunk := resize.shrink(spec, sizing, current, now)) is not None:
+    shrunk = resize.shrink(spec, sizing, current, now) if sizing is not None else None
+    if isinstance(shrunk, resize.ResizeStep):
         return _resized(d, [*current, *probes], shrunk, now)
-    if (delay := startup.report(spec, st, current, now)) is not None:
+    if (delay := startup.report(spec, st, current, now, shrunk.why if shrunk else "")) is not None:
         d.requeue_after = delay
     if all(p.phase in (PodPhase.RUNNING, PodPhase.SUCCEEDED) for p in current):
         st.phase = Phase.RUNNING

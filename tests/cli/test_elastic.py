@@ -3,8 +3,11 @@ fall on a gang of any such size exactly once each, as the manifest's own gang ta
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
+import yaml
 
 from zerotrain import elastic
 from zerotrain.elastic import ElasticSpec
@@ -13,6 +16,8 @@ from zerotrain.manifest import parse_spec
 from zerotrain.runtime.job.data import TextBatches
 from zerotrain.runtime.job.elastic_batches import SlotBatches
 from zerotrain.runtime.job.task import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_sizes_are_those_that_divide_a_steps_slots() -> None:
@@ -131,3 +136,21 @@ def test_a_rank_at_a_size_that_does_not_divide_the_batch_refuses_to_start_naming
     assert shrunk.zero.gradient_accumulation_steps == 4 and isinstance(task.batches, SlotBatches)
     same, task = elastic_task(spec, RankContext(rank=2, world_size=4, local_rank=0))
     assert same is spec and not isinstance(task.batches, SlotBatches)
+
+
+def test_validate_says_at_which_sizes_the_gang_can_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from zerotrain.cli import main
+
+    doc = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())
+    doc["spec"] |= {"replicas": 4, "elastic": {"minReplicas": 2, "maxReplicas": 5}}
+    doc["spec"]["zero"]["gradientAccumulationSteps"] = 3
+    doc["spec"]["resources"] |= {"gpu": 1, "gpuMemory": "80Gi"}
+    doc["spec"]["nprocPerNode"] = 1
+    path = tmp_path / "elastic.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert main(["validate", str(path)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert (
+        "elastic: the gang can run at 2 pods (stage 3, 6 micro-batches a rank), 3 pods (stage 3, 4 micro-batches a "
+        "rank), 4 pods (stage 3, 3 micro-batches a rank); not at 5 (does not divide the 12 slots)"
+    ) in out, out

@@ -9,7 +9,7 @@ from typing import Any
 from zerotrain.job_status import Phase, ResizeCause, ZeroTrainingJobStatus
 from zerotrain.manifest import parse_spec
 from zerotrain.operator import builders, naming, resize
-from zerotrain.operator.conditions import ConditionType, is_true
+from zerotrain.operator.conditions import ConditionType, get_condition, is_true
 from zerotrain.operator.observe import ObservedPod, PodPhase, observe_pod
 from zerotrain.operator.status import Backoff, compute_status
 from zerotrain.spec import ZeroTrainingJobSpec
@@ -91,6 +91,14 @@ def test_a_size_that_does_not_fit_or_divide_is_skipped_and_min_replicas_holds() 
     pods = [rank(0), *(rank(i, scheduled=False) for i in (1, 2, 3))]
     d = compute_status(spec, pods, st, NOW, sizing=sizing(spec))
     assert d.resize is None and d.status.replicas == 4 and is_true(d.status, ConditionType.UNSCHEDULABLE)
+    assert "elastic: 1 pod(s) scheduled, fewer than minReplicas=2" in _unschedulable(d.status)
+    # Three scheduled, and neither 3 nor 2 pods' plan fits (a fixed stage): the condition says so, no resize.
+    pods = [rank(0), rank(1), rank(2), rank(3, scheduled=False)]
+    d = compute_status(spec, pods, st, NOW, sizing=sizing(spec, refuse=(2, 3)))
+    assert d.resize is None
+    said = _unschedulable(d.status)
+    assert "j-worker-3: 0/3 nodes are available: 3 Insufficient cpu." in said  # the scheduler's own words
+    assert "elastic: no smaller size runs (2: plan does not fit; 3: plan does not fit)" in said
     # Three scheduled, but a 3-pod gang's plan does not fit: 2.
     pods = [rank(0), rank(1), rank(2), rank(3, scheduled=False)]
     d = compute_status(spec, pods, st, NOW, sizing=sizing(spec, refuse=(3,)))
@@ -178,3 +186,9 @@ def test_the_gang_in_force_gets_its_size_and_the_ranks_keep_the_manifests() -> N
     env = {e["name"]: e.get("value") for e in pods[0]["spec"]["containers"][0]["env"]}
     assert env["WORLD_SIZE"] == "3" and env["NNODES"] == "3"
     assert "replicas: 4" in config["data"][naming.CONFIG_KEY]
+
+
+def _unschedulable(st: ZeroTrainingJobStatus) -> str:
+    condition = get_condition(st, ConditionType.UNSCHEDULABLE)
+    assert condition is not None
+    return condition.message

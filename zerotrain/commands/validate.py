@@ -4,14 +4,17 @@ names of its children, its pod template, and its memory plan against the GPUs' m
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from rich.console import Console
 from rich.text import Text
 
+from zerotrain import elastic
 from zerotrain.errors import UserError
 from zerotrain.manifest import load_job_document, parse_job
 from zerotrain.plan_inputs import plan_job
 from zerotrain.planner import format_bytes
+from zerotrain.spec import ZeroTrainingJobSpec
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,6 +26,32 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--allow-host-path", action="store_true", help="as an operator run with operator.allowHostPath=true")
     p.set_defaults(func=run)
+
+
+def elastic_line(raw: Any, name: str, args: argparse.Namespace, spec: ZeroTrainingJobSpec) -> str:
+    """Which sizes of the elastic range the operator could run the gang at, with each one's accumulation, and why
+    not the others (a size that does not divide the global batch, a plan that does not fit there)."""
+    from zerotrain.operator.admission import admit
+
+    assert spec.elastic is not None
+    acc = spec.zero.gradient_accumulation_steps
+    usable = set(elastic.sizes(spec.replicas, spec.nproc_per_node, acc, spec.elastic))
+    runs, nots = [], []
+    for r in range(spec.elastic.min_replicas, spec.elastic.max_replicas + 1):
+        if r not in usable:
+            nots.append(
+                f"{r} (does not divide the {elastic.step_slots(spec.replicas, spec.nproc_per_node, acc)} slots)"
+            )
+            continue
+        at = admit(raw, name, args.gpu_memory, args.allow_host_path, replicas=r)
+        if not at.admitted:
+            nots.append(f"{r} ({at.message})")
+            continue
+        stage = at.spec.zero.fixed_stage.value if at.spec is not None else "?"
+        per = spec.world_size * acc // (r * spec.nproc_per_node)
+        runs.append(f"{r} pods (stage {stage}, {per} micro-batches a rank)")
+    line = "elastic: the gang can run at " + ", ".join(runs)
+    return line + (f"; not at {'; '.join(nots)}" if nots else "")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
             "memory plan: not checked (set spec.model.parameters or spec.model.shape, and resources.gpuMemory or "
             "--gpu-memory)"
         )
+    if spec.elastic is not None:
+        lines.append(elastic_line(doc.get("spec"), name or "job", args, spec))
     console = Console()
     for line in lines:
         console.print(Text(line), soft_wrap=True)
