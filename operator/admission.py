@@ -40,7 +40,7 @@ class Admission:
 
     @property
     def sized(self) -> ZeroTrainingJobSpec | None:
-        """The spec as the gang in force sees it (its replicas), for its pods, its status and its plan."""
+        """The spec as the gang in force runs it (its replicas and accumulation), for its pods, status and plan."""
         if self.spec is None or self.replicas is None:
             return self.spec
         return builders.at_replicas(self.spec, self.replicas)
@@ -136,7 +136,11 @@ def admit(
     )
     if verdict.spec is None:
         return verdict
-    runs = verdict.spec.model_copy(update={"replicas": manifest.replicas})
+    # What the ranks read: the stage chosen at the size in force, the manifest's size and accumulation.
+    zero = verdict.spec.zero.model_copy(
+        update={"gradient_accumulation_steps": manifest.zero.gradient_accumulation_steps}
+    )
+    runs = verdict.spec.model_copy(update={"replicas": manifest.replicas, "zero": zero})
     return dataclasses.replace(verdict, spec=runs, replicas=size)
 
 

@@ -309,9 +309,14 @@ def build_pods(job: JobRef, spec: ZeroTrainingJobSpec, gang: int) -> list[Obj]:
 
 
 def at_replicas(spec: ZeroTrainingJobSpec, replicas: int) -> ZeroTrainingJobSpec:
-    """The spec as a gang of `replicas` pods sees it (an elastic job's size in force; the ranks' accumulation
-    follows from the manifest's own size, which their config keeps)."""
-    return spec if replicas == spec.replicas else spec.model_copy(update={"replicas": replicas})
+    """The manifest `spec` as a gang of `replicas` pods runs it (an elastic job's size in force): that many pods,
+    and the accumulation that keeps the manifest's global batch (the ranks derive the same from the manifest, which
+    their config keeps), so a plan of it counts what those ranks hold."""
+    if replicas == spec.replicas:
+        return spec
+    accumulation = spec.world_size * spec.zero.gradient_accumulation_steps // (replicas * spec.nproc_per_node)
+    zero = spec.zero.model_copy(update={"gradient_accumulation_steps": max(1, accumulation)})
+    return spec.model_copy(update={"replicas": replicas, "zero": zero})
 
 
 def build_gang(job: JobRef, spec: ZeroTrainingJobSpec, gang: int, replicas: int | None = None) -> list[Obj]:
@@ -322,22 +327,34 @@ def build_gang(job: JobRef, spec: ZeroTrainingJobSpec, gang: int, replicas: int 
 
 
 PROBE_COMMAND = ["python", "-c", "import signal; signal.pause()"]
-"""What a capacity probe runs: nothing, until the operator deletes it (the default SIGTERM action ends it)."""
+"""What a capacity probe's containers run: nothing, until the operator deletes it (SIGTERM's default ends it)."""
+PROBE_INIT_COMMAND = ["python", "-c", "pass"]
+"""What its init containers run: they must end for the pod to start, as the real ones do."""
+
+
+def _idle(container: Obj, image: str, command: list[str]) -> Obj:
+    """A container that asks the scheduler for what `container` asks (resources, host ports) and runs nothing."""
+    keys = ("name", "resources", "ports", "securityContext", "restartPolicy")
+    kept: Obj = {k: container[k] for k in keys if k in container}
+    sidecar = container.get("restartPolicy") == "Always"  # an init container that keeps running
+    return {**kept, "image": image, "command": list(PROBE_COMMAND if sidecar else command)}
 
 
 def build_probe(job: JobRef, spec: ZeroTrainingJobSpec, gang: int, index: int) -> Obj:
-    """A capacity probe: a rank pod's scheduling constraints and resources (so the scheduler places it exactly
-    where a new rank pod would fit), running nothing, labelled as a probe of gang `gang`."""
+    """A capacity probe: a rank pod's placement (node selector, affinity, tolerations, priority, volumes and so their
+    topology) and every container's and init container's requests and host ports, so the scheduler places it only
+    where a new rank pod would fit; its containers run nothing (the trainer's image, which has Python). Labelled as
+    a probe of gang `gang`; not a member of the gang's PodGroup or Kueue workload."""
     pod = build_pod(job, spec, spec.replicas + index, gang)
-    # Not a member of the gang's PodGroup or Kueue workload: a probe must not hold the gang's admission.
     labels = {**naming.job_labels(job.name), naming.LABEL_GANG: str(gang), naming.LABEL_PROBE: str(index)}
     pod["metadata"] = _metadata(job, naming.probe_name(job.name, index), labels)
-    trainer = next(c for c in pod["spec"]["containers"] if c["name"] == naming.CONTAINER_NAME)
-    kept = {k: trainer[k] for k in ("name", "image", "resources", "securityContext") if k in trainer}
-    pod["spec"]["containers"] = [{**kept, "command": list(PROBE_COMMAND)}]
-    for key in ("hostname", "subdomain", "initContainers", "schedulingGates", "volumes"):
-        pod["spec"].pop(key, None)
-    pod["spec"]["terminationGracePeriodSeconds"] = 0
+    body = pod["spec"]
+    body["containers"] = [_idle(c, spec.image, PROBE_COMMAND) for c in body["containers"]]
+    if body.get("initContainers"):
+        body["initContainers"] = [_idle(c, spec.image, PROBE_INIT_COMMAND) for c in body["initContainers"]]
+    for key in ("hostname", "subdomain", "schedulingGates"):
+        body.pop(key, None)
+    body["terminationGracePeriodSeconds"] = 0
     return pod
 
 

@@ -55,6 +55,7 @@ class Reason:
     INVALID_SPEC = "InvalidSpec"
     INVALID_NAME = "InvalidName"
     INVALID_POD_TEMPLATE = "InvalidPodTemplate"
+    ELASTIC_IN_QUEUE = "ElasticInQueue"
     MEMORY_PLAN_DOES_NOT_FIT = "MemoryPlanDoesNotFit"
     SPEC_VALID = "SpecValid"
     LOWEST_STAGE_THAT_FITS = "LowestStageThatFits"

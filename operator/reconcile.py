@@ -188,6 +188,13 @@ class Reconciler:
             self._write(body, previous, new)
             return PassOutcome(Result.INVALID, verdict.message)
         job = builders.JobRef.from_body(body)
+        if job.queue and verdict.spec.elastic is not None:
+            message = (
+                f"spec.elastic: the job is in Kueue queue {job.queue!r} (label {kueue.QUEUE_LABEL}), which admits a "
+                "fixed number of pods, so the gang could not resize; drop spec.elastic or the queue label"
+            )
+            self._write(body, previous, invalid(previous, Reason.ELASTIC_IN_QUEUE, message, now))
+            return PassOutcome(Result.INVALID, message)
         decision = compute_status(
             verdict.sized,
             observe_pods(self.kube.list_pods(namespace, name)),

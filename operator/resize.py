@@ -7,7 +7,8 @@
   start), the operator keeps one capacity probe per missing pod: a pod with a rank's scheduling constraints and
   resources that runs nothing. When the scheduler places probes, the gang restarts at the largest size they make
   room for; deleting the pods makes every rank commit its current step (checkpoint.saveOnTermination), so the
-  bigger gang resumes at that step without losing one.
+  bigger gang resumes at that step without losing one. The probes stay until the bigger gang is created, so the
+  room they hold is not taken while the ranks save.
 """
 
 from __future__ import annotations
@@ -61,7 +62,6 @@ class ResizeStep:
 
     replicas: int
     record: Resize
-    probes_to_delete: list[str] = field(default_factory=list)
 
 
 def _largest(sizing: Sizing, low: int, high: int) -> tuple[int, SizeVerdict, list[str]] | None:
@@ -129,9 +129,10 @@ def shrink(
 
 @dataclass
 class GrowPlan:
-    """What the pass does toward growing: probes to create, a resize, or when to look again."""
+    """What the pass does toward growing: probes to create or replace, a resize, or when to look again."""
 
     create_probes: list[int] = field(default_factory=list)
+    delete_probes: list[str] = field(default_factory=list)
     step: ResizeStep | None = None
     look_again_in: float | None = None
 
@@ -143,19 +144,24 @@ def grow(
     probes: Sequence[ObservedPod],
     now: datetime,
 ) -> GrowPlan:
-    """Probe for room once the hold-off has passed; grow when probes were placed."""
+    """Probe for room once the hold-off has passed; grow when probes were placed. Probes are kept for the next
+    size up only (growth goes a size at a time): a placed probe holds a node idle while it waits for the others."""
     plan = GrowPlan()
-    missing = sizing.elastic.max_replicas - spec.replicas
-    if missing <= 0 or st.phase != Phase.RUNNING:
+    up = [r for r in sizing.sizes() if spec.replicas < r <= sizing.elastic.max_replicas]
+    if not up or st.phase != Phase.RUNNING:
         return plan
+    missing = up[0] - spec.replicas
     since = st.resizes[-1].time if st.resizes and st.resizes[-1].time else st.start_time or now
     due = since + timedelta(seconds=sizing.elastic.hold_off_seconds)
     if now < due:
         plan.look_again_in = (due - now).total_seconds()
         return plan
-    have = {p.probe for p in probes}
-    plan.create_probes = [i for i in range(missing) if i not in have]
-    placed = sum(1 for p in probes if p.scheduled)
+    # A probe that ended (evicted, its container failed) holds nothing: replace it.
+    live = [p for p in probes if p.phase in (PodPhase.PENDING, PodPhase.RUNNING)]
+    plan.delete_probes = sorted(p.name for p in probes if p not in live)
+    have = {p.probe for p in live}
+    plan.create_probes = [i for i in range(missing) if i not in have and i not in {p.probe for p in probes}]
+    placed = sum(1 for p in live if p.scheduled)
     found = _largest(sizing, spec.replicas, spec.replicas + placed) if placed else None
     if found is None:
         return plan
@@ -165,7 +171,7 @@ def grow(
         message += f" (not admitted: {'; '.join(refused)})"
     record = _record(sizing, spec.replicas, size, ResizeCause.CAPACITY_RETURNED, verdict, message, now)
     plan.create_probes = []
-    plan.step = ResizeStep(size, record, sorted(p.name for p in probes))
+    plan.step = ResizeStep(size, record)
     return plan
 
 

@@ -136,25 +136,30 @@ def compute_status(
         return _fail(
             d, observed, Reason.DEADLINE_EXCEEDED, f"job ran longer than activeDeadlineSeconds={deadline}", now
         )
-    stale = [p.name for p in observed if p.gang != gang and not p.terminating]
+    stale = [p for p in observed if p.gang != gang and not p.terminating]
     if not is_true(st, ConditionType.CREATED, Reason.GANG_CREATED):
         return _create(d, observed, stale, now)
-    d.delete_pods = stale
-    return _judge(spec, d, current, now, backoff, replan, sizing, probes)
+    d.delete_pods = [p.name for p in stale]
+    d = _judge(spec, d, current, now, backoff, replan, sizing, probes)
+    if d.status.phase in TERMINAL:  # a probe holds room for a gang that will not grow now
+        d.delete_pods = sorted({*d.delete_pods, *(p.name for p in probes)})
+    return d
 
 
-def _create(d: Decision, observed: Sequence[ObservedPod], stale: list[str], now: datetime) -> Decision:
-    """Create the gang once the previous one is gone and the back-off has passed."""
+def _create(d: Decision, observed: Sequence[ObservedPod], stale: list[ObservedPod], now: datetime) -> Decision:
+    """Create the gang once the previous one is gone and the back-off has passed. An elastic gang's capacity
+    probes stay until then (the room they hold is what the new gang needs) and go as it is created."""
     st = d.status
     # Pod names are stable per rank, so the old gang must be gone before the new one is created.
-    old = [p for p in observed if p.gang != st.restarts.total or p.terminating]
+    old = [p for p in observed if (p.gang != st.restarts.total or p.terminating) and p.probe is None]
     if old:
-        d.delete_pods = stale
+        d.delete_pods = [p.name for p in stale if p.probe is None]
         d.requeue_after = 1.0
         return d
     if st.next_restart_time and now < st.next_restart_time:
         d.requeue_after = (st.next_restart_time - now).total_seconds()
         return d
+    d.delete_pods = [p.name for p in stale if p.probe is not None]
     d.create_gang = True
     st.next_restart_time = None
     st.start_time = st.start_time or now
@@ -202,7 +207,7 @@ def _judge(
         return _ttl(spec, d, now)
     shrunk = resize.shrink(spec, sizing, current, now) if sizing is not None else None
     if isinstance(shrunk, resize.ResizeStep):
-        return _resized(d, [*current, *probes], shrunk, now)
+        return _resized(d, current, shrunk, now)
     if (delay := startup.report(spec, st, current, now, shrunk.why if shrunk else "")) is not None:
         d.requeue_after = delay
     if all(p.phase in (PodPhase.RUNNING, PodPhase.SUCCEEDED) for p in current):
@@ -219,8 +224,9 @@ def _judge(
     if sizing is not None:
         growth = resize.grow(spec, sizing, st, probes, now)
         if growth.step is not None:
-            return _resized(d, [*current, *probes], growth.step, now)
+            return _resized(d, current, growth.step, now)
         d.create_probes = growth.create_probes
+        d.delete_pods = sorted({*d.delete_pods, *growth.delete_probes})
         if growth.look_again_in is not None:
             d.requeue_after = min(d.requeue_after or growth.look_again_in, growth.look_again_in)
     return d

@@ -330,6 +330,21 @@ class ZeroTrainingJobSpec(SpecModel):
             "between the bounds",
             ("replicas", "elastic.min_replicas", "elastic.max_replicas"),
         ),
+        Rule(
+            "!has(self.elastic) || !has(self.scheduling) || !has(self.scheduling.gang) || "
+            "self.scheduling.gang == 'none'",
+            lambda s: s.elastic is None or s.scheduling.gang == GangMode.NONE,
+            "elastic needs scheduling.gang none: a gang scheduler binds no pod until minMember fit, so no smaller "
+            "gang could ever be seen to fit; drop scheduling.gang or spec.elastic",
+            ("scheduling.gang",),
+        ),
+        Rule(
+            "!has(self.elastic) || (has(self.checkpoint) && has(self.checkpoint.claimName))",
+            lambda s: s.elastic is None or s.checkpoint.claim_name is not None,
+            "elastic needs checkpoint.claimName: every resize restarts the gang from the newest checkpoint, which only "
+            "a PersistentVolumeClaim keeps across pods; set checkpoint.claimName or drop spec.elastic",
+            ("checkpoint.claim_name",),
+        ),
     )
 
     image: str = Field(min_length=1)

@@ -50,6 +50,7 @@ def test_bad_elastic_ranges_are_refused_naming_the_field_and_the_fix(
         "replicas": replicas,
         "zero": {"gradientAccumulationSteps": accumulation},
         "elastic": elastic_spec,
+        "checkpoint": {"claimName": "ckpt"},
     }
     with pytest.raises(UserError, match="elastic") as err:
         parse_spec(raw)
@@ -128,6 +129,7 @@ def test_a_rank_at_a_size_that_does_not_divide_the_batch_refuses_to_start_naming
             "replicas": 4,
             "zero": {"gradientAccumulationSteps": 3},
             "elastic": {"minReplicas": 2, "maxReplicas": 6},
+            "checkpoint": {"claimName": "ckpt"},
         }
     )
     with pytest.raises(ConfigError, match=r"spec\.elastic: WORLD_SIZE 5 does not divide the 12 micro-batch slots"):
@@ -142,7 +144,7 @@ def test_validate_says_at_which_sizes_the_gang_can_run(tmp_path: Path, capsys: p
     from zerotrain.cli import main
 
     doc = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())
-    doc["spec"] |= {"replicas": 4, "elastic": {"minReplicas": 2, "maxReplicas": 5}}
+    doc["spec"] |= {"replicas": 4, "elastic": {"minReplicas": 2, "maxReplicas": 5}, "checkpoint": {"claimName": "c"}}
     doc["spec"]["zero"]["gradientAccumulationSteps"] = 3
     doc["spec"]["resources"] |= {"gpu": 1, "gpuMemory": "80Gi"}
     doc["spec"]["nprocPerNode"] = 1

@@ -45,9 +45,15 @@ CASES: list[dict[str, Any]] = [
     {"zero": {"stage": "auto"}, "model": {"shape": {**SHAPE, "heads": 4}}, "resources": {"gpu": 1, "gpuMemory": "8G"}},
     {"zero": {"stage": "auto"}, "model": {"parameters": 1000}, "resources": {"gpu": 1}},
     {"replicas": 4, "zero": {"gradientAccumulationSteps": 3}, "elastic": {"minReplicas": 2, "maxReplicas": 4}},
-    {"replicas": 4, "elastic": {"minReplicas": 5, "maxReplicas": 4}},
-    {"replicas": 4, "elastic": {"minReplicas": 1, "maxReplicas": 3}},
-    {"replicas": 2, "elastic": {"minReplicas": 2, "maxReplicas": 2}},
+    {"replicas": 4, "elastic": {"minReplicas": 5, "maxReplicas": 4}, "checkpoint": {"claimName": "c"}},
+    {"replicas": 4, "elastic": {"minReplicas": 1, "maxReplicas": 3}, "checkpoint": {"claimName": "c"}},
+    {"replicas": 2, "elastic": {"minReplicas": 2, "maxReplicas": 2}, "checkpoint": {"claimName": "c"}},
+    {
+        "replicas": 2,
+        "elastic": {"minReplicas": 2, "maxReplicas": 2},
+        "checkpoint": {"claimName": "c"},
+        "scheduling": {"gang": "volcano"},
+    },
 ]
 
 
@@ -97,4 +103,4 @@ def test_each_rule_s_cel_and_predicate_agree(path: str, model: type[SpecModel], 
 
 
 def test_every_model_rule_is_here() -> None:
-    assert len(RULES) == 11  # Resources, ModelShape, FailurePolicy, Scheduling, the spec's 3, ZeroConfig's 3, elastic
+    assert len(RULES) == 13  # Resources, ModelShape, FailurePolicy, Scheduling, the spec's 5, ZeroConfig's 3, elastic

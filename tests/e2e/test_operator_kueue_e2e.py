@@ -86,3 +86,19 @@ async def test_no_pods_without_kueue_or_the_queue(cluster: Cluster, operator: Op
     job = await wait_status(
         kube, ns, "unqueued", lambda s: condition({"status": s}, "QueueUnavailable")["status"] == "False"
     )
+
+
+async def test_an_elastic_job_in_a_queue_is_refused_naming_both(
+    cluster: Cluster, operator: Operator, kube: Kube
+) -> None:
+    """Kueue admits a fixed pod count, so an elastic gang there could not resize: refused before any pod. Runs
+    unchanged on a real cluster: the refusal comes before the operator looks for the queue."""
+    ns = cluster.namespace
+    manifest = queued_job("elastic-q", ns, "team-q")
+    manifest["spec"] |= {"elastic": {"minReplicas": 1, "maxReplicas": 2}, "checkpoint": {"claimName": "ckpt"}}
+    await call(kube.request, "POST", path_of(JOBS, PLURAL, ns), manifest)
+    job = await wait_status(kube, ns, "elastic-q", lambda s: s.get("phase") == "Failed")
+    invalid = condition(job, "InvalidSpec")
+    assert invalid is not None and invalid["status"] == "True" and invalid["reason"] == "ElasticInQueue", invalid
+    assert "spec.elastic: the job is in Kueue queue 'team-q'" in invalid["message"]
+    assert await call(pods, kube, ns, "elastic-q") == []

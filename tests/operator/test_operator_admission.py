@@ -70,6 +70,7 @@ ELASTIC: dict[str, Any] = {
     "replicas": 4,
     "zero": {"stage": "auto", "gradientAccumulationSteps": 3},
     "elastic": {"minReplicas": 2, "maxReplicas": 4},
+    "checkpoint": {"claimName": "ckpt"},
     "model": {"parameters": 7_500_000_000},
     "resources": {"gpu": 8, "gpuMemory": "80Gi"},
 }

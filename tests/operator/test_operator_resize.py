@@ -27,6 +27,7 @@ def manifest(**extra: Any) -> ZeroTrainingJobSpec:
         "zero": {"stage": 2, "gradientAccumulationSteps": 3},
         "elastic": {"minReplicas": 2, "maxReplicas": 4, "holdOffSeconds": 300},
         "scheduling": {"startupTimeoutSeconds": 60},
+        "checkpoint": {"claimName": "ckpt"},
         **extra,
     }
     return parse_spec(raw)
@@ -146,8 +147,28 @@ def test_after_the_hold_off_probes_look_for_room_and_placed_probes_grow_the_gang
     assert d.resize is not None and (d.resize.to_replicas, d.resize.cause) == (4, ResizeCause.CAPACITY_RETURNED)
     assert d.resize.gradient_accumulation_steps == 3 and d.status.replicas == 4
     assert "1 capacity probe(s) scheduled after the 300s hold-off" in d.resize.message
-    assert sorted(d.delete_pods) == ["j-probe-0", "j-worker-0", "j-worker-1", "j-worker-2"]
+    assert sorted(d.delete_pods) == ["j-worker-0", "j-worker-1", "j-worker-2"]
     assert [r.cause for r in d.status.resizes] == [ResizeCause.UNSCHEDULABLE, ResizeCause.CAPACITY_RETURNED]
+    # The probe keeps the room while the ranks save and stop; it goes as the 4-pod gang is created.
+    four = builders.at_replicas(spec, 4)
+    stopping = [ObservedPod(**{**p.__dict__, "terminating": True}) for p in gang]
+    held = compute_status(four, [*stopping, probe(0, gang=1, scheduled=True)], d.status, later, sizing=sizing(spec))
+    assert not held.create_gang and held.delete_pods == []
+    new = compute_status(four, [probe(0, gang=1, scheduled=True)], d.status, later, sizing=sizing(spec))
+    assert new.create_gang and new.delete_pods == ["j-probe-0"]
+
+
+def test_probes_are_kept_for_the_next_size_only_and_an_ended_one_is_replaced() -> None:
+    spec = manifest(elastic={"minReplicas": 1, "maxReplicas": 4, "holdOffSeconds": 0})
+    two = builders.at_replicas(spec, 2)
+    gang = [rank(i) for i in range(2)]
+    st = compute_status(two, gang, created(two), NOW, sizing=sizing(spec)).status  # running at 2 pods
+    d = compute_status(two, gang, st, NOW, sizing=sizing(spec))
+    # 3 pods is the next size that divides 12 slots: one probe, not two.
+    assert d.status.phase == Phase.RUNNING and d.create_probes == [0]
+    ended = ObservedPod("j-probe-0", None, 0, PodPhase.FAILED, scheduled=True, probe=0)
+    d = compute_status(two, [*gang, ended], st, NOW, sizing=sizing(spec))
+    assert d.delete_pods == ["j-probe-0"] and d.create_probes == [] and d.resize is None
 
 
 def test_a_finished_job_deletes_its_probes() -> None:
@@ -158,20 +179,26 @@ def test_a_finished_job_deletes_its_probes() -> None:
     assert d.status.phase == Phase.SUCCEEDED and d.delete_pods == ["j-probe-0"]
 
 
-def test_a_probe_is_a_rank_pods_placement_running_nothing() -> None:
+def test_a_probe_asks_for_what_a_rank_pod_asks_and_runs_nothing() -> None:
+    init = {"name": "warm", "image": "busybox", "command": ["sh"], "resources": {"requests": {"cpu": "4"}}}
     spec = manifest(
-        resources={"cpu": "2", "memory": "4Gi"}, scheduling={"nodeSelector": {"pool": "train"}, "gang": "coscheduling"}
+        resources={"cpu": "2", "memory": "4Gi"},
+        scheduling={"nodeSelector": {"pool": "train"}, "startupTimeoutSeconds": 60},
+        podTemplate={"spec": {"initContainers": [init]}},
     )
     job = builders.JobRef("j", "ns", "uid")
     p = builders.build_probe(job, builders.at_replicas(spec, 3), 1, 0)
     assert p["metadata"]["name"] == "j-probe-0" and p["metadata"]["labels"][naming.LABEL_PROBE] == "0"
-    assert (
-        naming.LABEL_REPLICA not in p["metadata"]["labels"]
-        and builders.COSCHEDULING_LABEL not in p["metadata"]["labels"]
-    )
+    assert naming.LABEL_REPLICA not in p["metadata"]["labels"]
     (c,) = p["spec"]["containers"]
     assert c["command"] == builders.PROBE_COMMAND and c["resources"]["requests"] == {"cpu": "2", "memory": "4Gi"}
-    assert p["spec"]["nodeSelector"] == {"pool": "train"} and "volumes" not in p["spec"]
+    assert c["image"] == spec.image and "env" not in c and "volumeMounts" not in c
+    # The init container's request counts toward the pod's (the larger of it and the containers' sum): kept.
+    (i,) = p["spec"]["initContainers"]
+    assert i["command"] == builders.PROBE_INIT_COMMAND and i["resources"] == init["resources"]
+    # Placement and volumes (a claim's topology) as a rank pod's.
+    rank_pod = builders.build_pod(job, builders.at_replicas(spec, 3), 0, 1)
+    assert p["spec"]["nodeSelector"] == {"pool": "train"} and p["spec"]["volumes"] == rank_pod["spec"]["volumes"]
     seen = observe_pod(
         {**p, "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}]}}
     )
