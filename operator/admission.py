@@ -16,7 +16,7 @@ from zerotrain.operator.conditions import Reason
 from zerotrain.plan_inputs import declared_parameters, gpu_memory_bytes, min_world_size, plan_input, plan_job
 from zerotrain.planner import MemoryPlan, PlanInput, format_bytes, min_data_parallel
 from zerotrain.spec import ZeroTrainingJobSpec
-from zerotrain.zero_config import Stage
+from zerotrain.zero_config import AutoStage, Stage
 
 
 @dataclass(frozen=True)
@@ -123,13 +123,18 @@ def admit(
     allow_host_path: bool = False,
     stage_floor: Stage | None = None,
     replicas: int | None = None,
+    recompute: bool = False,
 ) -> Admission:
     """Validate `raw_spec` as the operator receives it, planned for a gang of `replicas` pods when the job is
-    elastic and allows that size (`in_force`); never raises for bad input."""
+    elastic and allows that size (`in_force`), with activation checkpointing on when `stage: auto` turned it on
+    (`recompute`); never raises for bad input."""
     try:
         manifest = parse_spec(raw_spec)
     except UserError as e:
         return Admission(spec=None, reason=Reason.INVALID_SPEC, message=str(e))
+    if recompute and manifest.zero.stage is AutoStage.AUTO:
+        zero = manifest.zero.model_copy(update={"activation_checkpointing": True})
+        manifest = manifest.model_copy(update={"zero": zero})
     size = in_force(manifest, replicas)
     verdict = _admit_sized(
         builders.at_replicas(manifest, size), job_name, default_gpu_memory, allow_host_path, stage_floor

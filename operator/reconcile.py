@@ -181,7 +181,8 @@ class Reconciler:
         now = self.clock()
         floor = previous.stage_floor if previous is not None else None
         size = previous.replicas if previous is not None else None
-        verdict = self._admit(body, floor, size)
+        recompute = bool(previous and previous.activation_checkpointing)
+        verdict = self._admit(body, floor, size, recompute)
         if not verdict.admitted or verdict.spec is None or verdict.sized is None:
             new = invalid(previous, verdict.reason or "", verdict.message, now)
             new.memory_plan = verdict.plan
@@ -202,15 +203,17 @@ class Reconciler:
             now,
             self.backoff,
             replan=verdict.stage_choice is not None,
-            sizing=self._sizing(body, verdict, floor),
+            sizing=self._sizing(body, verdict, floor, recompute),
         )
         decision.status.memory_plan = verdict.plan
         decision.status.stage = verdict.spec.zero.fixed_stage
         if decision.resize is not None:  # the next gang's plan and stage: admission at the new size
-            resized = self._admit(body, floor, decision.resize.to_replicas)
+            resized = self._admit(body, floor, decision.resize.to_replicas, recompute)
             decision.status.memory_plan, decision.status.stage = resized.plan, decision.resize.stage
         if verdict.stage_choice is not None:
             chose = verdict.stage_choice.message
+            if recompute:
+                chose += "; activation checkpointing on since stage 3 ran out of memory"
             set_condition(decision.status, ConditionType.STAGE_CHOSEN, True, Reason.LOWEST_STAGE_THAT_FITS, chose, now)
         generation = body["metadata"].get("generation")
         decision.status.observed_generation = generation
@@ -237,20 +240,27 @@ class Reconciler:
             self.metrics.resized(decision.resize)
         if (cause := replan_cause(previous, decision)) is not None:
             self.metrics.replanned(cause)
+        elif decision.status.activation_checkpointing and not recompute:
+            self.metrics.replanned(Reason.OUT_OF_MEMORY)
         return PassOutcome(Result.OK, requeue_after=decision.requeue_after)
 
-    def _admit(self, body: dict[str, Any], floor: Stage | None, replicas: int | None) -> Admission:
+    def _admit(
+        self, body: dict[str, Any], floor: Stage | None, replicas: int | None, recompute: bool = False
+    ) -> Admission:
         s = self.settings
-        return admit(body.get("spec"), body["metadata"]["name"], s.gpu_memory, s.allow_host_path, floor, replicas)
+        name = body["metadata"]["name"]
+        return admit(body.get("spec"), name, s.gpu_memory, s.allow_host_path, floor, replicas, recompute)
 
-    def _sizing(self, body: dict[str, Any], verdict: Admission, floor: Stage | None) -> resize.Sizing | None:
+    def _sizing(
+        self, body: dict[str, Any], verdict: Admission, floor: Stage | None, recompute: bool
+    ) -> resize.Sizing | None:
         """What resizes may move to, for an elastic job: each size checked by admission at that size."""
         spec = verdict.spec
         if spec is None or spec.elastic is None:
             return None
 
         def check(replicas: int) -> resize.SizeVerdict:
-            at = self._admit(body, floor, replicas)
+            at = self._admit(body, floor, replicas, recompute)
             stage = at.spec.zero.fixed_stage if at.admitted and at.spec is not None else None
             return resize.SizeVerdict(at.admitted, stage, at.message)
 

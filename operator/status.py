@@ -286,13 +286,20 @@ def _out_of_memory(
         )
     message = f"pod {pod.name} (node rank {pod.replica}): {pod.out_of_memory}{plan}"
     moves = replan and stage < Stage.PARAMETERS
+    # Past stage 3 auto has one move left: recompute activations instead of keeping them (a third more compute).
+    recompute = replan and not moves and not spec.zero.activation_checkpointing
     if moves:
         d.status.stage_floor = Stage(stage + 1)
         message += f"; stage auto moves to stage {stage.value + 1} or higher and restarts from the newest checkpoint"
+    elif recompute:
+        d.status.activation_checkpointing = True
+        message += (
+            "; stage auto turns on zero.activationCheckpointing at stage 3 and restarts from the newest checkpoint"
+        )
     elif replan:
-        message += "; stage auto has no stage above 3 left to try"
+        message += "; stage auto has no stage above 3 left to try, and activation checkpointing is on"
     set_condition(d.status, ConditionType.OUT_OF_MEMORY, True, Reason.OUT_OF_MEMORY, message, now)
-    if moves:
+    if moves or recompute:
         return _restart(d, current, Reason.OUT_OF_MEMORY, message, now, 0)
     return _fail(d, current, Reason.OUT_OF_MEMORY, message, now)
 

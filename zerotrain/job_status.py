@@ -135,6 +135,9 @@ class ZeroTrainingJobStatus(SpecModel):
     counts its ranks)."""
     resizes: list[Resize] = Field(default_factory=list)
     """An elastic gang's resizes, oldest first (the newest MAX_RESIZES_KEPT)."""
+    activation_checkpointing: bool | None = None
+    """`stage: auto`: true once stage 3 ran out of memory with zero.activationCheckpointing off; the gang then
+    recomputes each unit's activations in backward (the last move auto has)."""
     stage_floor: Stage | None = None
     """`stage: auto`: the lowest stage admission may choose, raised past a stage whose ranks ran out of memory."""
     next_restart_time: datetime | None = None

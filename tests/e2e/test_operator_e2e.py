@@ -263,7 +263,7 @@ async def test_a_rank_out_of_memory_fails_the_job_at_once_with_its_account(
     assert job["status"]["restarts"]["total"] == 0, "the same gang would run out again: no back-off spent"
 
 
-async def test_stage_auto_out_of_memory_moves_to_the_next_stage_until_none_is_left(
+async def test_stage_auto_out_of_memory_moves_up_a_stage_then_recomputes_until_nothing_is_left(
     cluster: Cluster, operator: Operator, kube: Kube
 ) -> None:
     ns = cluster.namespace
@@ -280,11 +280,23 @@ async def test_stage_auto_out_of_memory_moves_to_the_next_stage_until_none_is_le
     await asyncio.gather(*(call(set_pod_phase, kube, ns, p["metadata"]["name"], "Running") for p in created))
     job = await wait_status(kube, ns, "replan", lambda s: s.get("phase") == "Running")
     assert condition(job, "OutOfMemory")["status"] == "False"
-    # Stage 3 runs out too: nothing is left to try.
+    # Stage 3 runs out too: auto's last move is to recompute activations in backward.
     await call(set_pod_phase, kube, ns, created[1]["metadata"]["name"], "Failed", 1, None, said)
+    job = await wait_status(kube, ns, "replan", lambda s: s.get("activationCheckpointing") is True)
+    assert job["status"]["restarts"]["byCause"] == {"OutOfMemory": 2} and job["status"]["stage"] == 3
+    assert "stage auto turns on zero.activationCheckpointing at stage 3" in condition(job, "OutOfMemory")["message"]
+    created = await wait_pods(kube, ns, "replan", 2, gang=2)
+    assert (await gang_config(kube, ns, created[0]))["spec"]["zero"]["activationCheckpointing"] is True
+    job = await wait_status(kube, ns, "replan", lambda s: "checkpointing on since" in str(s.get("conditions")))
+    assert condition(job, "StageChosen")["message"].endswith(
+        "activation checkpointing on since stage 3 ran out of memory"
+    )
+    # And out of memory again: nothing is left to try.
+    await call(set_pod_phase, kube, ns, created[0]["metadata"]["name"], "Failed", 1, None, said)
     job = await wait_status(kube, ns, "replan", lambda s: s.get("phase") == "Failed")
     assert condition(job, "Failed")["reason"] == "OutOfMemory"
-    assert condition(job, "Failed")["message"].endswith("stage auto has no stage above 3 left to try")
+    want = "stage auto has no stage above 3 left to try, and activation checkpointing is on"
+    assert condition(job, "Failed")["message"].endswith(want)
 
 
 async def test_suspend_and_resume(cluster: Cluster, operator: Operator, kube: Kube) -> None:

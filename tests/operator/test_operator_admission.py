@@ -9,6 +9,7 @@ import pytest
 from zerotrain.operator.admission import admit
 from zerotrain.operator.conditions import Reason
 from zerotrain.plan_inputs import gpu_memory_bytes as parse_quantity
+from zerotrain.zero_config import Stage
 
 BASE: dict[str, Any] = {"image": "i", "entrypoint": "m:f", "replicas": 2, "nprocPerNode": 8}
 BIG = {"model": {"parameters": 7_500_000_000}, "resources": {"gpu": 8}}
@@ -81,6 +82,8 @@ def test_an_elastic_job_is_planned_at_its_size_in_force_and_its_ranks_keep_the_m
     assert at4.admitted and at2.admitted and at4.replicas == 4 and at2.replicas == 2
     assert at2.spec is not None and at2.spec.replicas == 4  # what the ranks read: the manifest's size
     assert at2.sized is not None and at2.sized.world_size == 16
+    # The 2-pod gang's ranks run 6 micro-batches (4 × 3 / 2): its plan counts that; what they read keeps 3.
+    assert at2.sized.zero.gradient_accumulation_steps == 6 and at2.spec.zero.gradient_accumulation_steps == 3
     # Fewer ranks shard less: the plan (and stage auto's choice) is the smaller gang's.
     assert at4.plan is not None and at2.plan is not None
     assert at2.plan.stages[3].required_bytes > at4.plan.stages[3].required_bytes
@@ -96,3 +99,13 @@ def test_a_size_the_manifest_does_not_allow_is_the_manifests_own(replicas: int |
 def test_an_elastic_job_names_its_largest_pod_within_the_hostname_limit() -> None:
     verdict = admit({**ELASTIC, "replicas": 2, "elastic": {"minReplicas": 2, "maxReplicas": 12}}, "x" * 54)
     assert verdict.reason == Reason.INVALID_NAME and "x-worker-11" in verdict.message.replace("x" * 54, "x")
+
+
+def test_stage_auto_s_recompute_turns_on_activation_checkpointing_only_for_auto() -> None:
+    auto = {**BASE, **BIG, "zero": {"stage": "auto"}, "resources": {"gpu": 8, "gpuMemory": "80Gi"}}
+    on = admit(auto, "job", stage_floor=Stage.PARAMETERS, recompute=True)
+    assert on.admitted and on.spec is not None and on.spec.zero.activation_checkpointing
+    off = admit(auto, "job", stage_floor=Stage.PARAMETERS)
+    assert off.spec is not None and not off.spec.zero.activation_checkpointing
+    fixed = admit({**auto, "zero": {"stage": 3}}, "job", recompute=True)
+    assert fixed.spec is not None and not fixed.spec.zero.activation_checkpointing  # a fixed stage is the user's
