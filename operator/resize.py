@@ -152,7 +152,7 @@ def grow(
         return plan
     missing = up[0] - spec.replicas
     since = st.resizes[-1].time if st.resizes and st.resizes[-1].time else st.start_time or now
-    due = since + timedelta(seconds=sizing.elastic.hold_off_seconds)
+    due = since + timedelta(seconds=hold_off(sizing.elastic, st.resizes))
     if now < due:
         plan.look_again_in = (due - now).total_seconds()
         return plan
@@ -173,6 +173,19 @@ def grow(
     plan.create_probes = []
     plan.step = ResizeStep(size, record)
     return plan
+
+
+def hold_off(spec: ElasticSpec, resizes: Sequence[Resize]) -> float:
+    """Seconds before looking for room again: elastic.holdOffSeconds, doubled for each growth in a row that had
+    to shrink back (the room the probes saw was gone by the time the bigger gang came), so a gang never bounces
+    at the rate of the hold-off."""
+    bounced, end = 0, len(resizes)
+    while end >= 2 and (resizes[end - 2].cause, resizes[end - 1].cause) == (
+        ResizeCause.CAPACITY_RETURNED,
+        ResizeCause.UNSCHEDULABLE,
+    ):
+        bounced, end = bounced + 1, end - 2
+    return float(spec.hold_off_seconds * 2 ** min(bounced, 10))
 
 
 def keep(st: ZeroTrainingJobStatus, step: ResizeStep) -> None:

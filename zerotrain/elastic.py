@@ -37,7 +37,8 @@ class ElasticSpec(SpecModel):
     """The most pods the gang may grow to when capacity appears (it starts at spec.replicas)."""
     hold_off_seconds: int = Field(default=600, ge=0)
     """After a resize, seconds before the gang looks for room to grow again: a gang that just shrank does not
-    bounce back and forth, and each growth costs one checkpointed restart."""
+    bounce back and forth, and each growth costs one checkpointed restart. Doubled for each growth in a row that
+    had to shrink back."""
 
 
 @dataclass(frozen=True)

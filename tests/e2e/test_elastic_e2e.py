@@ -36,7 +36,9 @@ ELASTIC = {
     "entrypointArgs": {**TINY["entrypointArgs"], "batch_size": 8},
     "zero": {**TINY["zero"], "gradientAccumulationSteps": 3},
     "elastic": {"minReplicas": 2, "maxReplicas": 4, "holdOffSeconds": 2},
-    "scheduling": {"startupTimeoutSeconds": 3},
+    # Long enough that a pod waiting a moment for a probe to go (the new gang is created as probes are deleted)
+    # is not taken for one that cannot be placed, on 2 loaded cores.
+    "scheduling": {"startupTimeoutSeconds": 10},
     "training": {"steps": STEPS, "seed": 0, "logEvery": 1},
     "checkpoint": {"claimName": "ckpt", "intervalSteps": 5, "keepLast": 2, "terminationBudgetSeconds": 20},
 }

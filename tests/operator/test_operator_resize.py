@@ -6,7 +6,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from zerotrain.job_status import Phase, ResizeCause, ZeroTrainingJobStatus
+from zerotrain.elastic import ElasticSpec
+from zerotrain.job_status import Phase, Resize, ResizeCause, ZeroTrainingJobStatus
 from zerotrain.manifest import parse_spec
 from zerotrain.operator import builders, naming, resize
 from zerotrain.operator.conditions import ConditionType, get_condition, is_true
@@ -219,3 +220,16 @@ def _unschedulable(st: ZeroTrainingJobStatus) -> str:
     condition = get_condition(st, ConditionType.UNSCHEDULABLE)
     assert condition is not None
     return condition.message
+
+
+def test_a_growth_that_had_to_shrink_back_doubles_the_hold_off() -> None:
+    e = ElasticSpec(min_replicas=2, max_replicas=4, hold_off_seconds=300)
+
+    def r(cause: ResizeCause) -> Resize:
+        return Resize(from_replicas=3, to_replicas=4, cause=cause, gradient_accumulation_steps=3)
+
+    shrink, grow = r(ResizeCause.UNSCHEDULABLE), r(ResizeCause.CAPACITY_RETURNED)
+    assert resize.hold_off(e, []) == resize.hold_off(e, [shrink]) == 300
+    assert resize.hold_off(e, [shrink, grow, shrink]) == 600
+    assert resize.hold_off(e, [shrink, grow, shrink, grow, shrink]) == 1200
+    assert resize.hold_off(e, [shrink, grow, shrink, grow]) == 300  # the last growth held: back to the stated one
