@@ -92,13 +92,16 @@ def count_collectives(rank: int, world: int, stage: int, mode: str) -> dict[str,
     return {op: s["calls"] / len(data) for op, s in engine.comm_report().items()}
 
 
+def count_collectives_of(rank: int, world: int, cases: tuple[tuple[int, str], ...]) -> list[dict[str, float]]:
+    """`count_collectives` per (stage, mode), one engine after another in one spawn of the ranks."""
+    return [count_collectives(rank, world, stage, mode) for stage, mode in cases]
+
+
 @pytest.mark.slow
 def test_one_control_collective_per_step_and_no_check_of_its_own() -> None:
     """Stages 0-2, default: the loss mean, votes and the check are one all-reduce per optimizer step; stage 3 adds
     one small asynchronous all-gather per forward (its backward follows its forward); `every_pass` two per pass."""
-    results = run_ranks(count_collectives, 2, 2, "step") + run_ranks(count_collectives, 2, 3, "step")
-    results += run_ranks(count_collectives, 2, 2, "every_pass")
-    stage2, stage3, passes = results[0], results[2], results[4]
+    stage2, stage3, passes = run_ranks(count_collectives_of, 2, ((2, "step"), (3, "step"), (2, "every_pass")))[0]
     assert stage2["control"] == 1 and "order_check" not in stage2, stage2
     assert stage3["control"] == 1 and stage3["order_check"] == 2, stage3  # 2 micro-batches, one per forward
     assert passes["control"] == 1 and passes["order_check"] == 4, passes
