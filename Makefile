@@ -14,8 +14,7 @@ export PYTHONSAFEPATH := 1
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	# --no-compile: byte-compiling all of torch took 40 of 68 s; modules compile as they are first imported.
-	$(BIN)/pip install --quiet --disable-pip-version-check --no-compile -c constraints.txt -e '.[dev]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
 	touch $@
 
 demo: $(STAMP)
