@@ -109,11 +109,10 @@ def pod_problems(spec: ZeroTrainingJobSpec, job_name: str, allow_host_path: bool
 def in_force(spec: ZeroTrainingJobSpec, replicas: int | None) -> int:
     """The size the gang runs at: `replicas` (an elastic job's current size) while the manifest allows it, else
     spec.replicas."""
-    e = spec.elastic
-    if e is None or replicas is None or not e.min_replicas <= replicas <= e.max_replicas:
+    if spec.elastic is None or replicas is None:
         return spec.replicas
-    slots = elastic.step_slots(spec.replicas, spec.nproc_per_node, spec.zero.gradient_accumulation_steps)
-    return replicas if elastic.divides(slots, replicas, spec.nproc_per_node) else spec.replicas
+    allowed = elastic.sizes(spec.replicas, spec.nproc_per_node, spec.zero.gradient_accumulation_steps, spec.elastic)
+    return replicas if replicas in allowed else spec.replicas
 
 
 def admit(

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from zerotrain import gpu_env
+from zerotrain import elastic, gpu_env
 from zerotrain import pod_contract as contract
 from zerotrain.operator import kueue, naming, pod_template
 from zerotrain.spec import (
@@ -314,8 +314,8 @@ def at_replicas(spec: ZeroTrainingJobSpec, replicas: int) -> ZeroTrainingJobSpec
     their config keeps), so a plan of it counts what those ranks hold."""
     if replicas == spec.replicas:
         return spec
-    accumulation = spec.world_size * spec.zero.gradient_accumulation_steps // (replicas * spec.nproc_per_node)
-    zero = spec.zero.model_copy(update={"gradient_accumulation_steps": max(1, accumulation)})
+    acc = elastic.accumulation_at(spec.replicas, spec.nproc_per_node, spec.zero.gradient_accumulation_steps, replicas)
+    zero = spec.zero.model_copy(update={"gradient_accumulation_steps": acc})
     return spec.model_copy(update={"replicas": replicas, "zero": zero})
 
 

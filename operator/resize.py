@@ -53,7 +53,7 @@ class Sizing:
 
     def accumulation(self, replicas: int) -> int:
         m = self.manifest
-        return m.world_size * m.zero.gradient_accumulation_steps // (replicas * m.nproc_per_node)
+        return elastic.accumulation_at(m.replicas, m.nproc_per_node, m.zero.gradient_accumulation_steps, replicas)
 
 
 @dataclass

@@ -74,6 +74,12 @@ def step_slots(replicas: int, nproc: int, accumulation: int) -> int:
     return replicas * nproc * accumulation
 
 
+def accumulation_at(replicas: int, nproc: int, accumulation: int, at: int) -> int:
+    """G' = W·G / W': micro-batches per rank and step of a gang of `at` pods, for a manifest of `replicas` pods of
+    `nproc` ranks accumulating `accumulation` (at least 1; exact for the sizes `sizes` returns)."""
+    return max(1, step_slots(replicas, nproc, accumulation) // (at * nproc))
+
+
 def sizes(replicas: int, nproc: int, accumulation: int, elastic: ElasticSpec) -> list[int]:
     """Replica counts in [minReplicas, maxReplicas] the manifest's global batch divides evenly, ascending."""
     slots = step_slots(replicas, nproc, accumulation)

@@ -48,7 +48,7 @@ def elastic_line(raw: Any, name: str, args: argparse.Namespace, spec: ZeroTraini
             nots.append(f"{r} ({at.message})")
             continue
         stage = at.spec.zero.fixed_stage.value if at.spec is not None else "?"
-        per = spec.world_size * acc // (r * spec.nproc_per_node)
+        per = elastic.accumulation_at(spec.replicas, spec.nproc_per_node, acc, r)
         runs.append(f"{r} pods (stage {stage}, {per} micro-batches a rank)")
     line = "elastic: the gang can run at " + ", ".join(runs)
     return line + (f"; not at {'; '.join(nots)}" if nots else "")
