@@ -9,8 +9,14 @@ compare_comm.py) and the loss. The run fails, naming the system and the step, wh
 trajectory leaves a single-process torch.optim.AdamW reference on the concatenated global batch by more than
 --atol. DeepSpeed runs when it imports (`make bench` installs it where it can; see docs/benchmarks.md).
 
-    python bench/compare.py                      # worlds 1,2, every system, 3 repetitions
+Throughput here spreads ±15% run to run, so each figure is the median of the repetitions (5 by default) with their
+range, and a ratio whose two ranges overlap is reported as equal, not as a win or a loss. `--shard-group S` runs the
+sharded systems hybrid (zerotrain's zero.shardGroupSize, FSDP2's HSDP on a (W/S, S) mesh) and counts the bytes
+that cross between groups apart.
+
+    python bench/compare.py                      # worlds 1,2, every system, 5 repetitions
     python bench/compare.py --worlds 2 --systems zero3,fsdp2 --reps 1
+    python bench/compare.py --worlds 4 --shard-group 2 --systems zero3,fsdp2,ddp
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling modules,
 import torch
 import torch.multiprocessing as mp
 from compare_report import plot_all, print_tables
-from compare_systems import DEEPSPEED, FORMULA_STAGE, LABELS, SYSTEMS, RunSpec, run_rank, run_reference
+from compare_systems import DEEPSPEED, FORMULA_STAGE, HYBRID, LABELS, SYSTEMS, RunSpec, run_rank, run_reference
 
 from zerotrain.runtime.job.launch import free_port
 from zerotrain.runtime.zero.memory import predict
@@ -86,7 +92,7 @@ def _summarise(system: str, world: int, ranks: list[dict[str, Any]], spec: RunSp
     step_s = statistics.median(per_step)
     mem = ranks[0]["memory"]
     psi = ranks[0]["parameters"]
-    pp, pg, po = predict(Stage(FORMULA_STAGE[system]), psi, world, 4.0, 4.0, 8.0)
+    pp, pg, po = predict(Stage(FORMULA_STAGE[system]), psi, _sharded_over(system, spec), 4.0, 4.0, 8.0)
     engine = [r["engine_comm_bytes"] for r in ranks]
     return {
         "system": system,
@@ -102,6 +108,8 @@ def _summarise(system: str, world: int, ranks: list[dict[str, Any]], spec: RunSp
         "cuda_peak_allocated_bytes": ranks[0]["cuda_peak_allocated_bytes"],
         # Broadcasts count at their source only, so ranks differ: the mean is what each sends on average.
         "comm_bytes_per_step": statistics.mean(r["comm_bytes"] for r in ranks),
+        "across_bytes_per_step": statistics.mean(r["across_bytes"] for r in ranks),
+        "shard_group": spec.shard_group if spec.hybrid else world,
         "comm_ops_rank0": ranks[0]["comm_ops"],
         "engine_comm_bytes_per_step": None if engine[0] is None else statistics.mean(engine),
         # Each rank's loss is the mean over its equal share of the batch: their mean is the global batch's.
@@ -109,11 +117,17 @@ def _summarise(system: str, world: int, ranks: list[dict[str, Any]], spec: RunSp
     }
 
 
+def _sharded_over(system: str, spec: RunSpec) -> int:
+    """N of the formula: the shard group for the systems that shard within it, the world for the others."""
+    return spec.shard_group if spec.hybrid and system in HYBRID else spec.world
+
+
 def _median_of_reps(reps: list[dict[str, Any]]) -> dict[str, Any]:
     out = dict(reps[-1])
     out["step_seconds_reps"] = [r["step_seconds"] for r in reps]
     out["step_seconds"] = statistics.median(out["step_seconds_reps"])
-    out["tokens_per_second"] = statistics.median(r["tokens_per_second"] for r in reps)
+    out["tokens_per_second_reps"] = [r["tokens_per_second"] for r in reps]
+    out["tokens_per_second"] = statistics.median(out["tokens_per_second_reps"])
     out["max_rss_bytes"] = statistics.median(r["max_rss_bytes"] for r in reps)
     out["final_loss"] = out["losses"][-1]
     return out
@@ -150,7 +164,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add = parser.add_argument
     add("--worlds", default="1,2", help="comma-separated world sizes (e.g. 2,4; 4 oversubscribes 2 cores)")
     add("--systems", default=",".join(SYSTEMS), help=f"subset of {','.join(SYSTEMS)}")
-    add("--reps", type=int, default=3, help="repetitions; every other one runs the systems in reverse order")
+    add("--reps", type=int, default=5, help="repetitions; every other one runs the systems in reverse order")
+    add("--shard-group", type=int, default=0, help="hybrid sharding: shard over groups of this many ranks (FSDP2 HSDP)")
     add("--steps", type=int, default=7, help="steps per run: warmup, timed, then one counted for communication")
     add("--warmup", type=int, default=2, help="untimed steps at the start")
     add("--d-model", type=int, default=384)
@@ -166,6 +181,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--no-plots", action="store_true")
     args = parser.parse_args(argv)
     check_steps(parser, args.steps, args.warmup)
+    for world in (int(w) for w in args.worlds.split(",")):
+        if args.shard_group and world > args.shard_group and world % args.shard_group:
+            parser.error(f"--shard-group {args.shard_group} does not divide --worlds' {world}; use a divisor")
     check_choices(parser, "--systems", args.systems.split(","), SYSTEMS)
     return args
 
@@ -195,12 +213,16 @@ def results_header(script: str, argv: list[str] | None, args: argparse.Namespace
 def _systems(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     wanted = args.systems.split(",")
     skipped: dict[str, str] = {}
-    if any(s in DEEPSPEED for s in wanted):
+    if args.shard_group:
+        # ZeRO++'s hpZ shards only a secondary copy of the parameters per node, not the optimizer state: another
+        # layout, so it is no peer of these figures.
+        skipped = {s: "no layout matching --shard-group (ZeRO++ hpZ is another one)" for s in wanted if s in DEEPSPEED}
+    elif any(s in DEEPSPEED for s in wanted):
         reason = deepspeed_reason(args.device)
         if reason is not None:
             skipped = {s: f"deepspeed does not import: {reason}" for s in wanted if s in DEEPSPEED}
-            for s, why in skipped.items():
-                print(f"skipping {s}: {why}")
+    for s, why in skipped.items():
+        print(f"skipping {s}: {why}")
     return [s for s in wanted if s not in skipped], skipped
 
 
@@ -224,7 +246,7 @@ def run_all(args: argparse.Namespace, systems: list[str]) -> tuple[list[float], 
     base = RunSpec(
         system="reference", world=1, port=0, out_dir="", d_model=args.d_model, layers=args.layers,
         heads=args.heads, seq_len=args.seq_len, batch=args.batch, steps=args.steps, warmup=args.warmup,
-        device=args.device, max_bytes=args.max_bytes,
+        device=args.device, max_bytes=args.max_bytes, shard_group=args.shard_group,
     )  # fmt: skip
     reference = _spawn(run_reference, base, 1)[0]["losses"]
     reps: dict[tuple[str, int], list[dict[str, Any]]] = {}

@@ -7,8 +7,9 @@ costs time, so the benchmark counts one untimed step.
 
 Byte convention, the same as zerotrain's `comm_report()` (the ZeRO paper's ring accounting, per rank): for a
 full tensor of n·e bytes over N ranks, all-gather and reduce-scatter send n·e·(N-1)/N, all-reduce twice that,
-broadcast n·e from the source and nothing from the others. Ops this table does not know are counted at their
-payload under their own name, so they show up rather than vanish.
+broadcast n·e from the source and nothing from the others, N being the size of the op's own process group (a shard
+group's, under hybrid sharding). Ops this table does not know are counted at their payload under their own name, so
+they show up rather than vanish.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch.distributed.distributed_c10d import _resolve_process_group
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
@@ -78,12 +81,35 @@ RULES: dict[str, _Rule] = {
 IGNORED = {"c10d.barrier", "c10d.monitored_barrier_", "_c10d_functional.wait_tensor"}
 
 
-class CommCounter(TorchDispatchMode):
-    """Per-op calls, bytes sent (ring convention) and payload of the collectives run while it is active."""
+ACROSS = " (across groups)"
+"""Suffix of an op run on a group whose ranks lie in more than one shard group (hybrid sharding's replicas)."""
 
-    def __init__(self, rank: int, world_size: int) -> None:
+
+def _group(args: tuple[Any, ...]) -> dist.ProcessGroup | None:
+    """The process group a c10d op runs on (an argument), or a functional op's (named by its last argument)."""
+    for a in args:
+        if isinstance(a, dist.ProcessGroup):
+            return a
+        if isinstance(a, torch.ScriptObject):  # how the dispatcher passes a c10d op its group
+            try:
+                return dist.ProcessGroup.unbox(a)
+            except (RuntimeError, TypeError):
+                continue
+    if args and isinstance(args[-1], str):
+        try:
+            return _resolve_process_group(args[-1])
+        except (KeyError, ValueError, RuntimeError):
+            return None
+    return None
+
+
+class CommCounter(TorchDispatchMode):
+    """Per-op calls, bytes sent (ring convention, over the op's own group) and payload of the collectives run while
+    it is active; with `shard_group` S, ops on groups that span several groups of S ranks are counted apart."""
+
+    def __init__(self, rank: int, world_size: int, shard_group: int = 0) -> None:
         super().__init__()
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.shard_group = rank, world_size, shard_group
         self.ops: dict[str, dict[str, int]] = {}
 
     def __torch_dispatch__(
@@ -93,12 +119,24 @@ class CommCounter(TorchDispatchMode):
             self._record(func.name().split("::")[-1].split(".")[0], func.namespace, args)
         return func(*args, **(kwargs or {}))
 
+    def _where(self, args: tuple[Any, ...]) -> tuple[int, int, bool]:
+        """(group size, this rank's index in it, whether the group crosses shard groups)."""
+        group = _group(args)
+        if group is None:
+            return self.world_size, self.rank, False
+        ranks = dist.get_process_group_ranks(group)
+        s = self.shard_group
+        across = 0 < s < self.world_size and len({r // s for r in ranks}) > 1 and len(ranks) < self.world_size
+        return len(ranks), ranks.index(self.rank) if self.rank in ranks else 0, across
+
     def _record(self, name: str, namespace: str, args: tuple[Any, ...]) -> None:
         op = f"{namespace}.{name}"
         if op in IGNORED:
             return
         rule = RULES.get(op)
-        sent, payload = rule(args, self.world_size, self.rank) if rule else (_nbytes(args), _nbytes(args))
+        size, index, across = self._where(args)
+        sent, payload = rule(args, size, index) if rule else (_nbytes(args), _nbytes(args))
+        op += ACROSS if across else ""
         s = self.ops.setdefault(op, {"calls": 0, "bytes": 0, "payload_bytes": 0})
         s["calls"] += 1
         s["bytes"] += sent
@@ -106,3 +144,7 @@ class CommCounter(TorchDispatchMode):
 
     def total_bytes(self) -> int:
         return sum(s["bytes"] for s in self.ops.values())
+
+    def across_bytes(self) -> int:
+        """Bytes of the ops between shard groups (0 without hybrid sharding)."""
+        return sum(s["bytes"] for op, s in self.ops.items() if op.endswith(ACROSS))

@@ -29,25 +29,45 @@ def figures_table(doc: dict[str, Any]) -> Table:
     psi = doc["results"][0]["parameters"] if doc["results"] else 0
     table = Table(
         title=f"GPT d={cfg['d_model']} L={cfg['layers']} (Ψ = {psi:,}), batch {cfg['batch']}×{cfg['seq_len']}, "
-        f"fp32 AdamW, medians of {cfg['reps']} repetitions"
+        f"fp32 AdamW, medians of {cfg['reps']} repetitions (range in brackets)"
     )
-    cols = ("N", "system", "tokens/s", "step", "model states/rank", "formula", "peak RSS/rank", "comm/step/rank")
-    for col in (*cols, "loss", "max |Δ ref|"):
+    cols = ("N", "system", "tokens/s (range)", "step", "model states/rank", "formula", "peak RSS/rank")
+    for col in (*cols, "comm/step/rank", "across groups", "loss", "max |Δ ref|"):
         table.add_column(col, justify="left" if col == "system" else "right")
     for r in doc["results"]:
+        lo, hi = spread(r)
+        group = r.get("shard_group", r["world"])
         table.add_row(
-            str(r["world"]),
+            str(r["world"]) + (f" ({r['world'] // group}×{group})" if group < r["world"] else ""),
             r["system"],
-            f"{r['tokens_per_second']:,.0f}",
+            f"{r['tokens_per_second']:,.0f} ({lo:,.0f}–{hi:,.0f})",
             f"{r['step_seconds'] * 1e3:.0f} ms",
             format_bytes(r["memory"]["model_state"]),
             format_bytes(r["predicted"]["model_state"]),
             format_bytes(r["max_rss_bytes"]),
             format_bytes(r["comm_bytes_per_step"]),
+            format_bytes(r.get("across_bytes_per_step", 0)),
             f"{r['final_loss']:.4f}",
             f"{r['max_loss_diff']:.1e}",
         )
     return table
+
+
+def spread(r: dict[str, Any]) -> tuple[float, float]:
+    """The lowest and highest tokens/s over a result's repetitions."""
+    reps = r.get("tokens_per_second_reps") or [r["tokens_per_second"]]
+    return min(reps), max(reps)
+
+
+def verdict(z: dict[str, Any], p: dict[str, Any]) -> str:
+    """zerotrain against a peer on throughput: equal while the two ranges of repetitions overlap (this machine's
+    run-to-run spread is ±15%), else faster or slower."""
+    (zlo, zhi), (plo, phi) = spread(z), spread(p)
+    if zlo > phi:
+        return "faster"
+    if zhi < plo:
+        return "slower"
+    return "equal (within the spread)"
 
 
 def ratio_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
@@ -66,6 +86,7 @@ def ratio_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
                     "zerotrain": system,
                     "peer": peer,
                     "throughput": z["tokens_per_second"] / p["tokens_per_second"],
+                    "verdict": verdict(z, p),
                     "model_states": z["memory"]["model_state"] / p["memory"]["model_state"],
                     "peak_rss": z["max_rss_bytes"] / p["max_rss_bytes"],
                     "comm": comm,
@@ -77,14 +98,16 @@ def ratio_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 def ratios_table(doc: dict[str, Any]) -> Table:
     table = Table(title="zerotrain ÷ peer (throughput > 1: zerotrain faster; memory and comm < 1: it holds/sends less)")
-    for col in ("N", "zerotrain", "peer", "tokens/s ×", "model states ×", "peak RSS ×", "comm/step ×", "Δ loss"):
-        table.add_column(col, justify="left" if col in ("zerotrain", "peer") else "right")
+    cols = ("N", "zerotrain", "peer", "tokens/s ×", "throughput", "model states ×", "peak RSS ×", "comm/step ×")
+    for col in (*cols, "Δ loss"):
+        table.add_column(col, justify="left" if col in ("zerotrain", "peer", "throughput") else "right")
     for r in ratio_rows(doc):
         table.add_row(
             str(r["world"]),
             r["zerotrain"],
             r["peer"],
             f"{r['throughput']:.2f}",
+            r["verdict"],
             f"{r['model_states']:.2f}",
             f"{r['peak_rss']:.2f}",
             "-" if r["comm"] is None else f"{r['comm']:.2f}",

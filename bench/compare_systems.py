@@ -36,6 +36,8 @@ LABELS = {
     "fsdp2-keep": "FSDP2 (keep after forward)",
     **{f"ds{s}": f"DeepSpeed ZeRO-{s}" for s in range(1, 4)},
 }
+HYBRID = ["zero1", "zero2", "zero3", "fsdp2", "fsdp2-keep"]
+"""The systems `--shard-group` shards within groups (stage 0, DDP and ZeroRedundancyOptimizer stay as they are)."""
 # The ZeRO stage whose memory formula each system implements.
 FORMULA_STAGE = {"ddp": 0, "zro": 1, "fsdp2": 3, "fsdp2-keep": 3, **{f"zero{s}": s for s in range(4)}}
 FORMULA_STAGE.update({f"ds{s}": s for s in range(1, 4)})
@@ -59,6 +61,13 @@ class RunSpec:
     warmup: int
     device: str
     max_bytes: int
+    shard_group: int = 0
+    """Hybrid sharding: shard over groups of this many ranks and replicate across them (zerotrain's
+    zero.shardGroupSize, FSDP2's HSDP on a (replicate, shard) mesh); 0 or the world: plain sharding."""
+
+    @property
+    def hybrid(self) -> bool:
+        return 0 < self.shard_group < self.world
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -160,7 +169,7 @@ def _adamw(params: Any) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=LR, weight_decay=WEIGHT_DECAY)
 
 
-def _torch_system(name: str, model: nn.Module) -> System:
+def _torch_system(name: str, model: nn.Module, spec: RunSpec) -> System:
     if name in ("ddp", "zro"):
         ddp = nn.parallel.DistributedDataParallel(model)
         if name == "ddp":
@@ -171,12 +180,18 @@ def _torch_system(name: str, model: nn.Module) -> System:
             ddp.parameters(), optimizer_class=torch.optim.AdamW, lr=LR, weight_decay=WEIGHT_DECAY
         )
         return System(ddp, zro)
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     keep = name == "fsdp2-keep"
+    mesh = None
+    if spec.hybrid:
+        # HSDP: a 2-D mesh, shard inside each group of consecutive ranks, replicate across the groups.
+        shape = (spec.world // spec.shard_group, spec.shard_group)
+        mesh = init_device_mesh(spec.device, shape, mesh_dim_names=("replicate", "shard"))
     for block in model.blocks:  # type: ignore[union-attr]
-        fully_shard(block, reshard_after_forward=not keep)
-    fully_shard(model, reshard_after_forward=not keep)
+        fully_shard(block, mesh=mesh, reshard_after_forward=not keep)
+    fully_shard(model, mesh=mesh, reshard_after_forward=not keep)
     return System(model, _adamw(model.parameters()))
 
 
@@ -201,11 +216,17 @@ def build_system(name: str, model: nn.Module, unit_modules: list[str], spec: Run
         from zerotrain.runtime import ZeroConfig, ZeroEngine
 
         # Same optimisation as the peers: decay on every parameter, no clipping.
-        cfg = ZeroConfig(stage=int(name[-1]), unit_modules=unit_modules, gradient_clipping=None, no_weight_decay=[])
+        cfg = ZeroConfig(
+            stage=int(name[-1]),
+            unit_modules=unit_modules,
+            gradient_clipping=None,
+            no_weight_decay=[],
+            shard_group_size=spec.shard_group if spec.hybrid else None,
+        )
         return ZeroSystem(ZeroEngine(model, cfg, optimizer=_adamw))
     if name in DEEPSPEED:
         return _deepspeed_system(name, model, spec)
-    return _torch_system(name, model)
+    return _torch_system(name, model, spec)
 
 
 def _init_group(spec: RunSpec, rank: int) -> None:
@@ -240,7 +261,7 @@ def _train(system: System, task: Any, spec: RunSpec, rank: int) -> dict[str, Any
     """All steps; the last is untimed and runs under the comm counter (dispatching in Python costs time)."""
     losses: list[float] = []
     seconds: list[float] = []
-    counter = CommCounter(rank, spec.world)
+    counter = CommCounter(rank, spec.world, spec.shard_group if spec.hybrid else 0)
     engine_bytes = 0
     for step in range(spec.steps):
         batch = next(task.batches).to(spec.device)
@@ -267,6 +288,7 @@ def _train(system: System, task: Any, spec: RunSpec, rank: int) -> dict[str, Any
         "step_seconds": seconds,
         "comm_ops": counter.ops,
         "comm_bytes": counter.total_bytes(),
+        "across_bytes": counter.across_bytes(),
         "engine_comm_bytes": None if engine_comm is None else engine_comm - engine_bytes,
     }
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,7 +12,14 @@ from zerotrain.errors import UserError
 from zerotrain.manifest import parse_spec
 from zerotrain.operator import builders, naming, pod_template
 from zerotrain.operator.conditions import Reason
-from zerotrain.plan_inputs import declared_parameters, gpu_memory_bytes, min_world_size, plan_input, plan_job
+from zerotrain.plan_inputs import (
+    declared_parameters,
+    gpu_memory_bytes,
+    min_world_size,
+    more_ranks,
+    plan_input,
+    plan_job,
+)
 from zerotrain.planner import MemoryPlan, PlanInput, format_bytes, min_data_parallel
 from zerotrain.spec import ZeroTrainingJobSpec
 from zerotrain.zero_config import AutoStage, Stage
@@ -77,13 +83,9 @@ def _does_not_fit(spec: ZeroTrainingJobSpec, result: MemoryPlan, p: PlanInput) -
         fixes.append(f"set spec.zero.stage to {result.recommended_stage.value}")
     ranks = _min_ranks(spec, stage, p, usable)
     if ranks is not None:
-        replicas = math.ceil(ranks / spec.nproc_per_node)
-        fixes.append(
-            f"keep stage {stage.value} on at least {replicas} replicas ({replicas * spec.nproc_per_node} ranks)"
-        )
+        fixes.append(f"keep stage {stage.value} with {more_ranks(spec, ranks)}")
     elif result.recommended_stage is None and (ranks := _min_ranks(spec, Stage.PARAMETERS, p, usable)):
-        replicas = math.ceil(ranks / spec.nproc_per_node)
-        fixes.append(f"set spec.zero.stage to 3 and run at least {replicas} replicas")
+        fixes.append(f"set spec.zero.stage to 3 with {more_ranks(spec, ranks)}")
     fix = "; or ".join(fixes) if fixes else "use GPUs with more memory"
     what = "at its peak" if chosen.peak is not None else "of model states"
     return (

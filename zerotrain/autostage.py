@@ -9,11 +9,18 @@ headroom. Nothing fitting is refused, naming the smallest world size at which st
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 
-from zerotrain.plan_inputs import at_stage, declared_parameters, gpu_memory_bytes, min_world_size, plan_input, plan_job
+from zerotrain.plan_inputs import (
+    at_stage,
+    declared_parameters,
+    gpu_memory_bytes,
+    min_world_size,
+    more_ranks,
+    plan_input,
+    plan_job,
+)
 from zerotrain.planner import StagePlan, format_bytes, min_data_parallel
 from zerotrain.spec import ZeroTrainingJobSpec
 from zerotrain.zero_config import AutoStage, Stage
@@ -77,8 +84,7 @@ def choose_stage(spec: ZeroTrainingJobSpec, device_memory: int, floor: Stage = S
     if ranks is None:
         where = "at no world size (what every rank holds whole does not fit); use devices with more memory"
     else:
-        replicas = math.ceil(ranks / spec.nproc_per_node)
-        where = f"from {replicas} replicas ({replicas * spec.nproc_per_node} ranks); raise spec.replicas"
+        where = f"with {more_ranks(spec, ranks)}"
     raise NoStageFits(
         f"spec.zero.stage: auto: no stage fits {budget} per rank with {spec.world_size} ranks (stage 3 needs "
         f"{need}); stage 3 fits {where}, or turn on zero.activationCheckpointing or lower the micro-batch"

@@ -90,10 +90,17 @@ def _int_or_string(options: list[dict[str, Any]], defs: dict[str, Any]) -> dict[
     """An integer enum or a string enum (`zero.stage`: 0-3 or "auto") as the one structural form Kubernetes has
     for it: `x-kubernetes-int-or-string` with both enums' values, which the API server checks."""
     resolved = [defs[o["$ref"].split("/")[-1]] if "$ref" in o else o for o in options]
+    # An unset optional field is left out (never null on the wire), so null needs no place in the schema.
+    resolved = [o for o in resolved if o.get("type") != "null"]
     if sorted(str(o.get("type")) for o in resolved) != ["integer", "string"]:
         return None
+    # An enum only when both sides have one (`zero.shardGroupSize`: any count, or "pod"; a CEL rule checks it).
+    closed = all("enum" in o for o in resolved)
     values = [v for o in sorted(resolved, key=lambda o: str(o["type"])) for v in o.get("enum", [])]
-    return {"x-kubernetes-int-or-string": True, **({"enum": values} if values else {})}
+    return {
+        "x-kubernetes-int-or-string": True,
+        **({"enum": values} if closed and values else {}),
+    }
 
 
 def model_schema(model: Any, keep_defaults: bool) -> dict[str, Any]:

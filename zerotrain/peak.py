@@ -25,6 +25,8 @@ from zerotrain._model import SpecModel
 from zerotrain.planner import PeakPlan, PlanInput, stage_bytes
 from zerotrain.zero_config import GradientSync, Precision, Stage, ZeroConfig
 
+ACROSS_GROUPS = "all_reduce_across_groups"
+"""The op label of hybrid sharding's one collective between shard groups (`comm_report`, the plan, the metrics)."""
 ALIGN = 16
 """Elements every parameter and every rank's shard starts at a multiple of (32 bytes in bf16, 64 in fp32: cuBLAS
 and NCCL want at least 16-byte aligned pointers)."""
@@ -68,7 +70,10 @@ class PeakInput(SpecModel):
     stage: Stage
     """ZeRO stage."""
     world_size: int = Field(ge=1)
-    """N."""
+    """N: the ranks the model states are sharded over (the shard group's, with hybrid sharding)."""
+    shard_groups: int = Field(default=1, ge=1)
+    """Hybrid sharding: groups of N ranks, each holding a whole copy of the model states (1: plain ZeRO). Stage 0
+    shards nothing: there N is the world and this is 1."""
     blocks: list[int] = Field(default_factory=list)
     """Padded elements of each block unit's flat buffer (the unit classes), in forward order."""
     root: int = Field(default=0, ge=0)
@@ -251,7 +256,9 @@ def comm_bytes_per_step(p: PeakInput) -> dict[str, int]:
     3Ψ made exact for the runtime. Stage 0 all-reduces, and stages 1/2 reduce-scatter, once per step; stages 2/3
     reduce-scatter every micro-batch (once with gradientSync boundary); stages 1/2 gather the updated parameters once;
     stage 3 gathers every unit in each forward and the blocks again in backward (the root stays gathered; a resident
-    unit is gathered once, after the step). The small control collectives (step vote, order check) are not here."""
+    unit is gathered once, after the step). With hybrid sharding every op above runs inside a shard group of N, and
+    `all_reduce_across_groups` is the one that leaves it: each shard all-reduced across the groups once per step. The
+    small control collectives (step vote, order check) are not here."""
     n = p.world_size
 
     def ring(elements: int, nbytes: float) -> int:
@@ -263,6 +270,10 @@ def comm_bytes_per_step(p: PeakInput) -> dict[str, int]:
     if p.stage == Stage.DATA_PARALLEL:
         return {"all_reduce": 2 * ring(total, p.reduce_bytes)}
     out = {"reduce_scatter": reduces * ring(total, p.reduce_bytes)}
+    r = p.shard_groups
+    if r > 1:
+        # The shard of each unit (chunk by chunk), averaged across the groups once per step.
+        out[ACROSS_GROUPS] = sum(2 * int(u // n * p.reduce_bytes) * (r - 1) // r for u in units)
     if p.stage < Stage.PARAMETERS:
         out["all_gather"] = ring(total, p.compute_bytes)
         return out

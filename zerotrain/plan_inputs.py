@@ -59,7 +59,7 @@ def plan_input(spec: ZeroTrainingJobSpec, device_memory: int | None = None) -> P
         device_memory = gpu_memory_bytes(spec.resources.gpu_memory)
     return PlanInput(
         parameters=psi,
-        data_parallel=spec.world_size,
+        data_parallel=spec.shard_group_ranks,
         optimizer_multiplier=k,
         bytes_per_weight=w,
         bytes_per_gradient=g,
@@ -83,7 +83,9 @@ def peak_input(spec: ZeroTrainingJobSpec, foreach_step: bool | None = None) -> P
     if shape is None:
         return None
     declared_parameters(spec)
-    n, z = spec.world_size, spec.zero
+    z = spec.zero
+    # Stage 0 shards nothing, so hybrid sharding changes nothing there: its N is the world (padding, all-reduce).
+    n = spec.world_size if z.fixed_stage is Stage.DATA_PARALLEL else spec.shard_group_ranks
     w, g, k = _element_bytes(spec)
     if spec.model.activation_bytes is not None:
         acts, in_block, host = spec.model.activation_bytes, None, 0
@@ -94,6 +96,7 @@ def peak_input(spec: ZeroTrainingJobSpec, foreach_step: bool | None = None) -> P
     return PeakInput(
         **config_fields(z),
         world_size=n,
+        shard_groups=spec.world_size // n,
         blocks=[padded_elements(transformer_plan.block_parameters(shape), n)] * shape.layers,
         root=padded_elements(transformer_plan.root_parameters(shape), n),
         compute_bytes=w,
@@ -107,11 +110,23 @@ def peak_input(spec: ZeroTrainingJobSpec, foreach_step: bool | None = None) -> P
 
 
 def at_stage(spec: ZeroTrainingJobSpec, stage: Stage, world_size: int | None = None) -> ZeroTrainingJobSpec:
-    """The spec at another stage (and world size, as replicas of `nprocPerNode` ranks)."""
+    """The spec at another stage (and world size, as replicas of `nprocPerNode` ranks, sharded over all of them:
+    what a rank holds at N is the same whether N is the world or a hybrid shard group)."""
     changed = spec.model_copy(update={"zero": spec.zero.model_copy(update={"stage": stage})})
     if world_size is not None:
-        changed = changed.model_copy(update={"replicas": max(1, -(-world_size // spec.nproc_per_node))})
+        zero = changed.zero.model_copy(update={"shard_group_size": None})
+        replicas = max(1, -(-world_size // spec.nproc_per_node))
+        changed = changed.model_copy(update={"replicas": replicas, "zero": zero})
     return changed
+
+
+def more_ranks(spec: ZeroTrainingJobSpec, ranks: int) -> str:
+    """The fix that shards over at least `ranks` ranks (`min_world_size`): more replicas, or with hybrid sharding a
+    larger shard group (more replicas alone add copies, not shards)."""
+    replicas = -(-ranks // spec.nproc_per_node)
+    if spec.zero.shard_group_size is None:
+        return f"at least {replicas} replicas ({replicas * spec.nproc_per_node} ranks)"
+    return f"a zero.shardGroupSize of at least {ranks} ranks ({replicas} pods or more per group)"
 
 
 def plan_job(spec: ZeroTrainingJobSpec, device_memory: int | None = None) -> MemoryPlan:

@@ -16,7 +16,7 @@ from zerotrain import elastic as elastic_sizes
 from zerotrain._model import Rule, SpecModel
 from zerotrain.elastic import ElasticSpec
 from zerotrain.job_status import ZeroTrainingJobStatus
-from zerotrain.zero_config import AutoStage, ZeroConfig
+from zerotrain.zero_config import AutoStage, ZeroConfig, shard_group_ranks
 
 GROUP = "zerotrain.dev"
 VERSION = "v1alpha1"
@@ -288,6 +288,12 @@ class VolumeMount(SpecModel):
     """Sub-path of the volume to mount."""
 
 
+_REPLICAS = "(has(self.replicas) ? self.replicas : 1)"
+_NPROC = "(has(self.nprocPerNode) ? self.nprocPerNode : 1)"
+# True when shardGroupSize is not a count (unset or pod): the count rules then hold.
+_NOT_A_GROUP_COUNT = "!has(self.zero) || !has(self.zero.shardGroupSize) || type(self.zero.shardGroupSize) != int"
+
+
 class ZeroTrainingJobSpec(SpecModel):
     """Desired state of a ZeRO training job."""
 
@@ -315,6 +321,32 @@ class ZeroTrainingJobSpec(SpecModel):
             "(model.parameters or model.shape) and each rank's memory (resources.gpuMemory with GPUs, "
             "resources.memory for CPU ranks); set them, or choose a stage 0-3",
             ("zero.stage", "model.parameters", "resources.gpu_memory", "resources.memory"),
+        ),
+        Rule(
+            f"{_NOT_A_GROUP_COUNT} || ({_REPLICAS} * {_NPROC}) % self.zero.shardGroupSize == 0",
+            lambda s: not isinstance(g := s.zero.shard_group_size, int) or s.world_size % g == 0,
+            "zero.shardGroupSize must divide the world size (replicas × nprocPerNode): every group holds one whole "
+            "copy of the model states; use a divisor, pod, or leave it unset",
+            ("zero.shard_group_size", "replicas", "nproc_per_node"),
+        ),
+        Rule(
+            f"{_NOT_A_GROUP_COUNT} || {_NPROC} % self.zero.shardGroupSize == 0 || "
+            f"self.zero.shardGroupSize % {_NPROC} == 0",
+            lambda s: (
+                not isinstance(g := s.zero.shard_group_size, int)
+                or s.nproc_per_node % g == 0
+                or g % s.nproc_per_node == 0
+            ),
+            "zero.shardGroupSize splits a pod between two shard groups, so some groups' all-gathers cross the network "
+            "and others' do not; use a divisor of nprocPerNode, a multiple of it (whole pods per group), or pod",
+            ("zero.shard_group_size", "nproc_per_node"),
+        ),
+        Rule(
+            f"!has(self.elastic) || {_NOT_A_GROUP_COUNT} || self.zero.shardGroupSize <= {_NPROC}",
+            lambda s: s.elastic is None or not isinstance(g := s.zero.shard_group_size, int) or g <= s.nproc_per_node,
+            "elastic with a shard group of several pods: the gang could resize to a pod count the group does not "
+            "divide; use zero.shardGroupSize pod (or a divisor of nprocPerNode) with spec.elastic",
+            ("zero.shard_group_size", "nproc_per_node"),
         ),
         Rule(
             # An inverted range is elastic's own rule's to refuse.
@@ -428,6 +460,12 @@ class ZeroTrainingJobSpec(SpecModel):
     def world_size(self) -> int:
         """Total ranks."""
         return self.replicas * self.nproc_per_node
+
+    @property
+    def shard_group_ranks(self) -> int:
+        """N of the memory plan at stages 1-3: the ranks each copy of the model states is sharded over
+        (`zero.shardGroupSize`, else the world)."""
+        return shard_group_ranks(self.zero.shard_group_size, self.world_size, self.nproc_per_node)
 
 
 class ZeroTrainingJob(SpecModel):

@@ -61,6 +61,25 @@ class GradientSync(str, Enum):
     memory of the full gradients in the compute dtype."""
 
 
+class ShardGroup(str, Enum):
+    """A shard group named by where its ranks are rather than by a count."""
+
+    POD = "pod"
+    """The ranks of one pod (nprocPerNode): all-gathers and reduce-scatters stay on the node's own links."""
+
+
+def shard_group_ranks(value: int | ShardGroup | None, world_size: int, ranks_per_pod: int) -> int:
+    """S: how many ranks share each copy of the model states (unset: all of them, plain ZeRO; `pod`: one pod's).
+    ValueError naming the field when S does not divide the world size."""
+    size = world_size if value is None else ranks_per_pod if value is ShardGroup.POD else value
+    if size < 1 or world_size % size:
+        raise ValueError(
+            f"zero.shardGroupSize: got {size}, which does not divide the world size {world_size}; use a divisor of "
+            "it, pod (nprocPerNode ranks), or leave it unset to shard over every rank"
+        )
+    return size
+
+
 class LossScaleConfig(SpecModel):
     """Dynamic loss scaling, used only when `precision` is fp16."""
 
@@ -157,6 +176,23 @@ class ZeroConfig(SpecModel):
     """Stages 2/3 with gradientAccumulationSteps > 1: every_micro_batch reduce-scatters and frees each micro-batch's
     gradients (least memory); boundary keeps them unsharded and reduce-scatters once per step (fewer collectives,
     the memory of full gradients; needs precision fp32)."""
+    shard_group_size: int | ShardGroup | None = Field(
+        default=None,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "type(self) == int ? self >= 1 : self == 'pod'",
+                    "message": "shardGroupSize is a positive number of ranks or 'pod'",
+                }
+            ]
+        },
+    )
+    """Ranks each copy of the model states is sharded over (hybrid sharding, as FSDP2's HSDP and ZeRO++'s hpZ):
+    parameters, gradients and optimizer state are sharded within each group of this many consecutive ranks and
+    replicated across the groups; gradients are reduce-scattered inside the group, then all-reduced across groups
+    shard by shard, so stage 3's per-unit all-gathers never leave the group. `pod` is one pod's nprocPerNode ranks
+    (a node's fast links); unset, every rank (plain ZeRO). Must divide the world size; stage 0 shards nothing and
+    ignores it. Each rank holds model states for S ranks' share, not the world's: memory is planned with S."""
     collective_timeout_seconds: int = Field(default=300, ge=1)
     """A collective not finished in this time fails with an error naming the rank and unit, never hangs."""
 
@@ -169,6 +205,15 @@ class ZeroConfig(SpecModel):
         if isinstance(value, int) and not isinstance(value, bool) and value in set(Stage):
             return Stage(value)
         raise ValueError("Input should be 0, 1, 2, 3 or 'auto'; set it to one of those")
+
+    @field_validator("shard_group_size", mode="before")
+    @classmethod
+    def _one_group(cls, value: object) -> int | ShardGroup | None:
+        if value is None or value == ShardGroup.POD.value or value is ShardGroup.POD:
+            return None if value is None else ShardGroup.POD
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+            return value
+        raise ValueError("Input should be a positive number of ranks or 'pod'; set one, or leave it unset")
 
     @property
     def fixed_stage(self) -> Stage:

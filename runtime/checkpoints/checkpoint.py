@@ -184,14 +184,22 @@ def save(engine: ZeroEngine, root: str | os.PathLike[str]) -> Path:
     target.mkdir(parents=True, exist_ok=True)  # the token, drawn fresh, keeps it apart from every earlier save
     tensors, state = rank_state.capture(engine)
     opt_tensors, opt_record = _optimizer_record(engine)
-    tensors.update(opt_tensors)
-    tensors.update({f"master.{u.index}": u.master for u in engine.units})
+    ranges = [list(engine.master_range(u)) for u in engine.units]
+    if engine.replica == 0:
+        tensors.update(opt_tensors)
+        tensors.update({f"master.{u.index}": u.master for u in engine.units})
+    else:
+        # Hybrid sharding: the other shard groups hold the same bytes as the first; their files keep only what is
+        # each rank's own (randomness, counters), so a checkpoint is one copy of the model states, as at N = S.
+        ranges = [[0, 0] for _ in engine.units]
+        opt_record = {**opt_record, "optimizer_segments": [], "optimizer_keys": {}, "optimizer_scalars": {}}
     record = {
         "format": FORMAT,
         "rank": engine.rank,
         "world_size": engine.world_size,
+        "shard_group_size": engine.shard_ranks,
         "stage": int(engine.config.fixed_stage),
-        "master_ranges": [list(engine.master_range(u)) for u in engine.units],
+        "master_ranges": ranges,
         **opt_record,
         **state,
     }

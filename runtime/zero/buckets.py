@@ -17,12 +17,27 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from zerotrain.peak import chunk_width
 from zerotrain.runtime.zero.collectives import Comm, Pending
 from zerotrain.runtime.zero.streams import HostStreams, SideWork
+
+
+@dataclass
+class Then:
+    """A second collective on a chunk's buffer, launched once the first has finished (hybrid sharding: the
+    all-reduce across groups of what the reduce-scatter left): queued on the side stream and tracked like the first,
+    the buffer lent until its `finish` ran."""
+
+    send: Callable[[], Pending]
+    finish: Callable[[], None]
+
+
+Finish = Callable[[], "Then | None"]
+"""Applies a collective's result on the compute stream; may hand the buffer on to a second collective."""
 
 
 def chunks(shard_numel: int, world_size: int, bucket_elements: int) -> list[tuple[int, int]]:
@@ -41,7 +56,7 @@ class BucketPool:
         applied on the compute stream after it waited for them."""
         self._free: dict[torch.dtype, list[torch.Tensor]] = {}
         self._lent = 0
-        self._inflight: deque[tuple[SideWork[Pending], Callable[[], None], torch.Tensor | None]] = deque()
+        self._inflight: deque[tuple[SideWork[Pending], Finish, torch.Tensor | None]] = deque()
 
     def acquire(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """A view of `numel` elements of a pooled buffer; may first finish the oldest collective in flight."""
@@ -66,12 +81,11 @@ class BucketPool:
     def inflight(self) -> bool:
         return bool(self._inflight)
 
-    def launch(
-        self, fn: Callable[[], Pending], finish: Callable[[], None], buf: torch.Tensor | None
-    ) -> SideWork[Pending]:
+    def launch(self, fn: Callable[[], Pending], finish: Finish, buf: torch.Tensor | None) -> SideWork[Pending]:
         """Queue `fn` (copy-in and the collective's launch) on the side stream and track it: `finish` runs on the
         compute stream once compute waited for both the side work and the collective, then `buf` (if any) returns
-        to the pool. The ticket tells when memory `fn` reads may be reused."""
+        to the pool, unless `finish` hands it to a second collective (`Then`), queued now behind the younger ones.
+        The ticket tells when memory `fn` reads may be reused."""
         ticket = self.streams.side(fn)
         self._inflight.append((ticket, finish, buf))
         return ticket
@@ -79,7 +93,10 @@ class BucketPool:
     def finish_oldest(self) -> None:
         ticket, finish, buf = self._inflight.popleft()
         self.streams.wait(ticket).wait()
-        finish()
+        then = finish()
+        if then is not None:
+            self._inflight.append((self.streams.side(then.send), then.finish, buf))
+            return
         if buf is not None:
             self.give_back(buf)
 

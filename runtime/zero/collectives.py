@@ -178,12 +178,16 @@ exercises NCCL; by default a world of one copies instead and launches nothing.""
 class Comm:
     """Counted collectives over one process group (the default group unless given)."""
 
-    def __init__(self, timeout_seconds: float, group: dist.ProcessGroup | None = None) -> None:
+    def __init__(
+        self, timeout_seconds: float, group: dist.ProcessGroup | None = None, stats: CommStats | None = None
+    ) -> None:
         self.group = group
         self.world_size = dist.get_world_size(group) if dist.is_initialized() else 1
         self.rank = dist.get_rank(group) if dist.is_initialized() else 0
+        """This rank's index in the group (its shard's index, for a shard group)."""
         self.timeout = timedelta(seconds=timeout_seconds)
-        self.stats = CommStats()
+        self.stats = CommStats() if stats is None else stats
+        """Shared by an engine's groups: one account of its traffic, each op under its own label."""
         initialized = dist.is_initialized()
         self.local = self.world_size == 1 and not (initialized and os.environ.get(SINGLE_RANK_COLLECTIVES_ENV) == "1")
         """No collective is launched: one rank, no group asked to run them."""

@@ -105,8 +105,12 @@ def local_norm_sq(units: list[Unit]) -> torch.Tensor:
 class StepControl:
     """One engine's control all-reduce: the losses seen since the last step, and the agreement at the step."""
 
-    def __init__(self, comm: Comm, order_check: OrderCheck | None, accumulation: int, sharded: bool) -> None:
+    def __init__(
+        self, comm: Comm, order_check: OrderCheck | None, accumulation: int, sharded: bool, copies: int = 1
+    ) -> None:
         self.comm, self.order_check, self.accumulation, self.sharded = comm, order_check, accumulation, sharded
+        self.copies = copies
+        """Shard groups holding the same shards (hybrid sharding): the summed norm counts each shard this often."""
         self.loss_sum: torch.Tensor | None = None
 
     def note_loss(self, loss: torch.Tensor) -> None:
@@ -130,4 +134,4 @@ class StepControl:
             self.order_check.reset()
         if local_sq is None:
             return agreed, None
-        return agreed, math.sqrt(agreed.norm_sq if self.sharded else float(local_sq.item()))
+        return agreed, math.sqrt(agreed.norm_sq / self.copies if self.sharded else float(local_sq.item()))

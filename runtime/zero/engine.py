@@ -19,6 +19,9 @@ Contract for callers:
 - The model's parameters become views into the engine's flat buffers: do not move or re-create
   them after wrapping, and in stage 3 read weights through `full_state_dict()` (outside a unit's
   forward or backward its parameters hold no storage).
+- Hybrid sharding (`shardGroupSize`): the stage's states are sharded over groups of S consecutive ranks, every
+  group a replica; `shard_ranks` is S and `replica` this rank's group. Collectives inside a unit run on the group;
+  the accumulated gradient shard is averaged across groups at the boundary (`unit_comm.across_groups`).
 - Resume: `path = checkpoint.latest(dir)`; if one exists, `engine.load_checkpoint(path)`; save
   with `engine.save_checkpoint(dir)` every so many steps (same world size and stage to resume).
 """
@@ -48,9 +51,9 @@ from zerotrain.runtime.zero.hooks import GradReadyHooks, Prefetcher, on_output_g
 from zerotrain.runtime.zero.memory import BufferBytes, MemoryReport, UnshardedGradients, memory_report
 from zerotrain.runtime.zero.partition import UnitLayout, build_units
 from zerotrain.runtime.zero.precision import DTYPES, LossScaler, cast_inputs
-from zerotrain.runtime.zero.process_group import check_backend_serves, control_device, init_from_env
+from zerotrain.runtime.zero.process_group import check_backend_serves, control_device, hybrid_groups, init_from_env
 from zerotrain.runtime.zero.schedule import ReductionSchedule
-from zerotrain.runtime.zero.setup_checks import check_buckets, model_device, world_size_before_init
+from zerotrain.runtime.zero.setup_checks import check_buckets, model_device, sharded_over, world_size_before_init
 from zerotrain.runtime.zero.streams import streams_for
 from zerotrain.runtime.zero.unit import GradState, Unit, build_unit
 from zerotrain.runtime.zero.unit_context import Dtypes, ShardPolicy, UnitContext
@@ -83,8 +86,11 @@ class ZeroEngine:
         self.config, self.module = config, model
         # Everything that can be wrong with the input is checked before the first collective.
         opt_mod.check_factory(optimizer)
-        check_buckets(config, world_size_before_init())
-        layouts = build_units(model, config.unit_modules, config.no_weight_decay, world_size_before_init())
+        world = world_size_before_init()
+        self.shard_ranks = sharded_over(config, world)
+        """S: the ranks each copy of the model states is sharded over (the world, unless hybrid sharding)."""
+        check_buckets(config, self.shard_ranks)
+        layouts = build_units(model, config.unit_modules, config.no_weight_decay, self.shard_ranks)
         device = model_device(model, config)
         init_from_env(config.collective_timeout_seconds, device)
         check_device = device
@@ -93,10 +99,13 @@ class ZeroEngine:
             check_backend_serves(backend, device)
             check_device = control_device(backend, device)
         self.comm = Comm(config.collective_timeout_seconds)
+        """Every rank: the step's control all-reduce, the divergence check, broadcasts and checkpoints."""
         self.rank, self.world_size = self.comm.rank, self.comm.world_size
+        self.replica = self.rank // self.shard_ranks
+        """Which copy of the model states this rank's shard group holds (always 0 without hybrid sharding)."""
         self.dtypes = Dtypes(DTYPES[config.precision], DTYPES[config.reduce_dtype])
         self.device = device
-        self._ctx = self._unit_context(layouts, device)
+        self._ctx = self._unit_context(layouts, device, *self._groups())
         self.units: list[Unit] = self._build_units(layouts, device)
         self.root = next((u for u in self.units if u.layout.module is None), None)
         each = config.gradient_sync is GradientSync.EVERY_MICRO_BATCH
@@ -113,7 +122,9 @@ class ZeroEngine:
         self._check_forward = self._check_passes or self._prefetcher.active
         self._forward_check: PendingCheck | None = None
         shards = self._ctx.policy.optimizer
-        self.control = control.StepControl(self.comm, self.order_check, config.gradient_accumulation_steps, shards)
+        self.control = control.StepControl(
+            self.comm, self.order_check, config.gradient_accumulation_steps, shards, self.world_size // self.shard_ranks
+        )
         self._forward_order: list[int] = []
         self._schedule = ReductionSchedule(len(self.units), self._reduce)
         self._activations = SavedActivations()
@@ -135,18 +146,29 @@ class ZeroEngine:
 
     # ----------------------------------------------------------------- setup
 
-    def _unit_context(self, layouts: list[UnitLayout], device: torch.device) -> UnitContext:
+    def _groups(self) -> tuple[Comm, Comm | None]:
+        """The shard group's collectives and, with hybrid sharding, the replica group's (one account of bytes)."""
+        if self.shard_ranks == self.world_size:
+            return self.comm, None
+        shard, across = hybrid_groups(self.shard_ranks)
+        timeout = self.config.collective_timeout_seconds
+        return Comm(timeout, shard, self.comm.stats), Comm(timeout, across, self.comm.stats)
+
+    def _unit_context(
+        self, layouts: list[UnitLayout], device: torch.device, shard: Comm, across: Comm | None
+    ) -> UnitContext:
         config = self.config
-        pool = BucketPool(self.comm)
+        pool = BucketPool(shard)
         pool.streams = streams_for(device)
         ctx = UnitContext(
-            self.comm,
+            shard,
             self.dtypes,
             ShardPolicy.of(config.fixed_stage),
             pool,
             config.reduce_bucket_elements,
             config.allgather_bucket_elements,
             accumulate_fp32=self.dtypes.compute != torch.float32 and config.gradient_accumulation_steps > 1,
+            across=across,
         )
         ctx.size_pool(layouts)
         if config.contiguous_gradients and ctx.policy.gradients:
@@ -188,7 +210,7 @@ class ZeroEngine:
         where: dict[int, tuple[int, int, int]] = {}
         for u in self.units:
             lo = u.master_range[0]
-            segs = u.optimizer_segments(self.rank)
+            segs = u.optimizer_segments(self._ctx.comm.rank)
             made = opt_mod.shard_params(u.master, u.grad_shard, [(s.start, s.stop, s.kind) for s in segs])
             for s, (_, p) in zip(segs, made, strict=True):
                 where[id(p)] = (u.index, lo + s.start, lo + s.stop)
@@ -267,7 +289,7 @@ class ZeroEngine:
             return
         # Off the boundary with gradientSync: boundary the gradients stay unsharded; the parameters are freed anyway.
         if self._boundary or self._reduce_each:
-            self._unsharded_gradients.drop(u.reduce(async_op=self.config.overlap_comm))
+            self._unsharded_gradients.drop(u.reduce(self.config.overlap_comm, self._boundary))
         if not u.has_frozen:
             u.reshard()  # nothing tells when autograd is done with frozen parameters: those wait for the end
 

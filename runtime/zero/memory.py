@@ -50,7 +50,9 @@ class MemoryReport(SpecModel):
     parameters: int
     """Ψ: real parameter elements of the model (padding excluded)."""
     world_size: int
-    """N."""
+    """Ranks in the job."""
+    shard_group_size: int
+    """N: the ranks the model states are sharded over (the world size, unless hybrid sharding groups fewer)."""
     padding_elements: int
     """Elements added to reach a multiple of N, summed over units (full buffers; a shard holds 1/N)."""
     parameter_bytes: int
@@ -163,7 +165,8 @@ def buffer_plan(engine: ZeroEngine, w: float, g: float, k: float) -> PeakInput:
     layouts = [u.layout for u in engine.units]
     return PeakInput(
         **config_fields(engine.config),
-        world_size=engine.world_size,
+        world_size=engine.shard_ranks,
+        shard_groups=engine.world_size // engine.shard_ranks,
         blocks=[la.padded for la in layouts if la.module is not None],
         root=sum(la.padded for la in layouts if la.module is None),
         compute_bytes=w,
@@ -196,7 +199,7 @@ def memory_report(engine: ZeroEngine) -> MemoryReport:
     # The same rule `zerotrain plan`, validate and the operator's admission apply to the job spec.
     w, g, k = element_bytes(engine.config.fixed_stage, compute, 8.0 if per_element is None else per_element)
     psi = sum(u.layout.numel for u in units)
-    pp, pg, po = predict(engine.config.fixed_stage, psi, engine.world_size, w, g, k)
+    pp, pg, po = predict(engine.config.fixed_stage, psi, engine.shard_ranks, w, g, k)
     buffers = buffer_plan(engine, w, g, k)
     held = engine.buffer_bytes()
     return MemoryReport(
@@ -204,6 +207,7 @@ def memory_report(engine: ZeroEngine) -> MemoryReport:
         stage=engine.config.fixed_stage,
         parameters=psi,
         world_size=engine.world_size,
+        shard_group_size=engine.shard_ranks,
         padding_elements=sum(u.layout.padded - u.layout.numel for u in units),
         parameter_bytes=params,
         gathered_bytes=gathered,

@@ -43,6 +43,19 @@ def init_group(device: torch.device, timeout_seconds: float) -> None:
     )
 
 
+def hybrid_groups(shard_ranks: int) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
+    """This rank's shard group (the `shard_ranks` consecutive ranks its own belongs to: a pod's, as global rank =
+    node rank × nprocPerNode + local rank) and its replica group (the ranks at the same place of every other shard
+    group). Every rank creates every group, in one order, as torch.distributed requires."""
+    world = dist.get_world_size()
+    shard, _ = dist.new_subgroups_by_enumeration(
+        [list(range(g, g + shard_ranks)) for g in range(0, world, shard_ranks)]
+    )
+    across, _ = dist.new_subgroups_by_enumeration([list(range(j, world, shard_ranks)) for j in range(shard_ranks)])
+    assert shard is not None and across is not None
+    return shard, across
+
+
 def check_local_gpu(
     device: torch.device, env: dict[str, str] | None = None, visible: int | None = None
 ) -> torch.device:

@@ -10,11 +10,29 @@ import torch.distributed as dist
 from torch import nn
 
 from zerotrain.runtime.zero.engine_errors import ZeroSetupError
-from zerotrain.zero_config import Precision, ZeroConfig
+from zerotrain.zero_config import Precision, Stage, ZeroConfig, shard_group_ranks
 
 
 def world_size_before_init() -> int:
     return dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def sharded_over(config: ZeroConfig, world_size: int) -> int:
+    """S for this run: `zero.shardGroupSize` resolved (`pod`: LOCAL_WORLD_SIZE, the ranks torchrun started on this
+    node; the whole world without it), and the whole world for stage 0, which shards nothing."""
+    if config.fixed_stage is Stage.DATA_PARALLEL:
+        return world_size
+    per_pod = int(os.environ.get("LOCAL_WORLD_SIZE") or world_size)
+    try:
+        return shard_group_ranks(config.shard_group_size, world_size, per_pod)
+    except ValueError as e:
+        size = config.shard_group_size
+        raise ZeroSetupError(
+            "zero.shardGroupSize",
+            getattr(size, "value", size),
+            f"it does not divide the world size {world_size} (ranks per pod: {per_pod})",
+            "use a divisor of the world size, pod, or leave it unset",
+        ) from e
 
 
 def check_buckets(config: ZeroConfig, world_size: int) -> None:

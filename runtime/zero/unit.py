@@ -276,11 +276,12 @@ class Unit:
         if self.grad_full is not None and self.ctx.accumulate_fp32 and not boundary:
             self.fold_into_fp32()
 
-    def reduce(self, async_op: bool) -> int:
+    def reduce(self, async_op: bool, boundary: bool = True) -> int:
         """Launch the unit's gradient reduction; returns the bytes of unsharded gradients it dropped (stages 2/3).
 
         Stage 0 all-reduces and stage 1 reduce-scatters the full gradients (or their fp32 sum) at the boundary;
-        stages 2/3 reduce-scatter this micro-batch's gradients, from the arena or from `.grad`, into the shard."""
+        stages 2/3 reduce-scatter this micro-batch's gradients, from the arena or from `.grad`, into the shard. With
+        hybrid sharding the shard is averaged across the groups once, at the accumulation `boundary`."""
         self.move_grads(GradState.REDUCING)
         if self.grad_full is not None:
             src = self.fold_into_fp32() if self.ctx.accumulate_fp32 else self.grad_full.data
@@ -291,14 +292,16 @@ class Unit:
                     rows.copy_(rows_of[:, a:b])
 
                 direct = src if src.dtype == self.ctx.dtypes.reduce else None
-                unit_comm.reduce_scatter(self, fill_full, direct, accumulate=False, async_op=async_op)
+                unit_comm.reduce_scatter(
+                    self, fill_full, direct, accumulate=False, async_op=async_op, boundary=boundary
+                )
             else:
                 unit_comm.all_reduce(self, src, async_op)
             return 0
         dropped, self.unsharded_bytes = self.unsharded_bytes, 0
         arenas = self.ctx.arenas
         if arenas is not None and arenas.serves(self):
-            unit_comm.reduce_arena(self, arenas, async_op)
+            unit_comm.reduce_arena(self, arenas, async_op, boundary)
             return dropped
         pairs = zip(self.layout.slots, self.params, strict=True)
         grads = [(slot, p.grad.reshape(-1)) for slot, p in pairs if p.grad is not None]
@@ -307,7 +310,7 @@ class Unit:
         def fill(rows: torch.Tensor, a: int, b: int) -> None:
             fill_rows(rows, grads, shard, a, b)
 
-        unit_comm.reduce_scatter(self, fill, None, accumulate=True, async_op=async_op)
+        unit_comm.reduce_scatter(self, fill, None, accumulate=True, async_op=async_op, boundary=boundary)
         for p in self.params:
             self.ctx.pool.streams.keep(p.grad)  # copied in on the side stream (CUDA): not reused before that
             p.grad = None  # the unsharded gradients are in the buckets now: free them

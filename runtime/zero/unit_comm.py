@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from zerotrain.runtime.zero.buckets import chunks
+from zerotrain.peak import ACROSS_GROUPS
+from zerotrain.runtime.zero.buckets import Finish, Then, chunks
 
 if TYPE_CHECKING:
     from zerotrain.runtime.zero.collectives import Pending
@@ -75,8 +76,12 @@ def reduce_scatter(
     accumulate: bool,
     async_op: bool,
     then: Callable[[], None] | None = None,
+    boundary: bool = True,
 ) -> SideWork[Pending] | None:
     """Reduce-scatter the unit chunk by chunk; `fill(rows, a, b)` writes every rank's columns [a, b).
+
+    Hybrid sharding, at the accumulation `boundary`: each chunk of the shard, summed over this step's
+    micro-batches, is then averaged across the groups (`across_groups`).
 
     `direct`, a flat buffer already holding the whole unit in the reduce dtype, is sent as it is when one chunk
     covers the unit (no copy, no bucket); then it is read until the collective finishes, after which `then` runs,
@@ -106,7 +111,8 @@ def reduce_scatter(
             ctx.divide_before_reduce(bucket)
             return ctx.comm.reduce_scatter(out, bucket, u.name, async_op=True, mean=True)
 
-        finish = _apply_scattered(u, out, a, b, accumulate)
+        apply = _apply_scattered(u, out, a, b, accumulate)
+        finish: Finish = across_groups(u, out, a, b, apply) if ctx.across is not None and boundary else apply
         if whole is not None and then is not None:
             finish = _chain(finish, then)
         ticket = ctx.pool.launch(send, finish, lent)
@@ -128,7 +134,29 @@ def _apply_scattered(u: Unit, out: torch.Tensor, a: int, b: int, accumulate: boo
     return finish
 
 
-def reduce_arena(u: Unit, arenas: GradArenas, async_op: bool) -> None:
+def across_groups(u: Unit, out: torch.Tensor, a: int, b: int, apply: Callable[[], None]) -> Finish:
+    """After `apply` put the chunk's reduce-scatter into the fp32 shard, average shard columns [a, b) across the
+    groups in the reduce dtype, through the same buffer, and write the mean back."""
+    ctx, across = u.ctx, u.ctx.across
+    assert across is not None
+
+    def send() -> Pending:
+        out.copy_(u.grad_shard[a:b])
+        ctx.divide_before_reduce(out, across)
+        return across.all_reduce(out, u.name, async_op=True, label=ACROSS_GROUPS, mean=True)
+
+    def finish() -> None:
+        ctx.divide_after_reduce(out, across)
+        u.grad_shard[a:b].copy_(out)
+
+    def first() -> Then:
+        apply()
+        return Then(send, finish)
+
+    return first
+
+
+def reduce_arena(u: Unit, arenas: GradArenas, async_op: bool, boundary: bool = True) -> None:
     """Reduce-scatter the unit's contiguous gradients from its arena, then lend the arena again."""
     arenas.bind(u)  # a unit whose backward did not run sends zeros from a fresh arena
     assert u.arena is not None
@@ -138,7 +166,7 @@ def reduce_arena(u: Unit, arenas: GradArenas, async_op: bool) -> None:
         rows.copy_(rows_of[:, a:b])
 
     direct = u.arena if u.arena.dtype == u.ctx.dtypes.reduce else None
-    copied = reduce_scatter(u, fill, direct, True, async_op, then=lambda: arenas.release(u))
+    copied = reduce_scatter(u, fill, direct, True, async_op, then=lambda: arenas.release(u), boundary=boundary)
     if copied is not None:
         # Every chunk is queued to be copied into a bucket: the arena may be lent again, but the next unit's
         # zeroing and accumulation into it must wait until the last copy has read it.
@@ -159,9 +187,10 @@ def gather_in_chunks(u: Unit) -> None:
     ctx.pool.drain()
 
 
-def _chain(first: Callable[[], None], second: Callable[[], None]) -> Callable[[], None]:
-    def both() -> None:
-        first()
+def _chain(first: Finish, second: Callable[[], None]) -> Finish:
+    def both() -> Then | None:
+        then = first()
         second()
+        return then
 
     return both

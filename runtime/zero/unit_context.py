@@ -11,6 +11,10 @@ reads a shared communication context and mixed-precision policy.
 | 2     | params, grads / N, opt state / N   | reduce-scatter every micro-batch, free      | all-gather params |
 | 3     | params / N, grads / N, opt st. / N | reduce-scatter every micro-batch, free      | nothing           |
 
+With hybrid sharding (`zero.shardGroupSize`), N is the shard group's size, every collective above runs inside the
+group, and at the accumulation boundary each reduced shard is all-reduced (averaged) across the groups: the one
+collective that leaves the group, once per step whatever the accumulation.
+
 Averaging: on NCCL the collective averages itself (AVG, a pre-multiplied sum: each rank's values scaled by 1/N
 before they are added, so an fp16 sum cannot overflow at 65,504), except in bf16 at a world size that is not a power
 of two (`Comm.averages`). Otherwise, and on gloo, which has no AVG, ranks SUM and the result is divided by N
@@ -64,6 +68,7 @@ class UnitContext:
     """Resources and settings every unit of one engine shares."""
 
     comm: Comm
+    """The shard group: every rank, or (hybrid sharding) the `zero.shardGroupSize` ranks sharing one copy."""
     dtypes: Dtypes
     policy: ShardPolicy
     pool: BucketPool
@@ -76,6 +81,9 @@ class UnitContext:
     """Mixed precision over several micro-batches: full gradients are summed in fp32 until the step."""
     arenas: GradArenas | None = None
     """Contiguous gradients' arenas (stages 2 and 3 with contiguousGradients)."""
+    across: Comm | None = None
+    """Hybrid sharding: the ranks holding the same shard in the other groups, whose gradients are all-reduced with
+    this rank's at the accumulation boundary; None when one group spans every rank."""
     gathered_live_bytes: int = 0
     """Stage 3: bytes of full parameter buffers allocated by gathers now."""
     gathered_peak_bytes: int = 0
@@ -89,13 +97,17 @@ class UnitContext:
     def mixed(self) -> bool:
         return self.dtypes.compute != torch.float32
 
-    def divide_before_reduce(self, t: torch.Tensor) -> None:
-        if self.dtypes.reduce == torch.float16 and self.n > 1 and not self.comm.averages(t):
-            t.div_(self.n)
+    def divide_before_reduce(self, t: torch.Tensor, comm: Comm | None = None) -> None:
+        """Before a mean over `comm` (the shard group unless given): fp16 is divided first, so its sum cannot
+        overflow."""
+        comm = comm or self.comm
+        if self.dtypes.reduce == torch.float16 and comm.world_size > 1 and not comm.averages(t):
+            t.div_(comm.world_size)
 
-    def divide_after_reduce(self, t: torch.Tensor) -> None:
-        if self.dtypes.reduce != torch.float16 and self.n > 1 and not self.comm.averages(t):
-            t.div_(self.n)
+    def divide_after_reduce(self, t: torch.Tensor, comm: Comm | None = None) -> None:
+        comm = comm or self.comm
+        if self.dtypes.reduce != torch.float16 and comm.world_size > 1 and not comm.averages(t):
+            t.div_(comm.world_size)
 
     def note_gathered(self, nbytes: int) -> None:
         """A gather allocated (`nbytes` > 0) or a free released (< 0) a full parameter buffer."""

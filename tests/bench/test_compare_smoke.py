@@ -47,17 +47,21 @@ def test_byte_convention_is_the_ring_one_zerotrain_reports() -> None:
     assert RULES["c10d.broadcast_"](([full], None, 1), 4, 0) == (0, 4000)
 
 
-@pytest.mark.slow
-def test_tiny_comparison_runs_every_requested_system_and_agrees(tmp_path: Path) -> None:
+def _tiny(tmp_path: Path, *extra: str, timeout: float = 240) -> tuple[dict, str]:
     out = tmp_path / "compare.json"
-    args = ["--worlds", "2", "--systems", ",".join(SMOKE_SYSTEMS), "--reps", "1", "--steps", "2", "--warmup", "0"]
+    args = ["--steps", "2", "--warmup", "0", *extra]
     args += ["--d-model", "32", "--layers", "1", "--heads", "4", "--seq-len", "16", "--batch", "4"]
     args += ["--max-bytes", "20000", "--out", str(out), "--plots", str(tmp_path)]
     proc = subprocess.run(
-        [sys.executable, str(BENCH / "compare.py"), *args], capture_output=True, text=True, timeout=240
+        [sys.executable, str(BENCH / "compare.py"), *args], capture_output=True, text=True, timeout=timeout
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    doc = json.loads(out.read_text())
+    return json.loads(out.read_text()), proc.stdout
+
+
+@pytest.mark.slow
+def test_tiny_comparison_runs_every_requested_system_and_agrees(tmp_path: Path) -> None:
+    doc, _ = _tiny(tmp_path, "--worlds", "2", "--systems", ",".join(SMOKE_SYSTEMS), "--reps", "1")
     assert [r["system"] for r in doc["results"]] == SMOKE_SYSTEMS
     for r in doc["results"]:
         assert r["tokens_per_second"] > 0 and r["comm_bytes_per_step"] > 0, r["system"]
@@ -68,3 +72,30 @@ def test_tiny_comparison_runs_every_requested_system_and_agrees(tmp_path: Path) 
     # Counted at the dispatcher and by the engine itself: the same bytes.
     assert zero3["comm_bytes_per_step"] == zero3["engine_comm_bytes_per_step"]
     assert {p.name for p in tmp_path.glob("*.png")} == {f"compare-{n}.png" for n in ("throughput", "memory", "comm")}
+
+
+@pytest.mark.slow
+def test_hybrid_sharding_beside_fsdp2_hsdp_counts_the_bytes_between_groups(tmp_path: Path) -> None:
+    """World 4 as two groups of two, zerotrain stage 3 beside FSDP2 on a (2, 2) mesh, twice each: both agree with
+    the reference, hold half the model states (not a quarter), and send the same bytes across groups; zerotrain's
+    own count equals the dispatcher's; the report gives each figure's range and a verdict on it."""
+    doc, printed = _tiny(tmp_path, "--worlds", "4", "--shard-group", "2", "--systems", "zero3,fsdp2", "--reps", "2")
+    zero3, fsdp2 = (next(r for r in doc["results"] if r["system"] == s) for s in ("zero3", "fsdp2"))
+    for r in (zero3, fsdp2):
+        assert r["max_loss_diff"] <= 1e-4 and r["shard_group"] == 2 and len(r["tokens_per_second_reps"]) == 2
+        assert r["predicted"]["model_state"] * 0.9 <= r["memory"]["model_state"] <= r["predicted"]["model_state"] * 1.1
+        assert 0 < r["across_bytes_per_step"] < r["comm_bytes_per_step"]
+    assert zero3["comm_bytes_per_step"] == zero3["engine_comm_bytes_per_step"]
+    assert zero3["across_bytes_per_step"] == pytest.approx(fsdp2["across_bytes_per_step"], rel=0.05)
+    assert "4 (2×2)" in printed and any(v in printed for v in ("equal (within the spread)", "faster", "slower"))
+
+
+def test_the_verdict_is_equal_while_the_ranges_overlap() -> None:
+    from compare_report import verdict
+
+    def r(*reps: float) -> dict:
+        return {"tokens_per_second": sorted(reps)[len(reps) // 2], "tokens_per_second_reps": list(reps)}
+
+    assert verdict(r(100, 120, 110), r(115, 130, 125)) == "equal (within the spread)"
+    assert verdict(r(140, 150), r(100, 120)) == "faster"
+    assert verdict(r(80, 90), r(100, 120)) == "slower"

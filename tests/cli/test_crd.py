@@ -56,6 +56,15 @@ def test_the_stage_is_an_int_or_the_string_auto() -> None:
     assert stage["default"] == 3
 
 
+def test_the_shard_group_is_a_count_or_the_string_pod() -> None:
+    spec = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    group = spec["properties"]["zero"]["properties"]["shardGroupSize"]
+    assert group["x-kubernetes-int-or-string"] is True and "enum" not in group and "default" not in group
+    for bad in ("node", 0, True):
+        with pytest.raises(ValidationError, match="shardGroupSize"):
+            ZeroTrainingJobSpec.model_validate({**BASE, "zero": {"shardGroupSize": bad}})
+
+
 def test_names_columns_and_status_subresource() -> None:
     crd = build_crd()
     names = crd["spec"]["names"]

@@ -48,6 +48,26 @@ CASES: list[dict[str, Any]] = [
     {"replicas": 4, "elastic": {"minReplicas": 5, "maxReplicas": 4}, "checkpoint": {"claimName": "c"}},
     {"replicas": 4, "elastic": {"minReplicas": 1, "maxReplicas": 3}, "checkpoint": {"claimName": "c"}},
     {"replicas": 2, "elastic": {"minReplicas": 2, "maxReplicas": 2}, "checkpoint": {"claimName": "c"}},
+    {"replicas": 3, "nprocPerNode": 2, "zero": {"shardGroupSize": 4}},
+    {"replicas": 2, "nprocPerNode": 2, "zero": {"shardGroupSize": 4}},
+    {"replicas": 3, "nprocPerNode": 4, "zero": {"shardGroupSize": 6}},
+    {"replicas": 4, "nprocPerNode": 4, "zero": {"shardGroupSize": 2}},
+    {"replicas": 2, "nprocPerNode": 2, "zero": {"shardGroupSize": "pod"}},
+    {"zero": {"shardGroupSize": "node"}},
+    {
+        "replicas": 2,
+        "nprocPerNode": 2,
+        "zero": {"shardGroupSize": 4},
+        "elastic": {"minReplicas": 1, "maxReplicas": 2},
+        "checkpoint": {"claimName": "c"},
+    },
+    {
+        "replicas": 2,
+        "nprocPerNode": 2,
+        "zero": {"shardGroupSize": 2},
+        "elastic": {"minReplicas": 1, "maxReplicas": 2},
+        "checkpoint": {"claimName": "c"},
+    },
     {
         "replicas": 2,
         "elastic": {"minReplicas": 2, "maxReplicas": 2},
@@ -103,4 +123,5 @@ def test_each_rule_s_cel_and_predicate_agree(path: str, model: type[SpecModel], 
 
 
 def test_every_model_rule_is_here() -> None:
-    assert len(RULES) == 13  # Resources, ModelShape, FailurePolicy, Scheduling, the spec's 5, ZeroConfig's 3, elastic
+    # Resources, ModelShape, FailurePolicy, Scheduling, the spec's 8, ZeroConfig's 3, elastic
+    assert len(RULES) == 16

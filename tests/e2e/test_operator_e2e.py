@@ -371,7 +371,7 @@ async def test_stage_auto_that_nothing_fits_names_the_world_size_that_would(
     assert cond["reason"] == "MemoryPlanDoesNotFit"
     # 16 GB of model states over N ranks within 1.2 GB usable: N >= 14, 7 pods of 2 ranks.
     assert "no stage fits 1.2 GB usable of 1.5 GB per rank with 4 ranks" in cond["message"]
-    assert "stage 3 fits from 7 replicas (14 ranks)" in cond["message"]
+    assert "stage 3 fits with at least 7 replicas (14 ranks)" in cond["message"]
     assert await call(pods, kube, ns, "toosmall") == []
 
 

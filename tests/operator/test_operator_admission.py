@@ -59,7 +59,7 @@ def test_too_few_replicas_for_the_stage_names_the_count() -> None:
     verdict = admit({**spec, "model": {"parameters": 70_000_000_000}, "zero": {"stage": 3}}, "job")
     assert verdict.reason == Reason.MEMORY_PLAN_DOES_NOT_FIT
     # fp32 AdamW: 4 + 4 + 8 = 16 bytes per parameter, 1.12 TB over 13.7 GB usable per GPU.
-    assert "keep stage 3 on at least 82 replicas (82 ranks)" in verdict.message
+    assert "keep stage 3 with at least 82 replicas (82 ranks)" in verdict.message
 
 
 def test_cpu_job_ignores_the_gpu_default() -> None:

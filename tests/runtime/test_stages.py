@@ -96,14 +96,18 @@ def run_case(rank: int, world: int, case: Case) -> dict:
     cfg = engine.config
     data = batches(STEPS, world, micro=case.accum)
     norms, step_bytes = [], []
+    ops: dict[str, int] = {}
     for step in data:
         before = _model_bytes(engine)
+        ops = {op: s.bytes for op, s in engine.comm.stats.ops.items()}
         for micro in step:
             tokens = micro[rank]
             engine.backward(lm_loss(engine(tokens), tokens))
             result = engine.step(report_grad_norm=True)
         step_bytes.append(_model_bytes(engine) - before)
         norms.append(result.grad_norm)
+    # The last step's bytes by op (the first also broadcasts the initial values).
+    ops_per_step = {op: s.bytes - ops.get(op, 0) for op, s in engine.comm.stats.ops.items()}
     mem = engine.memory_report()
     got = engine.full_state_dict()
 
@@ -118,6 +122,7 @@ def run_case(rank: int, world: int, case: Case) -> dict:
         "norms": norms,
         "ref_norms": ref_norms,
         "step_bytes": step_bytes,
+        "ops_per_step": ops_per_step,
         "memory": mem.model_dump(),
         "unit_bytes": unit_bytes,
         "prefetches": engine.prefetches,

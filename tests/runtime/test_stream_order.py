@@ -1,7 +1,7 @@
 """Stream order on CPU: the engine trained under `LazyStreams` (side-stream work runs only when something waits for
 it, as late as CUDA may run it) ends bit for bit where it ends in the host's order, for stages 0-3, fp32 and bf16,
-contiguous gradients on and off, overlapComm on and off, buckets smaller than a unit, on 1, 2 and 4 ranks; and the
-fp32 runs match single-process AdamW. A consumer that reads a side-stream result it never waited for, or reuses
+contiguous gradients on and off, overlapComm on and off, buckets smaller than a unit, on 1, 2 and 4 ranks (and 4 as
+two shard groups of two); and the fp32 runs match single-process AdamW. A consumer that reads a side-stream result it never waited for, or reuses
 memory (a gradient arena) before the side-stream copy read it, reads other numbers and fails here.
 """
 
@@ -53,6 +53,10 @@ def _matrix(world: int) -> list[Case]:
             for extra in ({}, bf16):
                 cases.append(Case(stage=stage, extra=extra))
                 cases.append(Case(stage=stage, contiguous=False, bucket=max(SMALL, world), overlap=False, extra=extra))
+        # Hybrid sharding (two groups of two): the all-reduce across groups is second work on a reduce-scatter's
+        # bucket, launched from the first's finish.
+        hybrid = {"shard_group_size": 2}
+        cases += [Case(stage=3, accum=2, bucket=SMALL, extra={**bf16, **hybrid}), Case(stage=1, extra=hybrid)]
         return [*cases, Case(stage=3, accum=2, extra=bf16)]
     for stage in range(4):
         for extra in ({}, bf16):

@@ -15,6 +15,7 @@ from zerotrain.manifest import load_job_document, parse_job
 from zerotrain.plan_inputs import plan_job
 from zerotrain.planner import format_bytes
 from zerotrain.spec import ZeroTrainingJobSpec
+from zerotrain.zero_config import Stage
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -72,6 +73,12 @@ def run(args: argparse.Namespace) -> int:
     ]
     if verdict.stage_choice is not None:
         lines.append(f"stage auto chose {verdict.stage_choice.message}")
+    group = spec.shard_group_ranks
+    if group != spec.world_size and stage is not Stage.DATA_PARALLEL:
+        lines.append(
+            f"hybrid sharding: {spec.world_size // group} groups of {group} ranks, each holding one copy of the model "
+            f"states (planned at N = {group}); only the gradient all-reduce of each shard crosses between groups"
+        )
     if verdict.plan is not None:
         chosen = verdict.plan.stages[stage]
         held = f"{format_bytes(chosen.model_state_bytes)} of model states"

@@ -237,7 +237,9 @@ def communication_rows(d: db.Dashboard) -> db.Dashboard:
                 "Bytes per step by op, against the plan",
                 "What the furthest rank's ZeRO collectives sent per optimizer step over the window, next to the plan "
                 "(dashed): the paper's 2Ψ (stages 0-2) and 3Ψ (stage 3, less the root, which stays gathered into "
-                "backward) in bytes, ring convention. A gap means the runtime sent what the plan does not know.",
+                "backward) in bytes, ring convention. With hybrid sharding (zero.shardGroupSize) those run inside "
+                "each shard group, and all_reduce_across_groups is what crosses between groups: one all-reduce of "
+                "the shard per step. A gap means the runtime sent what the plan does not know.",
                 "bytes",
                 q.COMM_PER_STEP,
                 q.COMM_PLANNED,

@@ -94,8 +94,9 @@ PLAN_ERROR_BY_CATEGORY = Query(
     f"max by (zerotrain_job, category) (abs({PLAN_ERROR}))", "{{category}} (furthest rank)", Scope.JOB
 )
 PLAN_ERROR_TOP_RANKS = Query(f"topk(8, max by (zerotrain_job, rank) (abs({PLAN_ERROR})))", "rank {{rank}}", Scope.JOB)
-# Communication per optimizer step by op: measured (the furthest rank) against the plan's 2Ψ/3Ψ made exact.
-_ZERO_OPS = 'op=~"all_reduce|reduce_scatter|all_gather"'
+# Communication per optimizer step by op: measured (the furthest rank) against the plan's 2Ψ/3Ψ made exact; with
+# hybrid sharding, all_reduce_across_groups is the traffic between shard groups (the network between pods).
+_ZERO_OPS = 'op=~"all_reduce|reduce_scatter|all_gather|all_reduce_across_groups"'
 COMM_PER_STEP = Query(
     f"max by (zerotrain_job, op) (increase(zerotrain_comm_bytes_total{{{RANK_SEL}, {_ZERO_OPS}}}[{RATE}])"
     f" / ignoring(op) group_left() increase(zerotrain_optimizer_steps_total{{{RANK_SEL}}}[{RATE}]))",
