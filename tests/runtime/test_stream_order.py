@@ -1,8 +1,9 @@
 """Stream order on CPU: the engine trained under `LazyStreams` (side-stream work runs only when something waits for
 it, as late as CUDA may run it) ends bit for bit where it ends in the host's order, for stages 0-3, fp32 and bf16,
 contiguous gradients on and off, overlapComm on and off, buckets smaller than a unit, on 1, 2 and 4 ranks (and 4 as
-two shard groups of two); and the fp32 runs match single-process AdamW. A consumer that reads a side-stream result it never waited for, or reuses
-memory (a gradient arena) before the side-stream copy read it, reads other numbers and fails here.
+two shard groups of two); and the fp32 runs match single-process AdamW. A consumer that reads a side-stream result
+it never waited for, or reuses memory (a gradient arena) before the side-stream copy read it, reads other numbers
+and fails here.
 """
 
 from __future__ import annotations
