@@ -82,7 +82,8 @@ IGNORED = {"c10d.barrier", "c10d.monitored_barrier_", "_c10d_functional.wait_ten
 
 
 ACROSS = " (across groups)"
-"""Suffix of an op run on a group whose ranks lie in more than one shard group (hybrid sharding's replicas)."""
+"""Suffix of an op run on a group whose ranks lie in more than one shard group: hybrid sharding's replica groups,
+and the world."""
 
 
 def _group(args: tuple[Any, ...]) -> dist.ProcessGroup | None:
@@ -126,7 +127,8 @@ class CommCounter(TorchDispatchMode):
             return self.world_size, self.rank, False
         ranks = dist.get_process_group_ranks(group)
         s = self.shard_group
-        across = 0 < s < self.world_size and len({r // s for r in ranks}) > 1 and len(ranks) < self.world_size
+        # World-wide ops (DDP's all-reduce, a plain system's every op) cross between the groups too.
+        across = 0 < s < self.world_size and len({r // s for r in ranks}) > 1
         return len(ranks), ranks.index(self.rank) if self.rank in ranks else 0, across
 
     def _record(self, name: str, namespace: str, args: tuple[Any, ...]) -> None:

@@ -181,6 +181,12 @@ class CheckpointSpec(SpecModel):
     save_on_termination: bool = True
     """On SIGTERM (eviction, preemption, deletion) every rank finishes its current step and commits a checkpoint
     before exiting, so the restarted gang resumes from that step."""
+    async_save: bool = Field(default=False, alias="async")
+    """Write checkpoints in the background: the step loop is blocked only while each rank copies its shard into
+    host memory (pinned on GPUs, reused between saves); the file is written and fsynced by a thread, and the
+    checkpoint commits at the first step at which every rank's write is done. At most one save is in flight;
+    SIGTERM and the end of training wait for it, then save the last step synchronously. Needs a filesystem that can
+    fsync a directory."""
     termination_budget_seconds: int = Field(default=120, ge=5, le=3600)
     """Seconds from SIGTERM for the current step and that checkpoint; past it the ranks exit without committing
     (the previous checkpoint stands). The operator sets the pods' terminationGracePeriodSeconds to this plus

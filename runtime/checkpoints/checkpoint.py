@@ -177,11 +177,25 @@ def _optimizer_record(engine: ZeroEngine) -> tuple[dict[str, torch.Tensor], dict
 
 def save(engine: ZeroEngine, root: str | os.PathLike[str]) -> Path:
     """Save and commit this rank's shard of the training state in a fresh directory; a collective on every rank."""
+    target, pos = begin(engine, root)
+    tensors, record = rank_contents(engine)
+    commit(engine, target, pos, write_rank(target, engine.rank, tensors, record))
+    return target
+
+
+def begin(engine: ZeroEngine, root: str | os.PathLike[str]) -> tuple[Path, dict[str, int]]:
+    """The fresh directory of this save (the same on every rank: a collective) and the position it records."""
     token = torch.tensor([secrets.randbits(31) if engine.rank == 0 else 0], dtype=torch.int64, device=_device(engine))
     engine.comm.all_reduce(token, "<checkpoint>")  # every rank now names the same fresh directory
     pos = rank_state.position(engine)
     target = Path(root) / f"step-{pos['step']:08d}-{int(token.item()):08x}"
     target.mkdir(parents=True, exist_ok=True)  # the token, drawn fresh, keeps it apart from every earlier save
+    return target, pos
+
+
+def rank_contents(engine: ZeroEngine) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """What this rank's file holds: its tensors (views of the engine's own buffers: copy them before the next step
+    changes them) and its JSON record."""
     tensors, state = rank_state.capture(engine)
     opt_tensors, opt_record = _optimizer_record(engine)
     ranges = [list(engine.master_range(u)) for u in engine.units]
@@ -203,15 +217,26 @@ def save(engine: ZeroEngine, root: str | os.PathLike[str]) -> Path:
         **opt_record,
         **state,
     }
-    final = target / rank_file(engine.rank)
+    return tensors, record
+
+
+def write_rank(target: Path, rank: int, tensors: dict[str, torch.Tensor], record: dict[str, Any]) -> bytes:
+    """Write and fsync one rank's file; its digest and size, as `commit` gathers them. No collective: a background
+    writer may run it."""
+    final = target / rank_file(rank)
     write(final, tensors, record)
-    # Gathering every rank's digest and size also proves every file is durable: only then may the marker exist.
-    mine = bytearray.fromhex(sha256(final)) + struct.pack("<q", final.stat().st_size)
+    return bytes.fromhex(sha256(final)) + struct.pack("<q", final.stat().st_size)
+
+
+def commit(engine: ZeroEngine, target: Path, pos: dict[str, int], mine: bytes) -> None:
+    """Gather every rank's digest and size (which also proves every file is durable: only then may the marker
+    exist) and write the marker from rank 0; a collective on every rank."""
     gathered = torch.empty(len(mine) * engine.world_size, dtype=torch.uint8, device=_device(engine))
-    engine.comm.all_gather(gathered, torch.frombuffer(mine, dtype=torch.uint8).to(_device(engine)), "<checkpoint>")
+    engine.comm.all_gather(
+        gathered, torch.frombuffer(bytearray(mine), dtype=torch.uint8).to(_device(engine)), "<checkpoint>"
+    )
     if engine.rank == 0:
         _commit(engine, target, bytes(gathered.cpu().tolist()), pos)
-    return target
 
 
 def _device(engine: ZeroEngine) -> torch.device:

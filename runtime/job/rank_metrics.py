@@ -102,6 +102,9 @@ class Snapshot:
     save_seconds: float = 0.0
     save_bytes: int = 0
     last_save_seconds: float = 0.0
+    blocked_seconds: float = 0.0
+    """Seconds saves held the step loop (all of a synchronous save; an asynchronous one's snapshot)."""
+    last_blocked_seconds: float | None = None
     last_committed_step: int | None = None
     load_seconds: float | None = None
     load_bytes: int | None = None
@@ -267,8 +270,18 @@ class SnapshotCollector(Collector):
         yield f.counter("zerotrain_checkpoint_save_bytes", "Bytes this rank wrote to checkpoints.", s.save_bytes)
         yield f.gauge(
             "zerotrain_checkpoint_last_save_duration_seconds",
-            "Duration of the last save.",
+            "Duration of the last save, from its start to its commit.",
             s.last_save_seconds if s.saves else None,
+        )
+        yield f.counter(
+            "zerotrain_checkpoint_blocked_seconds",
+            "Seconds saves held the step loop (with checkpoint.async, only the snapshot into host memory).",
+            s.blocked_seconds,
+        )
+        yield f.gauge(
+            "zerotrain_checkpoint_last_save_blocked_seconds",
+            "Seconds the last save held the step loop.",
+            s.last_blocked_seconds,
         )
         yield f.gauge(
             "zerotrain_checkpoint_last_committed_step",
@@ -378,6 +391,13 @@ class RankMetrics:
             save_bytes=s.save_bytes + nbytes,
             last_save_seconds=seconds,
             last_committed_step=step,
+        )
+
+    def observe_blocked(self, seconds: float) -> None:
+        """A save held the step loop this long (for an asynchronous one, the snapshot)."""
+        s = self.snapshot
+        self.snapshot = dataclasses.replace(
+            s, blocked_seconds=s.blocked_seconds + seconds, last_blocked_seconds=seconds
         )
 
     def observe_load(self, step: int, seconds: float, nbytes: int) -> None:

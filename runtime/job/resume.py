@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from zerotrain.runtime.checkpoints import checkpoint
+from zerotrain.runtime.checkpoints.async_save import AsyncSaver, InFlight, check_directory_fsync
 from zerotrain.runtime.job.rank_metrics import RankMetrics, RankPhase
 from zerotrain.spec import CheckpointSpec
 
@@ -28,29 +29,46 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class CheckpointPolicy:
-    """Save every `interval` steps and at the end under `root`, keeping the newest `keep_last`."""
+    """Save every `interval` steps and at the end under `root`, keeping the newest `keep_last`; with `saver`, the
+    interval saves are asynchronous (`async_save`)."""
 
     root: Path
     interval: int
     keep_last: int
+    saver: AsyncSaver | None = None
 
     @classmethod
     def from_spec(cls, spec: CheckpointSpec) -> CheckpointPolicy | None:
         """The policy for this run, or None when spec.checkpoint.path is unset (a throw-away local run)."""
         if not spec.path:
             return None
-        return cls(Path(spec.path), spec.interval_steps, spec.keep_last)
+        root = Path(spec.path)
+        saver = None
+        if spec.async_save:
+            check_directory_fsync(root)
+            saver = AsyncSaver()
+        return cls(root, spec.interval_steps, spec.keep_last, saver)
 
     def due(self, step: int, last_step: int) -> bool:
         return step % self.interval == 0 or step == last_step
 
     def save(self, engine: ZeroEngine) -> Path:
-        """Save and commit on every rank; rank 0 then prunes older checkpoints."""
+        """Save and commit on every rank (a save in flight is committed first); rank 0 then prunes."""
+        if self.saver is not None:
+            self.committed(engine, self.saver.finish(engine))
         path = checkpoint.save(engine, self.root)
+        self.pruned(engine)
+        return path
+
+    def pruned(self, engine: ZeroEngine) -> None:
         if engine.rank == 0:
             for gone in checkpoint.prune(self.root, self.keep_last):
                 log.info("deleted old checkpoint %s (keepLast=%d)", gone, self.keep_last)
-        return path
+
+    def committed(self, engine: ZeroEngine, job: InFlight | None) -> InFlight | None:
+        if job is not None:
+            self.pruned(engine)
+        return job
 
     def resume_newest(self, engine: ZeroEngine) -> checkpoint.Loaded | None:
         """Load the newest checkpoint all ranks can verify; None (and a fresh start) if there is none."""
@@ -63,15 +81,42 @@ class CheckpointPolicy:
         return None
 
 
-def save_checkpoint(engine: ZeroEngine, policy: CheckpointPolicy, step: int, metrics: RankMetrics | None) -> Path:
-    """Save and commit, timed for the metrics (the bytes are this rank's own file)."""
+def save_checkpoint(
+    engine: ZeroEngine, policy: CheckpointPolicy, step: int, metrics: RankMetrics | None, last: bool = True
+) -> Path | None:
+    """Save, timed for the metrics (the bytes are this rank's own file): committed now, and its path returned, unless
+    the policy is asynchronous and this is not the `last` save (then it commits at a later step: `settle`)."""
     if metrics is not None:
         metrics.phase(RankPhase.CHECKPOINTING)
     t0 = time.perf_counter()
+    if policy.saver is not None and not last:
+        policy.saver.start(engine, policy.root)
+        if metrics is not None:
+            metrics.observe_blocked(time.perf_counter() - t0)
+        return None
     saved = policy.save(engine)
     if metrics is not None:
-        metrics.observe_save(step, time.perf_counter() - t0, checkpoint.rank_file_bytes(saved, engine.rank))
+        seconds = time.perf_counter() - t0
+        metrics.observe_blocked(seconds)
+        metrics.observe_save(step, seconds, checkpoint.rank_file_bytes(saved, engine.rank))
     return saved
+
+
+def settle(
+    engine: ZeroEngine, policy: CheckpointPolicy | None, written: int, metrics: RankMetrics | None
+) -> Path | None:
+    """After a step: commit the asynchronous save in flight when every rank's write is done (`written`, counted by
+    the step's control all-reduce); its path, if it committed now."""
+    if policy is None or policy.saver is None:
+        return None
+    started = policy.saver.inflight.started if policy.saver.inflight is not None else 0.0
+    job = policy.committed(engine, policy.saver.commit_if_agreed(engine, written))
+    if job is None:
+        return None
+    if metrics is not None:
+        nbytes = checkpoint.rank_file_bytes(job.target, engine.rank)
+        metrics.observe_save(job.step, time.perf_counter() - started, nbytes)
+    return job.target
 
 
 def skip_data(task: TrainingTask, micro_batches: int) -> None:

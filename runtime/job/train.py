@@ -29,6 +29,7 @@ import torch
 from zerotrain import elastic
 from zerotrain.plan_inputs import declared_parameters
 from zerotrain.pod_contract import PROGRESS_ENV, SUMMARY_ENV
+from zerotrain.runtime.checkpoints.checkpoint import step_of as checkpoint_step
 from zerotrain.runtime.job import out_of_memory
 from zerotrain.runtime.job.elastic_batches import SlotBatches
 from zerotrain.runtime.job.preemption import (
@@ -39,7 +40,7 @@ from zerotrain.runtime.job.preemption import (
 from zerotrain.runtime.job.progress import ProgressLog, throughput
 from zerotrain.runtime.job.rank_metrics import RankMetrics, RankPhase, StepValues
 from zerotrain.runtime.job.reports import gather_reports, summary_record
-from zerotrain.runtime.job.resume import CheckpointPolicy, resume, save_checkpoint
+from zerotrain.runtime.job.resume import CheckpointPolicy, resume, save_checkpoint, settle
 from zerotrain.runtime.job.task import ConfigError, TrainingTask, build_task, check_declared_parameters, is_script
 from zerotrain.runtime.zero.optimizer import optimizer_factory
 from zerotrain.runtime.zero.process_group import device_for
@@ -205,17 +206,21 @@ def run_steps(
         logged = step % spec.training.log_every == 0 or step in (1, steps)
         # The loss mean, the stop vote (every rank stops after the same step) and the norm ride the step's one
         # control all-reduce; the norm is computed only for the steps that are logged (or clipped).
-        outcome = engine.step(vote=asked, report_grad_norm=logged)
+        written = policy is not None and policy.saver is not None and policy.saver.written()
+        outcome = engine.step(vote=asked, report_grad_norm=logged, written=written)
         step_loss, stop = outcome.loss, outcome.votes > 0
         if step_loss is None or (not outcome.applied and not outcome.overflow):
             raise RuntimeError(
                 f"step {step}: the engine did not step after {accumulation} micro-batches; its accumulation "
                 "boundary disagrees with spec.zero.gradientAccumulationSteps"
             )
+        committed = settle(engine, policy, outcome.written, metrics)  # an asynchronous save all ranks wrote
+        if committed is not None and log is not None:
+            log.checkpoint(checkpoint_step(committed), str(committed))
         saved = None
         if policy is not None and (policy.due(step, steps) or stop):
-            saved = save_checkpoint(engine, policy, step, metrics)
-            if log is not None:
+            saved = save_checkpoint(engine, policy, step, metrics, last=stop or step == steps)
+            if log is not None and saved is not None:
                 log.checkpoint(step, str(saved))
         record_step(engine, task, loop, result, step, step_loss, outcome, time.perf_counter() - step_start)
         if log is not None and logged:

@@ -4,7 +4,8 @@ Per optimizer step the ranks need the loss averaged over them (what a run report
 (for clipping and the fp16 overflow test, when asked for), any vote a caller wants counted (SIGTERM: every rank
 stops after the same step) and the divergence check (did every rank run the same units in the same order?).
 Each used to be its own blocking collective; here they ride one all-reduce of `len(Slot)` float64 values
-(56 bytes), issued once per step before the optimizer applies anything.
+(64 bytes), issued once per step before the optimizer applies anything. Asynchronous checkpoints count there which
+ranks' background writes are on disk, so the commit needs no collective of its own to agree on.
 
 The divergence fingerprint rides a SUM: each rank adds two `bits`-bit pieces h of its running order hash and
 their squares. All ranks hold the same h exactly when N·Σh² = (Σh)² (equality in Cauchy-Schwarz); every term is
@@ -39,6 +40,8 @@ class Slot(IntEnum):
     FINGERPRINT_LO_SQ = 4
     FINGERPRINT_HI = 5
     FINGERPRINT_HI_SQ = 6
+    WRITTEN = 7
+    """Ranks whose background checkpoint write has finished (asynchronous checkpoints commit when all have)."""
 
 
 def fingerprint_bits(world_size: int) -> int:
@@ -55,6 +58,8 @@ class Agreed:
     """Mean loss over ranks and micro-batches (None when no loss was seen)."""
     votes: int
     """How many ranks voted."""
+    written: int
+    """How many ranks said their checkpoint write in flight is on disk."""
     norm_sq: float
     """Sum over ranks of the squared gradient-norm contributions."""
     consistent: bool
@@ -68,12 +73,14 @@ def pack(
     fingerprint: int | None,
     world_size: int,
     device: torch.device,
+    written: bool = False,
 ) -> torch.Tensor:
     """This rank's control vector; tensors stay on their device (no sync before the collective)."""
     out = torch.zeros(len(Slot), dtype=torch.float64, device=device)
     if loss_sum is not None:
         out[Slot.LOSS] = loss_sum.detach().to(torch.float64).reshape(())
     out[Slot.VOTES] = float(vote)
+    out[Slot.WRITTEN] = float(written)
     if norm_sq is not None:
         out[Slot.NORM_SQ] = norm_sq.to(torch.float64).reshape(())
     if fingerprint is not None:
@@ -93,7 +100,8 @@ def unpack(summed: torch.Tensor, world_size: int, micro_batches: int, had_loss: 
         for s, sq in ((Slot.FINGERPRINT_LO, Slot.FINGERPRINT_LO_SQ), (Slot.FINGERPRINT_HI, Slot.FINGERPRINT_HI_SQ))
     )
     loss = v[Slot.LOSS] / (world_size * micro_batches) if had_loss else None
-    return Agreed(loss=loss, votes=round(v[Slot.VOTES]), norm_sq=v[Slot.NORM_SQ], consistent=consistent)
+    votes, written = round(v[Slot.VOTES]), round(v[Slot.WRITTEN])
+    return Agreed(loss=loss, votes=votes, written=written, norm_sq=v[Slot.NORM_SQ], consistent=consistent)
 
 
 def local_norm_sq(units: list[Unit]) -> torch.Tensor:
@@ -118,13 +126,15 @@ class StepControl:
         seen = loss.detach().float()
         self.loss_sum = seen if self.loss_sum is None else self.loss_sum + seen
 
-    def agree(self, units: list[Unit], vote: bool, need_norm: bool) -> tuple[Agreed, float | None]:
+    def agree(
+        self, units: list[Unit], vote: bool, need_norm: bool, written: bool = False
+    ) -> tuple[Agreed, float | None]:
         """The all-reduce, and the global gradient norm when asked; raises on rank divergence before any update."""
         local_sq = local_norm_sq(units) if need_norm else None
         fingerprint = self.order_check.hash if self.order_check is not None else None
         world, device = self.comm.world_size, units[0].grad_shard.device
         # Stage 0's gradients are whole on every rank: its norm is local, and summing it would count it N times.
-        vec = pack(self.loss_sum, vote, local_sq if self.sharded else None, fingerprint, world, device)
+        vec = pack(self.loss_sum, vote, local_sq if self.sharded else None, fingerprint, world, device, written)
         self.comm.all_reduce(vec, "<step>", label="control")
         agreed = unpack(vec, world, self.accumulation, self.loss_sum is not None)
         self.loss_sum = None

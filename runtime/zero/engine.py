@@ -77,6 +77,8 @@ class StepResult:
     """The loss of this step's micro-batches averaged over them and over ranks (None between boundaries)."""
     votes: int = 0
     """How many ranks passed `vote=True` to this step."""
+    written: int = 0
+    """How many ranks passed `written=True` (their checkpoint write in flight is on disk)."""
 
 
 class ZeroEngine:
@@ -334,10 +336,11 @@ class ZeroEngine:
 
     # ----------------------------------------------------------------- step
 
-    def step(self, vote: bool = False, report_grad_norm: bool = False) -> StepResult:
+    def step(self, vote: bool = False, report_grad_norm: bool = False, written: bool = False) -> StepResult:
         """At the accumulation boundary: unscale, agree (loss, votes, norm, divergence check), clip, optimizer step
-        on the shard, start gathering the updated parameters. `vote` is counted over ranks in `StepResult.votes`;
-        the gradient norm is computed when clipping or fp16 needs it, or `report_grad_norm` asks."""
+        on the shard, start gathering the updated parameters. `vote` and `written` are counted over ranks in
+        `StepResult.votes` and `.written`; the gradient norm is computed when clipping or fp16 needs it, or
+        `report_grad_norm` asks."""
         if not self.is_accumulation_boundary() or self._stepped_at == self.micro_steps:
             return StepResult(applied=False, loss_scale=self.scaler.scale)
         self._stepped_at = self.micro_steps
@@ -349,9 +352,9 @@ class ZeroEngine:
             torch._foreach_div_(grads, scale)  # one kernel launch per tensor list, not one per unit
         clip = self.config.gradient_clipping
         need_norm = report_grad_norm or clip is not None or self.scaler.enabled
-        agreed, norm = self.control.agree(self.units, vote, need_norm)
+        agreed, norm = self.control.agree(self.units, vote, need_norm, written)
         self.last_grad_norm = norm
-        done = StepResult(applied=False, grad_norm=norm, loss_scale=scale, loss=agreed.loss, votes=agreed.votes)
+        done = StepResult(False, norm, loss_scale=scale, loss=agreed.loss, votes=agreed.votes, written=agreed.written)
         if self.scaler.update(overflow=norm is not None and not math.isfinite(norm)):
             self._zero_grads()
             done.overflow = True

@@ -173,6 +173,37 @@ def test_a_stop_signal_commits_the_current_step_and_a_rerun_continues_exactly(
         assert torch.equal(got[name], value), name
 
 
+@pytest.mark.slow
+def test_asynchronous_saves_commit_as_they_go_and_a_stop_waits_for_the_one_in_flight(
+    tmp_path: Path, straight: dict[str, torch.Tensor]
+) -> None:
+    """checkpoint.async with a save every 2 steps: SIGTERM finishes the write in flight, commits the step it stopped
+    at, and a rerun (also asynchronous) ends exactly where the synchronous run never stopped did."""
+    manifest, ckpt = job(tmp_path), tmp_path / "ckpt"
+    doc = yaml.safe_load(manifest.read_text())
+    doc["spec"]["checkpoint"] |= {"async": True, "intervalSteps": 2}
+    manifest.write_text(yaml.safe_dump(doc))
+    proc = start(tmp_path, manifest, ckpt)
+    wait_for_step(proc, 12)
+    os.kill(proc.pid, signal.SIGTERM)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 143 and "Traceback" not in output, output
+    saved = by_step(ckpt)
+    stopped_at = max(saved)
+    assert 12 <= stopped_at < STEPS and len(saved) == 2, output  # keepLast 2: the stop and an interval save before
+    assert min(saved) % 2 == 0 and all((p / "COMMITTED").is_file() for p in saved.values())
+    assert not [p for p in ckpt.glob("step-*") if not (p / "COMMITTED").exists() and p.name < saved[stopped_at].name]
+    assert f"every rank stopped after step {stopped_at} of {STEPS}, checkpoint {saved[stopped_at]} committed" in output
+
+    rerun = start(tmp_path, manifest, ckpt)
+    output, _ = rerun.communicate(timeout=240)
+    assert rerun.returncode == 0 and f"at step {stopped_at}" in output, output
+    got = masters(by_step(ckpt)[STEPS])
+    assert got.keys() == straight.keys() and len(got) > 0
+    for name, value in straight.items():
+        assert torch.equal(got[name], value), name
+
+
 # Steps slow enough that a stop takes seconds: what a second Ctrl-C cuts short.
 SLOW_TASK = """
 import time

@@ -84,6 +84,8 @@ def rank_registry() -> CollectorRegistry:
         save_seconds=0.1,
         save_bytes=1,
         last_save_seconds=0.1,
+        blocked_seconds=0.1,
+        last_blocked_seconds=0.01,
         last_committed_step=1,
         load_seconds=0.1,
         load_bytes=1,

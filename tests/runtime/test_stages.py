@@ -66,7 +66,7 @@ def _opt(name: str):  # type: ignore[no-untyped-def]
 
 
 def _model_bytes(engine: Any) -> int:
-    """Bytes moved for the model's tensors: the step's fixed-size control all-reduce (56 bytes) is not one."""
+    """Bytes moved for the model's tensors: the step's fixed-size control all-reduce (64 bytes) is not one."""
     return sum(s.bytes for op, s in engine.comm.stats.ops.items() if op != "control")
 
 
