@@ -16,6 +16,7 @@ PEERS = {
     "zero1": ["zro", "ds1"],
     "zero2": ["zro", "ds2"],
     "zero3": ["fsdp2", "fsdp2-keep", "ds3", "ddp"],
+    "zero3-compile": ["zero3", "fsdp2-compile"],
 }
 CATEGORIES = ("parameter", "gradient", "optimizer")
 
@@ -46,7 +47,7 @@ def figures_table(doc: dict[str, Any]) -> Table:
             format_bytes(r["predicted"]["model_state"]),
             format_bytes(r["max_rss_bytes"]),
             format_bytes(r["comm_bytes_per_step"]),
-            format_bytes(r.get("across_bytes_per_step", 0)),
+            format_bytes(r.get("across_bytes_per_step", 0)) if group < r["world"] else "-",
             f"{r['final_loss']:.4f}",
             f"{r['max_loss_diff']:.1e}",
         )

@@ -24,8 +24,8 @@ from torch import nn
 
 from zerotrain.runtime.zero.memory import StorageCounter
 
-ZEROTRAIN = ["zero0", "zero1", "zero2", "zero3"]
-TORCH = ["ddp", "zro", "fsdp2", "fsdp2-keep"]
+ZEROTRAIN = ["zero0", "zero1", "zero2", "zero3", "zero3-compile"]
+TORCH = ["ddp", "zro", "fsdp2", "fsdp2-keep", "fsdp2-compile"]
 DEEPSPEED = ["ds1", "ds2", "ds3"]
 SYSTEMS = ZEROTRAIN + TORCH + DEEPSPEED
 LABELS = {
@@ -34,12 +34,15 @@ LABELS = {
     "zro": "DDP + ZeroRedundancyOptimizer",
     "fsdp2": "FSDP2 (reshard after forward)",
     "fsdp2-keep": "FSDP2 (keep after forward)",
+    "zero3-compile": "zerotrain stage 3, compiled blocks",
+    "fsdp2-compile": "FSDP2, compiled blocks",
     **{f"ds{s}": f"DeepSpeed ZeRO-{s}" for s in range(1, 4)},
 }
-HYBRID = ["zero1", "zero2", "zero3", "fsdp2", "fsdp2-keep"]
+HYBRID = ["zero1", "zero2", "zero3", "zero3-compile", "fsdp2", "fsdp2-keep", "fsdp2-compile"]
 """The systems `--shard-group` shards within groups (stage 0, DDP and ZeroRedundancyOptimizer stay as they are)."""
 # The ZeRO stage whose memory formula each system implements.
-FORMULA_STAGE = {"ddp": 0, "zro": 1, "fsdp2": 3, "fsdp2-keep": 3, **{f"zero{s}": s for s in range(4)}}
+FORMULA_STAGE = {"ddp": 0, "zro": 1, "fsdp2": 3, "fsdp2-keep": 3, "fsdp2-compile": 3, "zero3-compile": 3}
+FORMULA_STAGE.update({f"zero{s}": s for s in range(4)})
 FORMULA_STAGE.update({f"ds{s}": s for s in range(1, 4)})
 LR, WEIGHT_DECAY = 1e-3, 0.1
 
@@ -190,6 +193,12 @@ def _torch_system(name: str, model: nn.Module, spec: RunSpec) -> System:
         shape = (spec.world // spec.shard_group, spec.shard_group)
         mesh = init_device_mesh(spec.device, shape, mesh_dim_names=("replicate", "shard"))
     for block in model.blocks:  # type: ignore[union-attr]
+        if name == "fsdp2-compile":
+            # Per block, as torchtitan does; FSDP2's hooks stay around the compiled forward, as zerotrain's do
+            # (zerotrain's wrapper: the counted step runs under a dispatch mode, which dynamo cannot trace).
+            from zerotrain.runtime.zero.compiled import CompiledForward
+
+            block.forward = CompiledForward("block", block.forward, {})
         fully_shard(block, mesh=mesh, reshard_after_forward=not keep)
     fully_shard(model, mesh=mesh, reshard_after_forward=not keep)
     return System(model, _adamw(model.parameters()))
@@ -217,7 +226,8 @@ def build_system(name: str, model: nn.Module, unit_modules: list[str], spec: Run
 
         # Same optimisation as the peers: decay on every parameter, no clipping.
         cfg = ZeroConfig(
-            stage=int(name[-1]),
+            stage=int(name[4]),
+            compile_units=name.endswith("-compile"),
             unit_modules=unit_modules,
             gradient_clipping=None,
             no_weight_decay=[],

@@ -193,6 +193,11 @@ class ZeroConfig(SpecModel):
     shard by shard, so stage 3's per-unit all-gathers never leave the group. `pod` is one pod's nprocPerNode ranks
     (a node's fast links); unset, every rank (plain ZeRO). Must divide the world size; stage 0 shards nothing and
     ignores it. Each rank holds model states for S ranks' share, not the world's: memory is planned with S."""
+    compile_units: bool = Field(default=False, alias="compile")
+    """Compile each unit's forward with torch.compile (per block, as torchtitan does; the root unit stays eager),
+    with the engine's hooks outside the compiled code, so it works with every stage, activation checkpointing and
+    mixed precision. The first step pays the compile. A unit that cannot be captured whole runs eagerly, with one
+    warning naming it and the break."""
     collective_timeout_seconds: int = Field(default=300, ge=1)
     """A collective not finished in this time fails with an error naming the rank and unit, never hangs."""
 

@@ -45,6 +45,7 @@ from zerotrain.runtime.zero.activation_meter import SavedActivations
 from zerotrain.runtime.zero.activations import apply_checkpointing
 from zerotrain.runtime.zero.buckets import BucketPool
 from zerotrain.runtime.zero.collectives import Comm
+from zerotrain.runtime.zero.compiled import compile_units
 from zerotrain.runtime.zero.consistency import Event, OrderCheck, PendingCheck
 from zerotrain.runtime.zero.grad_arena import GradArenas
 from zerotrain.runtime.zero.hooks import GradReadyHooks, Prefetcher, on_output_grad
@@ -194,6 +195,10 @@ class ZeroEngine:
     def _install_hooks(self) -> None:
         self._prefetcher.install()
         modules = [u.layout.module for u in self.units if u.layout.module is not None]
+        self.eager_units: dict[str, str] = {}
+        """zero.compile: units whose forward did not compile to one graph, with why (they run eagerly)."""
+        if self.config.compile_units:
+            self.eager_units = compile_units([(u.name, u.layout.module) for u in self.units if u.layout.module])
         if self.config.activation_checkpointing:
             apply_checkpointing(
                 modules, self.config.offload_activation_checkpoints, self._activations.observe, self.device

@@ -154,3 +154,24 @@ def test_log_directories_share_one_parent_and_the_oldest_go(tmp_path: Path) -> N
         made.append(default_log_dir(f"job{i}", root=tmp_path, keep=3))
         os.utime(made[-1], (1000 + i, 1000 + i))  # distinct ages within one second
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in made[-3:])
+
+
+@pytest.mark.slow
+def test_a_local_run_with_shard_groups_trains_and_says_how_it_sharded(tmp_path: Path) -> None:
+    """Four local ranks in two shard groups of two: the whole path from the manifest to the ranks, and the report
+    shows the traffic between the groups."""
+    doc = yaml.safe_load(QUICKSTART.read_text())
+    doc["spec"]["zero"]["shardGroupSize"] = 2
+    job = tmp_path / "hybrid.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    summary_file = tmp_path / "summary.json"
+    argv = [sys.executable, "-m", "zerotrain.cli", "run", str(job), "--nproc", "4", "--steps", "8"]
+    argv += ["--summary-file", str(summary_file), "--no-metrics"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = json.loads(summary_file.read_text())
+    assert summary["final_loss"] < summary["first_loss"]
+    for entry in summary["ranks"]:
+        assert entry["memory"]["shard_group_size"] == 2
+        assert entry["comm"]["all_reduce_across_groups"]["bytes"] > 0
+    assert "N = 2: 4 ranks in 2 shard groups" in " ".join(proc.stdout.split()), proc.stdout

@@ -96,7 +96,10 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
         )
     else:
         console.print(f"no steps left: resumed from the checkpoint of the final step {summary['steps']}")
-    memory = Table(title=f"memory per rank (stage {summary['stage']}, N = {summary['world_size']})")
+    world = summary["world_size"]
+    group = min((e["memory"].get("shard_group_size", world) for e in summary["ranks"]), default=world)
+    sharding = f"N = {world}" if group == world else f"N = {group}: {world} ranks in {world // group} shard groups"
+    memory = Table(title=f"memory per rank (stage {summary['stage']}, {sharding})")
     for col in ("rank", "category", "measured", "predicted"):
         memory.add_column(col, justify="left" if col == "category" else "right")
     comm = Table(title="communication per rank")
