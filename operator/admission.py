@@ -15,12 +15,13 @@ from zerotrain.operator.conditions import Reason
 from zerotrain.plan_inputs import (
     declared_parameters,
     gpu_memory_bytes,
+    host_bytes_per_pod,
     min_world_size,
     more_ranks,
     plan_input,
     plan_job,
 )
-from zerotrain.planner import MemoryPlan, PlanInput, format_bytes, min_data_parallel
+from zerotrain.planner import DEFAULT_HEADROOM, MemoryPlan, PlanInput, format_bytes, min_data_parallel
 from zerotrain.spec import ZeroTrainingJobSpec
 from zerotrain.zero_config import AutoStage, Stage
 
@@ -175,6 +176,22 @@ def _admit_sized(
     if planned is None:
         return Admission(spec=spec, stage_choice=choice)
     result, p = planned
-    if refusal := _does_not_fit(spec, result, p):
+    if refusal := _does_not_fit(spec, result, p) or _host_does_not_fit(spec):
         return Admission(spec=spec, plan=result, reason=Reason.MEMORY_PLAN_DOES_NOT_FIT, message=refusal)
     return Admission(spec=spec, plan=result, stage_choice=choice)
+
+
+def _host_does_not_fit(spec: ZeroTrainingJobSpec) -> str | None:
+    """Offloaded optimizer states that the pod's memory limit cannot hold (with the planner's headroom)."""
+    need, limit = host_bytes_per_pod(spec), spec.resources.memory
+    if not need or limit is None:
+        return None
+    usable = int(gpu_memory_bytes(limit) * (1 - DEFAULT_HEADROOM))
+    if need <= usable:
+        return None
+    return (
+        f"spec.zero.offload.optimizer: cpu keeps {format_bytes(need)} of fp32 masters and optimizer state in each "
+        f"pod's host memory ({spec.nproc_per_node} rank(s) × (K + 4)·Ψ/{spec.shard_group_ranks}), more than the "
+        f"{format_bytes(usable)} usable of resources.memory {limit}; raise resources.memory, shard over more ranks, "
+        "or drop zero.offload"
+    )

@@ -121,5 +121,8 @@ def resolve_stage(
             "spec.zero.stage: auto needs each rank's device memory: set resources.gpuMemory (GPU ranks) or "
             "resources.memory (CPU ranks share it), or choose a stage (0-3)"
         )
-    choice = choose_stage(spec, device, floor or Stage.DATA_PARALLEL)
+    lowest = floor or Stage.DATA_PARALLEL
+    if spec.zero.offload.optimizer is not None:
+        lowest = max(lowest, Stage.OPTIMIZER_STATES)  # the offloaded step needs a shard to step
+    choice = choose_stage(spec, device, lowest)
     return at_stage(spec, choice.stage), choice

@@ -100,6 +100,8 @@ class PeakInput(SpecModel):
     """zero.paramPersistenceElements (stage 3): units this small stay gathered."""
     boundary_sync: bool = False
     """zero.gradientSync boundary: stages 2/3 reduce once per step instead of every micro-batch."""
+    offload_optimizer: bool = False
+    """zero.offload.optimizer: the step runs on the host, so its temporaries are not on the device."""
     foreach_step: bool = False
     """Whether the optimizer steps every view at once (torch's default on CUDA) rather than one at a time."""
     activations: int = Field(default=0, ge=0)
@@ -123,6 +125,7 @@ def config_fields(zero: ZeroConfig) -> dict[str, object]:
         "contiguous_gradients": zero.contiguous_gradients,
         "accumulation_steps": zero.gradient_accumulation_steps,
         "param_persistence_elements": zero.param_persistence_elements,
+        "offload_optimizer": zero.offload.optimizer is not None,
         "boundary_sync": zero.gradient_sync is GradientSync.BOUNDARY,
     }
 
@@ -200,7 +203,9 @@ def fp32_gradient_bytes(p: PeakInput) -> int:
 
 
 def step_bytes(p: PeakInput) -> int:
-    """The optimizer's temporaries: fp32, the size of the views it updates."""
+    """The optimizer's temporaries: fp32, the size of the views it updates (on the host under offload)."""
+    if p.offload_optimizer:
+        return 0
     views = [_local(p.stage, u, p.world_size, Stage.OPTIMIZER_STATES) for u in [*p.blocks, p.root] if u]
     if not views:
         return 0

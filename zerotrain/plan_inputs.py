@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from zerotrain import transformer_plan
 from zerotrain.peak import PRECISION_BYTES, PeakInput, config_fields, padded_elements, peak_plan
-from zerotrain.planner import MemoryPlan, PlanInput, element_bytes, plan
+from zerotrain.planner import MemoryPlan, PlanInput, element_bytes, host_state_bytes, plan
 from zerotrain.quantity import parse_bytes
 from zerotrain.spec import OptimizerName, OptimizerSpec, ZeroTrainingJobSpec
 from zerotrain.zero_config import Stage
@@ -41,12 +41,26 @@ def declared_parameters(spec: ZeroTrainingJobSpec) -> int | None:
 
 
 def _element_bytes(spec: ZeroTrainingJobSpec) -> tuple[float, float, float]:
+    offload = spec.zero.offload.optimizer is not None
     w, g, k = element_bytes(
-        spec.zero.fixed_stage, PRECISION_BYTES[spec.zero.precision], optimizer_state_bytes(spec.training.optimizer)
+        spec.zero.fixed_stage,
+        PRECISION_BYTES[spec.zero.precision],
+        optimizer_state_bytes(spec.training.optimizer),
+        offload,
     )
-    if spec.model.optimizer_multiplier is not None:
+    if spec.model.optimizer_multiplier is not None and not offload:
         k = spec.model.optimizer_multiplier
     return w, g, k
+
+
+def host_bytes_per_pod(spec: ZeroTrainingJobSpec) -> int:
+    """Host memory a pod's ranks hold for offloaded optimizer states: nprocPerNode × (K + 4)·Ψ/N (0 without
+    offload, or without Ψ)."""
+    psi = declared_parameters(spec)
+    if spec.zero.offload.optimizer is None or psi is None:
+        return 0
+    per_element = host_state_bytes(optimizer_state_bytes(spec.training.optimizer), True)
+    return round(spec.nproc_per_node * per_element * psi / spec.shard_group_ranks)
 
 
 def plan_input(spec: ZeroTrainingJobSpec, device_memory: int | None = None) -> PlanInput:

@@ -27,9 +27,12 @@ MASTER_BYTES = 4.0
 """The fp32 master copy mixed precision keeps of every parameter (part of K)."""
 
 
-def element_bytes(stage: Stage, compute_bytes: float, state_bytes: float) -> tuple[float, float, float]:
+def element_bytes(
+    stage: Stage, compute_bytes: float, state_bytes: float, offload: bool = False
+) -> tuple[float, float, float]:
     """(w, g, K): bytes per element of a weight, a gradient and the optimizer state, as the zerotrain runtime holds
-    them, from the compute dtype's size and the optimizer's own per-element state (fp32: Adam 8, SGD with momentum 4).
+    them, from the compute dtype's size and the optimizer's own per-element state (fp32: Adam 8, SGD with momentum 4);
+    with `offload` (zero.offload.optimizer) the device holds no optimizer state: K is 0.
 
     Weights are in the compute dtype. Stages 0/1 keep full gradients in the compute dtype; stages 2/3 keep only
     the fp32 shard the optimizer reads (whatever dtype the reduction ran in). K is the optimizer's state plus, under
@@ -37,7 +40,15 @@ def element_bytes(stage: Stage, compute_bytes: float, state_bytes: float) -> tup
     """
     mixed = compute_bytes != 4.0
     g = compute_bytes if stage < Stage.GRADIENTS else 4.0
+    if offload:
+        return compute_bytes, g, 0.0  # the master and the state are on the host (`host_state_bytes`)
     return compute_bytes, g, state_bytes + (MASTER_BYTES if mixed else 0.0)
+
+
+def host_state_bytes(state_bytes: float, offload: bool) -> float:
+    """Host bytes per element of each rank's shard under optimizer offload: the optimizer state and the fp32 master,
+    which is a copy of its own there even in fp32 (the device keeps the parameters)."""
+    return state_bytes + MASTER_BYTES if offload else 0.0
 
 
 class PlanInput(SpecModel):

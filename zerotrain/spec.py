@@ -355,6 +355,15 @@ class ZeroTrainingJobSpec(SpecModel):
             ("zero.shard_group_size", "nproc_per_node"),
         ),
         Rule(
+            "!has(self.zero) || !has(self.zero.offload) || !has(self.zero.offload.optimizer) || "
+            "(has(self.resources) && has(self.resources.gpu) && self.resources.gpu > 0)",
+            lambda s: s.zero.offload.optimizer is None or s.resources.gpu > 0,
+            "zero.offload.optimizer moves optimizer states from the GPU to host memory, and these ranks train on the "
+            "CPU (resources.gpu 0), where the states are in host memory already; drop zero.offload or give the ranks "
+            "GPUs",
+            ("zero.offload.optimizer", "resources.gpu"),
+        ),
+        Rule(
             # An inverted range is elastic's own rule's to refuse.
             "!has(self.elastic) || self.elastic.minReplicas > self.elastic.maxReplicas || ("
             "(has(self.replicas) ? self.replicas : 1) >= self.elastic.minReplicas && "

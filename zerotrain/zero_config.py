@@ -80,6 +80,23 @@ def shard_group_ranks(value: int | ShardGroup | None, world_size: int, ranks_per
     return size
 
 
+class OffloadDevice(str, Enum):
+    """Where offloaded model states live."""
+
+    CPU = "cpu"
+    """Host memory (pinned when the ranks train on GPUs, so copies to and from the device do not block the host)."""
+
+
+class OffloadConfig(SpecModel):
+    """Model states kept off the training device (ZeRO-Offload)."""
+
+    optimizer: OffloadDevice | None = None
+    """`cpu`: each rank's fp32 master shard and optimizer state live in host memory and the optimizer steps there
+    (torch's own CPU optimizer on the same parameter groups); the reduced gradient shards are copied out for the step
+    and the updated values copied back into the compute parameters. The device then holds no optimizer state and no
+    master. Needs stage 1-3 (a shard to step)."""
+
+
 class LossScaleConfig(SpecModel):
     """Dynamic loss scaling, used only when `precision` is fp16."""
 
@@ -113,6 +130,14 @@ class ZeroConfig(SpecModel):
             "gradientSync: boundary sums unsharded gradients across micro-batches in the compute dtype, where every "
             "stage sums them in fp32; use gradientSync: every_micro_batch with bf16 or fp16, or precision: fp32",
             ("gradient_sync", "precision"),
+        ),
+        Rule(
+            "!has(self.offload) || !has(self.offload.optimizer) || !has(self.stage) || type(self.stage) != int "
+            "|| self.stage != 0",
+            lambda z: z.offload.optimizer is None or z.stage != Stage.DATA_PARALLEL,
+            "offload.optimizer needs stage 1-3: each rank steps its shard of the optimizer state on the host, and "
+            "stage 0 shards nothing; set zero.stage to 1-3 (or auto), or drop zero.offload",
+            ("offload.optimizer", "stage"),
         ),
         Rule(
             "!has(self.partitionActivations) || !self.partitionActivations",
@@ -193,6 +218,8 @@ class ZeroConfig(SpecModel):
     shard by shard, so stage 3's per-unit all-gathers never leave the group. `pod` is one pod's nprocPerNode ranks
     (a node's fast links); unset, every rank (plain ZeRO). Must divide the world size; stage 0 shards nothing and
     ignores it. Each rank holds model states for S ranks' share, not the world's: memory is planned with S."""
+    offload: OffloadConfig = Field(default_factory=OffloadConfig)
+    """Model states kept in host memory instead of on the device (ZeRO-Offload): `optimizer: cpu`."""
     compile_units: bool = Field(default=False, alias="compile")
     """Compile each unit's forward with torch.compile (per block, as torchtitan does; the root unit stays eager),
     with the engine's hooks outside the compiled code, so it works with every stage, activation checkpointing and

@@ -52,6 +52,7 @@ MEMORY_CATEGORIES: tuple[tuple[str, str, str | None, str | None], ...] = (
     ("parameters", "parameter_bytes", None, "predicted_parameter_bytes"),
     ("gradients", "gradient_bytes", None, "predicted_gradient_bytes"),
     ("optimizer_states", "optimizer_bytes", None, "predicted_optimizer_bytes"),
+    ("host_optimizer_states", "host_optimizer_bytes", None, "predicted_host_optimizer_bytes"),
     ("gathered_parameters", "gathered_bytes", "gathered_peak_bytes", "predicted_gathered_peak_bytes"),
     ("communication_buffers", "comm_buffer_bytes", "comm_buffer_peak_bytes", "predicted_comm_buffer_peak_bytes"),
     ("activations", "activation_bytes", "activation_peak_bytes", None),

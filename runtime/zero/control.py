@@ -106,7 +106,7 @@ def unpack(summed: torch.Tensor, world_size: int, micro_batches: int, had_loss: 
 
 def local_norm_sq(units: list[Unit]) -> torch.Tensor:
     """This rank's squared norm of the fp32 gradients the optimizer reads (its shard, or all of them in stage 0)."""
-    norms = torch._foreach_norm([u.grad_shard for u in units])  # fp32 shards, one multi-tensor kernel
+    norms = torch._foreach_norm([u.step_grads for u in units])  # fp32 shards, one multi-tensor kernel
     return (torch.stack(norms).double() ** 2).sum().reshape(1)
 
 

@@ -171,6 +171,7 @@ class ZeroEngine:
             config.reduce_bucket_elements,
             config.allgather_bucket_elements,
             accumulate_fp32=self.dtypes.compute != torch.float32 and config.gradient_accumulation_steps > 1,
+            offload=config.offload.optimizer is not None,
             across=across,
         )
         ctx.size_pool(layouts)
@@ -218,7 +219,7 @@ class ZeroEngine:
         for u in self.units:
             lo = u.master_range[0]
             segs = u.optimizer_segments(self._ctx.comm.rank)
-            made = opt_mod.shard_params(u.master, u.grad_shard, [(s.start, s.stop, s.kind) for s in segs])
+            made = opt_mod.shard_params(u.master, u.step_grads, [(s.start, s.stop, s.kind) for s in segs])
             for s, (_, p) in zip(segs, made, strict=True):
                 where[id(p)] = (u.index, lo + s.start, lo + s.stop)
             shard_params += made
@@ -352,7 +353,8 @@ class ZeroEngine:
         self.synchronize()  # a unit no forward reached may still be gathering into its buffer
         self._finish_forward_check()
         scale = self.scaler.scale
-        grads = [u.grad_shard for u in self.units]
+        self._offload_grads()
+        grads = [u.step_grads for u in self.units]
         if scale != 1.0:
             torch._foreach_div_(grads, scale)  # one kernel launch per tensor list, not one per unit
         clip = self.config.gradient_clipping
@@ -374,6 +376,15 @@ class ZeroEngine:
         self.comm.stats.settle()  # completed CUDA timings (none on CPU): the list stays one step long
         done.applied = True
         return done
+
+    def _offload_grads(self) -> None:
+        """Optimizer offload: the reduced shards out to the host, where the optimizer steps (one wait on CUDA)."""
+        if not self._ctx.offload:
+            return
+        for u in self.units:
+            u.offload_grads()
+        if self.device.type == "cuda":
+            torch.cuda.current_stream().synchronize()
 
     def _gather_order(self) -> list[int]:
         """Units in the order the next forward needs them: the root, then the last forward's order, then the rest."""

@@ -32,7 +32,7 @@ import torch
 
 from zerotrain._model import SpecModel
 from zerotrain.peak import PeakInput, arena_bytes, comm_bytes_per_step, config_fields, gathered_bytes, pool_bytes
-from zerotrain.planner import PlanInput, element_bytes, stage_bytes
+from zerotrain.planner import PlanInput, element_bytes, host_state_bytes, stage_bytes
 from zerotrain.runtime.zero import optimizer as opt_mod
 from zerotrain.zero_config import Stage
 
@@ -109,6 +109,10 @@ class MemoryReport(SpecModel):
     """The plan's gradient arenas (`zerotrain.peak.arena_bytes`; 0 without contiguous gradients)."""
     predicted_gathered_peak_bytes: int = 0
     """The plan's stage-3 gathered window (`zerotrain.peak.gathered_bytes`)."""
+    host_optimizer_bytes: int = 0
+    """Optimizer offload: the fp32 master and optimizer state this rank holds in host memory (0 otherwise)."""
+    predicted_host_optimizer_bytes: int = 0
+    """Formula: (K + 4)·Ψ/N in host memory under optimizer offload (the state and the fp32 master)."""
 
 
 @dataclass(frozen=True)
@@ -190,6 +194,8 @@ def memory_report(engine: ZeroEngine) -> MemoryReport:
     grads = c.count(t for u in units for t in u.gradient_tensors())
     state = [t for st in engine.optimizer.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
     opt_bytes = c.count(state) + c.count(t for u in units for t in u.master_tensors())
+    offload = engine.config.offload.optimizer is not None
+    host_opt, opt_bytes = (opt_bytes, 0) if offload else (0, opt_bytes)
     # K from the configuration, never from what is allocated (a prediction that measured itself would always
     # agree); an optimizer kind we do not know is measured, and assumed Adam's 8 before its first step.
     per_element = opt_mod.configured_state_bytes(engine.optimizer)
@@ -197,9 +203,11 @@ def memory_report(engine: ZeroEngine) -> MemoryReport:
         per_element = opt_mod.state_bytes_per_element(engine.optimizer)
     compute = float(torch.empty(0, dtype=engine.dtypes.compute).element_size())
     # The same rule `zerotrain plan`, validate and the operator's admission apply to the job spec.
-    w, g, k = element_bytes(engine.config.fixed_stage, compute, 8.0 if per_element is None else per_element)
+    state_bytes = 8.0 if per_element is None else per_element
+    w, g, k = element_bytes(engine.config.fixed_stage, compute, state_bytes, offload)
     psi = sum(u.layout.numel for u in units)
     pp, pg, po = predict(engine.config.fixed_stage, psi, engine.shard_ranks, w, g, k)
+    host_k = host_state_bytes(state_bytes, offload)
     buffers = buffer_plan(engine, w, g, k)
     held = engine.buffer_bytes()
     return MemoryReport(
@@ -232,6 +240,8 @@ def memory_report(engine: ZeroEngine) -> MemoryReport:
         predicted_comm_buffer_peak_bytes=pool_bytes(buffers),
         predicted_gradient_arena_bytes=arena_bytes(buffers),
         predicted_gathered_peak_bytes=gathered_bytes(buffers),
+        host_optimizer_bytes=host_opt,
+        predicted_host_optimizer_bytes=round(host_k * psi / engine.shard_ranks),
     )
 
 

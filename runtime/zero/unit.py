@@ -115,6 +115,18 @@ class Unit:
     """Bytes of this unit's unsharded gradients counted live in the current backward."""
     accum: torch.Tensor | None = None
     """Stage 1, mixed precision, several micro-batches: the fp32 sum of the full gradients until the step."""
+    host_grad: torch.Tensor | None = None
+    """Optimizer offload: the host copy of `grad_shard` the optimizer steps with (`master` is on the host too)."""
+
+    @property
+    def step_grads(self) -> torch.Tensor:
+        """The fp32 gradients the optimizer reads: the shard, or its host copy under optimizer offload."""
+        return self.host_grad if self.host_grad is not None else self.grad_shard
+
+    def offload_grads(self) -> None:
+        """Copy the reduced gradient shard out for the host step (queued on CUDA: the caller synchronizes once)."""
+        if self.host_grad is not None:
+            self.host_grad.copy_(self.fp32_grads(), non_blocking=True)
 
     @property
     def name(self) -> str:
@@ -189,14 +201,14 @@ class Unit:
         stages 1/2 all-gather the shards, a unit within `allgather_bucket` elements in place (its shard is already
         its slot of the full buffer) and asynchronously when asked (the next forward waits for it), a larger one
         in chunks through the pool; stage 3 updates the shard, and gathers a resident unit that is gathered."""
-        policy, mixed = self.ctx.policy, self.ctx.mixed
+        policy, copy, offload = self.ctx.policy, self.ctx.own_master, self.ctx.offload
         if not policy.optimizer:
-            if mixed:
-                self.full.data.copy_(self.master)
+            if copy:
+                self.full.data.copy_(self.master, non_blocking=offload)
             return
         if self.shard is not None:
-            if mixed:
-                self.shard.copy_(self.master)
+            if copy:
+                self.shard.copy_(self.master, non_blocking=offload)  # from pinned host memory: queued on CUDA
             if self.resident and self.gathered:
                 self.move_params(ParamState.STALE)
                 self._issue_gather(self.shard, async_op)
@@ -206,8 +218,8 @@ class Unit:
             return
         lo, hi = self.master_range
         mine = self.full.data[lo:hi]
-        if mixed:
-            mine.copy_(self.master)
+        if copy:
+            mine.copy_(self.master, non_blocking=offload)
         self.move_params(ParamState.STALE)
         self._issue_gather(mine, async_op)
 
@@ -215,8 +227,9 @@ class Unit:
         """The unit's whole fp32 master (a collective on every rank when the optimizer state is sharded)."""
         if not self.ctx.policy.optimizer:
             return self.master.float()
-        full = torch.empty(self.layout.padded, dtype=torch.float32, device=self.master.device)
-        self.ctx.comm.all_gather(full, self.master, self.name)
+        device = self.full.data.device  # the group's device: an offloaded master is gathered from a device copy
+        full = torch.empty(self.layout.padded, dtype=torch.float32, device=device)
+        self.ctx.comm.all_gather(full, self.master.to(device), self.name)
         return full
 
     def optimizer_segments(self, rank: int) -> list[Segment]:
@@ -328,6 +341,8 @@ class Unit:
                 self.move_grads(GradState.IDLE)
                 return
         self.grad_shard.zero_()
+        if self.host_grad is not None:
+            self.host_grad.zero_()
         self.move_grads(GradState.IDLE)
 
     # What each buffer holds, by report category: the memory report sums these (each storage once).
@@ -370,8 +385,19 @@ def build_unit(
     if not policy.gradients:
         grad_full = FlatBuffer(layout, compute, init.device)
         grad_full.bind_grads(params)
-    master = init[lo:hi].clone() if ctx.mixed else held
-    grad_shard = grad_full.data[lo:hi] if grad_full is not None and not ctx.mixed else torch.zeros_like(master)
-    state = ParamState.SHARDED if policy.parameters else ParamState.GATHERED
-    resident = not policy.parameters or layout.padded <= persist
-    return Unit(index, layout, params, ctx, full, master, grad_shard, (lo, hi), shard, grad_full, resident, state)
+    pin = init.is_cuda  # pinned host buffers: the copies to and from the device do not block the host
+    if ctx.offload:
+        master = init[lo:hi].to("cpu", copy=True)
+        master = master.pin_memory() if pin else master
+    else:
+        master = init[lo:hi].clone() if ctx.mixed else held
+    if grad_full is not None and not ctx.mixed:
+        grad_shard = grad_full.data[lo:hi]
+    else:
+        grad_shard = torch.zeros(hi - lo, dtype=torch.float32, device=init.device)
+    unit = Unit(index, layout, params, ctx, full, master, grad_shard, (lo, hi), shard, grad_full)
+    unit.resident = not policy.parameters or layout.padded <= persist
+    unit.params_state = ParamState.SHARDED if policy.parameters else ParamState.GATHERED
+    if ctx.offload:
+        unit.host_grad = torch.zeros(hi - lo, dtype=torch.float32, pin_memory=pin)
+    return unit

@@ -81,6 +81,8 @@ class UnitContext:
     """Mixed precision over several micro-batches: full gradients are summed in fp32 until the step."""
     arenas: GradArenas | None = None
     """Contiguous gradients' arenas (stages 2 and 3 with contiguousGradients)."""
+    offload: bool = False
+    """zero.offload.optimizer: the fp32 master and optimizer state live in host memory and the step runs there."""
     across: Comm | None = None
     """Hybrid sharding: the ranks holding the same shard in the other groups, whose gradients are all-reduced with
     this rank's at the accumulation boundary; None when one group spans every rank."""
@@ -96,6 +98,12 @@ class UnitContext:
     @property
     def mixed(self) -> bool:
         return self.dtypes.compute != torch.float32
+
+    @property
+    def own_master(self) -> bool:
+        """The fp32 master is a buffer of its own (mixed precision, or offloaded), copied into the parameters after
+        each step; otherwise the fp32 parameters are their own master."""
+        return self.mixed or self.offload
 
     def divide_before_reduce(self, t: torch.Tensor, comm: Comm | None = None) -> None:
         """Before a mean over `comm` (the shard group unless given): fp16 is divided first, so its sum cannot

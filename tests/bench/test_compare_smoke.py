@@ -76,13 +76,13 @@ def test_tiny_comparison_runs_every_requested_system_and_agrees(tmp_path: Path) 
 
 @pytest.mark.slow
 def test_hybrid_sharding_beside_fsdp2_hsdp_counts_the_bytes_between_groups(tmp_path: Path) -> None:
-    """World 4 as two groups of two, zerotrain stage 3 beside FSDP2 on a (2, 2) mesh, twice each: both agree with
+    """World 4 as two groups of two, zerotrain stage 3 beside FSDP2 on a (2, 2) mesh: both agree with
     the reference, hold half the model states (not a quarter), and send the same bytes across groups; zerotrain's
     own count equals the dispatcher's; the report gives each figure's range and a verdict on it."""
-    doc, printed = _tiny(tmp_path, "--worlds", "4", "--shard-group", "2", "--systems", "zero3,fsdp2", "--reps", "2")
+    doc, printed = _tiny(tmp_path, "--worlds", "4", "--shard-group", "2", "--systems", "zero3,fsdp2", "--reps", "1")
     zero3, fsdp2 = (next(r for r in doc["results"] if r["system"] == s) for s in ("zero3", "fsdp2"))
     for r in (zero3, fsdp2):
-        assert r["max_loss_diff"] <= 1e-4 and r["shard_group"] == 2 and len(r["tokens_per_second_reps"]) == 2
+        assert r["max_loss_diff"] <= 1e-4 and r["shard_group"] == 2 and len(r["tokens_per_second_reps"]) == 1
         assert r["predicted"]["model_state"] * 0.9 <= r["memory"]["model_state"] <= r["predicted"]["model_state"] * 1.1
         assert 0 < r["across_bytes_per_step"] < r["comm_bytes_per_step"]
     assert zero3["comm_bytes_per_step"] == zero3["engine_comm_bytes_per_step"]

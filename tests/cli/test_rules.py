@@ -54,6 +54,10 @@ CASES: list[dict[str, Any]] = [
     {"replicas": 4, "nprocPerNode": 4, "zero": {"shardGroupSize": 2}},
     {"replicas": 2, "nprocPerNode": 2, "zero": {"shardGroupSize": "pod"}},
     {"zero": {"shardGroupSize": "node"}},
+    {"zero": {"offload": {"optimizer": "cpu"}}},
+    {"zero": {"offload": {"optimizer": "cpu"}}, "resources": {"gpu": 1}},
+    {"zero": {"offload": {"optimizer": "cpu"}, "stage": 0}, "resources": {"gpu": 1}},
+    {"zero": {"offload": {"optimizer": "cpu"}, "stage": "auto"}, "resources": {"gpu": 1, "gpuMemory": "80Gi"}},
     {
         "replicas": 2,
         "nprocPerNode": 2,
@@ -123,5 +127,5 @@ def test_each_rule_s_cel_and_predicate_agree(path: str, model: type[SpecModel], 
 
 
 def test_every_model_rule_is_here() -> None:
-    # Resources, ModelShape, FailurePolicy, Scheduling, the spec's 8, ZeroConfig's 3, elastic
-    assert len(RULES) == 16
+    # Resources, ModelShape, FailurePolicy, Scheduling, the spec's 9, ZeroConfig's 4, elastic
+    assert len(RULES) == 18

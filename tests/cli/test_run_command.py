@@ -165,7 +165,7 @@ def test_a_local_run_with_shard_groups_trains_and_says_how_it_sharded(tmp_path: 
     job = tmp_path / "hybrid.yaml"
     job.write_text(yaml.safe_dump(doc))
     summary_file = tmp_path / "summary.json"
-    argv = [sys.executable, "-m", "zerotrain.cli", "run", str(job), "--nproc", "4", "--steps", "8"]
+    argv = [sys.executable, "-m", "zerotrain.cli", "run", str(job), "--nproc", "4", "--steps", "4"]
     argv += ["--summary-file", str(summary_file), "--no-metrics"]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -25,7 +25,13 @@ def _train(engine, data, rank: int) -> None:  # type: ignore[no-untyped-def]
 
 
 def save_after_three(
-    rank: int, world: int, root: str, stage: int, align: int | None = None, group: int | None = None
+    rank: int,
+    world: int,
+    root: str,
+    stage: int,
+    align: int | None = None,
+    group: int | None = None,
+    offload: dict | None = None,
 ) -> int:
     from zerotrain.runtime import ZeroConfig, ZeroEngine
     from zerotrain.runtime.zero import partition
@@ -33,7 +39,7 @@ def save_after_three(
     if align is not None:
         partition.ALIGN = align  # 1: the layout checkpoints had before parameters were aligned
 
-    cfg = ZeroConfig(stage=stage, unit_modules=["Block"], shard_group_size=group)
+    cfg = ZeroConfig(stage=stage, unit_modules=["Block"], shard_group_size=group, offload=offload or {})
     engine = ZeroEngine(make_model(seed=0), cfg, optimizer=_adamw)
     _train(engine, batches(3, world), rank)
     engine.save_checkpoint(root)
@@ -41,12 +47,18 @@ def save_after_three(
 
 
 def resume_two_more(
-    rank: int, world: int, root: str, stage: int, saved_world: int, group: int | None = None
+    rank: int,
+    world: int,
+    root: str,
+    stage: int,
+    saved_world: int,
+    group: int | None = None,
+    offload: dict | None = None,
 ) -> dict[str, object]:
     from zerotrain.runtime import ZeroConfig, ZeroEngine
 
     shard_file.READ_CHUNK_ELEMENTS = 50  # many small reads: the bound on what a load holds beyond its shard
-    cfg = ZeroConfig(stage=stage, unit_modules=["Block"], shard_group_size=group)
+    cfg = ZeroConfig(stage=stage, unit_modules=["Block"], shard_group_size=group, offload=offload or {})
     engine = ZeroEngine(make_model(seed=7), cfg, optimizer=_adamw)
     loaded = engine.load_checkpoint(root)  # the root: the newest committed checkpoint under it
     shard = sum(u.master.numel() for u in engine.units)

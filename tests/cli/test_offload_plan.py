@@ -1,0 +1,75 @@
+"""Optimizer offload in the one plan: the device holds no optimizer state and no step temporaries, the host holds
+(K + 4)·Ψ/N per rank, a pod whose memory cannot hold that is refused naming the field, stage auto never picks
+stage 0 for it, and CPU ranks (where it cannot help) are refused with the reason."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from zerotrain.autostage import resolve_stage
+from zerotrain.peak import peak_plan
+from zerotrain.plan_inputs import host_bytes_per_pod, peak_input, plan_job
+from zerotrain.spec import ZeroTrainingJobSpec
+from zerotrain.zero_config import Stage
+
+SHAPE = {"layers": 4, "hidden": 128, "heads": 4, "sequenceLength": 128, "vocabulary": 256, "microBatchSize": 8}
+GPU = {"gpu": 2, "gpuMemory": "80Gi"}
+
+
+def _spec(zero: dict[str, Any], **kw: Any) -> ZeroTrainingJobSpec:
+    base = {"image": "x", "entrypoint": "m:build", "nprocPerNode": 2, "resources": GPU, "model": {"shape": SHAPE}}
+    return ZeroTrainingJobSpec.model_validate({**base, "zero": zero, **kw})
+
+
+def test_the_device_holds_no_optimizer_state_and_the_host_holds_k_plus_4() -> None:
+    for stage in (1, 2, 3):
+        on = _spec({"stage": stage, "offload": {"optimizer": "cpu"}, "precision": "bf16"})
+        off = _spec({"stage": stage, "precision": "bf16"})
+        a, b = plan_job(on).stages[stage], plan_job(off).stages[stage]
+        assert a.optimizer_bytes == 0 < b.optimizer_bytes
+        assert a.parameter_bytes == b.parameter_bytes and a.gradient_bytes == b.gradient_bytes
+        pa, pb = peak_plan(peak_input(on)), peak_plan(peak_input(off))  # type: ignore[arg-type]
+        assert pa.optimizer_step == pa.fp32_gradients < pb.optimizer_step  # no device temporaries for the step
+    spec = _spec({"stage": 3, "offload": {"optimizer": "cpu"}})
+    psi = plan_job(spec).parameters
+    assert host_bytes_per_pod(spec) == round(2 * (8 + 4) * psi / 2)  # AdamW's moments and the fp32 master
+
+
+def test_a_pod_that_cannot_hold_the_offloaded_states_is_refused() -> None:
+    from zerotrain.operator.admission import admit
+
+    raw = {
+        "image": "x",
+        "entrypoint": "m:build",
+        "nprocPerNode": 2,
+        "resources": {**GPU, "memory": "8Gi"},
+        "model": {"parameters": 2_000_000_000},
+        "zero": {"stage": 3, "offload": {"optimizer": "cpu"}},
+    }
+    verdict = admit(raw, "big")
+    assert not verdict.admitted
+    assert verdict.message.startswith("spec.zero.offload.optimizer: cpu keeps 24.0 GB"), verdict.message
+    assert "raise resources.memory" in verdict.message
+    assert admit({**raw, "resources": {**GPU, "memory": "64Gi"}}, "fits").admitted
+
+
+def test_stage_auto_with_offload_starts_at_stage_1() -> None:
+    spec, choice = resolve_stage(_spec({"stage": "auto", "offload": {"optimizer": "cpu"}}))
+    assert choice is not None and spec.zero.fixed_stage == Stage.OPTIMIZER_STATES
+
+
+@pytest.mark.parametrize(
+    ("patch", "words"),
+    [
+        ({"zero": {"offload": {"optimizer": "cpu"}}, "resources": {"gpu": 0}}, "train on the CPU"),
+        ({"zero": {"stage": 0, "offload": {"optimizer": "cpu"}}}, "offload.optimizer needs stage 1-3"),
+        ({"zero": {"offload": {"optimizer": "nvme"}}}, "offload.optimizer"),
+    ],
+)
+def test_offload_where_it_cannot_help_is_refused_with_the_reason(patch: dict[str, Any], words: str) -> None:
+    doc = {"image": "x", "entrypoint": "m:build", "resources": {"gpu": 1}, **patch}
+    with pytest.raises(ValidationError, match=words):
+        ZeroTrainingJobSpec.model_validate(doc)
