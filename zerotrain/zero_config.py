@@ -241,8 +241,10 @@ class ZeroConfig(SpecModel):
     @field_validator("shard_group_size", mode="before")
     @classmethod
     def _one_group(cls, value: object) -> int | ShardGroup | None:
-        if value is None or value == ShardGroup.POD.value or value is ShardGroup.POD:
-            return None if value is None else ShardGroup.POD
+        if value is None:
+            return None
+        if value == ShardGroup.POD.value or value is ShardGroup.POD:
+            return ShardGroup.POD
         if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
             return value
         raise ValueError("Input should be a positive number of ranks or 'pod'; set one, or leave it unset")

@@ -56,13 +56,17 @@ class InFlight:
     """One save whose rank file is being written in the background."""
 
     target: Path
-    step: int
     position: dict[str, int]
     thread: threading.Thread
     started: float = field(default_factory=time.perf_counter)
     """When the save began (its duration to the commit is what the metrics report)."""
     digest: bytes = b""
     error: BaseException | None = None
+
+    @property
+    def step(self) -> int:
+        """The step the snapshot was taken after."""
+        return self.position["step"]
 
 
 @dataclass
@@ -79,7 +83,7 @@ class AsyncSaver:
         target, position = checkpoint.begin(engine, root)
         tensors, record = checkpoint.rank_contents(engine)
         host, copied = self._snapshot(tensors)
-        job = InFlight(target, position["step"], position, threading.Thread())
+        job = InFlight(target, position, threading.Thread())
 
         def write() -> None:
             try:
