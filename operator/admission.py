@@ -23,7 +23,7 @@ from zerotrain.plan_inputs import (
 )
 from zerotrain.planner import DEFAULT_HEADROOM, MemoryPlan, PlanInput, format_bytes, min_data_parallel
 from zerotrain.spec import ZeroTrainingJobSpec
-from zerotrain.zero_config import AutoStage, Stage
+from zerotrain.zero_config import AutoStage, Precision, Stage
 
 
 @dataclass(frozen=True)
@@ -189,9 +189,11 @@ def _host_does_not_fit(spec: ZeroTrainingJobSpec) -> str | None:
     usable = int(gpu_memory_bytes(limit) * (1 - DEFAULT_HEADROOM))
     if need <= usable:
         return None
+    shards = spec.zero.offload.parameters is not None and spec.zero.precision is not Precision.FP32
+    what = "fp32 masters, optimizer state and parameter shards" if shards else "fp32 masters and optimizer state"
     return (
-        f"spec.zero.offload.optimizer: cpu keeps {format_bytes(need)} of fp32 masters and optimizer state in each "
-        f"pod's host memory ({spec.nproc_per_node} rank(s) × (K + 4)·Ψ/{spec.shard_group_ranks}), more than the "
-        f"{format_bytes(usable)} usable of resources.memory {limit}; raise resources.memory, shard over more ranks, "
-        "or drop zero.offload"
+        f"spec.zero.offload: cpu keeps {format_bytes(need)} of {what} in each pod's host memory "
+        f"({spec.nproc_per_node} rank(s) × (K + 4{' + w' if shards else ''})·Ψ/{spec.shard_group_ranks}), more "
+        f"than the {format_bytes(usable)} usable of resources.memory {limit}; raise resources.memory, shard over "
+        "more ranks, or drop zero.offload"
     )

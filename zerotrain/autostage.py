@@ -124,5 +124,7 @@ def resolve_stage(
     lowest = floor or Stage.DATA_PARALLEL
     if spec.zero.offload.optimizer is not None:
         lowest = max(lowest, Stage.OPTIMIZER_STATES)  # the offloaded step needs a shard to step
+    if spec.zero.offload.parameters is not None:
+        lowest = Stage.PARAMETERS  # only stage 3 has a parameter shard to keep on the host
     choice = choose_stage(spec, device, lowest)
     return at_stage(spec, choice.stage), choice

@@ -102,6 +102,9 @@ class PeakInput(SpecModel):
     """zero.gradientSync boundary: stages 2/3 reduce once per step instead of every micro-batch."""
     offload_optimizer: bool = False
     """zero.offload.optimizer: the step runs on the host, so its temporaries are not on the device."""
+    offload_parameters: bool = False
+    """zero.offload.parameters (stage 3): the parameter shard is in host memory; only the gathered window is on the
+    device."""
     foreach_step: bool = False
     """Whether the optimizer steps every view at once (torch's default on CUDA) rather than one at a time."""
     activations: int = Field(default=0, ge=0)
@@ -126,6 +129,7 @@ def config_fields(zero: ZeroConfig) -> dict[str, object]:
         "accumulation_steps": zero.gradient_accumulation_steps,
         "param_persistence_elements": zero.param_persistence_elements,
         "offload_optimizer": zero.offload.optimizer is not None,
+        "offload_parameters": zero.offload.parameters is not None,
         "boundary_sync": zero.gradient_sync is GradientSync.BOUNDARY,
     }
 
@@ -223,7 +227,7 @@ def peak_plan(p: PeakInput) -> PeakPlan:
                 parameters=max(padded, 1),
                 data_parallel=p.world_size,
                 optimizer_multiplier=p.state_bytes,
-                bytes_per_weight=p.compute_bytes,
+                bytes_per_weight=0.0 if p.offload_parameters else p.compute_bytes,
                 bytes_per_gradient=p.gradient_bytes,
             ),
         )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from zerotrain import transformer_plan
 from zerotrain.peak import PRECISION_BYTES, PeakInput, config_fields, padded_elements, peak_plan
-from zerotrain.planner import MemoryPlan, PlanInput, element_bytes, host_state_bytes, plan
+from zerotrain.planner import MemoryPlan, PlanInput, element_bytes, host_parameter_bytes, host_state_bytes, plan
 from zerotrain.quantity import parse_bytes
 from zerotrain.spec import OptimizerName, OptimizerSpec, ZeroTrainingJobSpec
 from zerotrain.zero_config import Stage
@@ -47,6 +47,7 @@ def _element_bytes(spec: ZeroTrainingJobSpec) -> tuple[float, float, float]:
         PRECISION_BYTES[spec.zero.precision],
         optimizer_state_bytes(spec.training.optimizer),
         offload,
+        spec.zero.offload.parameters is not None,
     )
     if spec.model.optimizer_multiplier is not None and not offload:
         k = spec.model.optimizer_multiplier
@@ -54,12 +55,15 @@ def _element_bytes(spec: ZeroTrainingJobSpec) -> tuple[float, float, float]:
 
 
 def host_bytes_per_pod(spec: ZeroTrainingJobSpec) -> int:
-    """Host memory a pod's ranks hold for offloaded optimizer states: nprocPerNode × (K + 4)·Ψ/N (0 without
-    offload, or without Ψ)."""
+    """Host memory a pod's ranks hold for offloaded model states: nprocPerNode × (K + 4)·Ψ/N, plus w·Ψ/N for an
+    offloaded parameter shard in bf16/fp16 (0 without offload, or without Ψ)."""
     psi = declared_parameters(spec)
-    if spec.zero.offload.optimizer is None or psi is None:
+    offload = spec.zero.offload
+    if offload.optimizer is None or psi is None:
         return 0
-    per_element = host_state_bytes(optimizer_state_bytes(spec.training.optimizer), True)
+    per_element = host_state_bytes(optimizer_state_bytes(spec.training.optimizer), True) + host_parameter_bytes(
+        PRECISION_BYTES[spec.zero.precision], offload.parameters is not None
+    )
     return round(spec.nproc_per_node * per_element * psi / spec.shard_group_ranks)
 
 
@@ -100,7 +104,8 @@ def peak_input(spec: ZeroTrainingJobSpec, foreach_step: bool | None = None) -> P
     z = spec.zero
     # Stage 0 shards nothing, so hybrid sharding changes nothing there: its N is the world (padding, all-reduce).
     n = spec.world_size if z.fixed_stage is Stage.DATA_PARALLEL else spec.shard_group_ranks
-    w, g, k = _element_bytes(spec)
+    _, g, k = _element_bytes(spec)
+    w = PRECISION_BYTES[z.precision]  # the gathered window's and activations' dtype, offloaded shard or not
     if spec.model.activation_bytes is not None:
         acts, in_block, host = spec.model.activation_bytes, None, 0
     else:

@@ -28,11 +28,13 @@ MASTER_BYTES = 4.0
 
 
 def element_bytes(
-    stage: Stage, compute_bytes: float, state_bytes: float, offload: bool = False
+    stage: Stage, compute_bytes: float, state_bytes: float, offload: bool = False, offload_parameters: bool = False
 ) -> tuple[float, float, float]:
-    """(w, g, K): bytes per element of a weight, a gradient and the optimizer state, as the zerotrain runtime holds
-    them, from the compute dtype's size and the optimizer's own per-element state (fp32: Adam 8, SGD with momentum 4);
-    with `offload` (zero.offload.optimizer) the device holds no optimizer state: K is 0.
+    """(w, g, K): bytes per element of a weight, a gradient and the optimizer state the device holds between steps,
+    as the zerotrain runtime holds them, from the compute dtype's size and the optimizer's own per-element state
+    (fp32: Adam 8, SGD with momentum 4); with `offload` (zero.offload.optimizer) the device holds no optimizer state:
+    K is 0; with `offload_parameters` (stage 3's zero.offload.parameters) it holds no parameter shard: w is 0 (the
+    gathered window, in the compute dtype, is the whole-peak plan's).
 
     Weights are in the compute dtype. Stages 0/1 keep full gradients in the compute dtype; stages 2/3 keep only
     the fp32 shard the optimizer reads (whatever dtype the reduction ran in). K is the optimizer's state plus, under
@@ -41,7 +43,8 @@ def element_bytes(
     mixed = compute_bytes != 4.0
     g = compute_bytes if stage < Stage.GRADIENTS else 4.0
     if offload:
-        return compute_bytes, g, 0.0  # the master and the state are on the host (`host_state_bytes`)
+        # The master and the state are on the host (`host_state_bytes`), and with them the parameter shard.
+        return 0.0 if offload_parameters else compute_bytes, g, 0.0
     return compute_bytes, g, state_bytes + (MASTER_BYTES if mixed else 0.0)
 
 
@@ -49,6 +52,12 @@ def host_state_bytes(state_bytes: float, offload: bool) -> float:
     """Host bytes per element of each rank's shard under optimizer offload: the optimizer state and the fp32 master,
     which is a copy of its own there even in fp32 (the device keeps the parameters)."""
     return state_bytes + MASTER_BYTES if offload else 0.0
+
+
+def host_parameter_bytes(compute_bytes: float, offload_parameters: bool) -> float:
+    """Host bytes per element of each rank's parameter shard under parameter offload, in the compute dtype; 0 in
+    fp32, where the offloaded master is that shard."""
+    return compute_bytes if offload_parameters and compute_bytes != MASTER_BYTES else 0.0
 
 
 class PlanInput(SpecModel):
@@ -61,8 +70,8 @@ class PlanInput(SpecModel):
     optimizer_multiplier: float = Field(default=12.0, ge=0)
     """K, optimizer-state bytes per parameter (12: fp32 master copy, momentum and variance; 0: fp32 SGD without
     momentum)."""
-    bytes_per_weight: float = Field(default=2.0, gt=0)
-    """Bytes of one compute-precision weight (2 for fp16/bf16)."""
+    bytes_per_weight: float = Field(default=2.0, ge=0)
+    """Bytes of one compute-precision weight (2 for fp16/bf16; 0 when the parameter shard is offloaded)."""
     bytes_per_gradient: float = Field(default=2.0, gt=0)
     """Bytes of one gradient element (2 for fp16/bf16)."""
     device_memory: int | None = Field(default=None, ge=1)

@@ -95,6 +95,13 @@ class OffloadConfig(SpecModel):
     (torch's own CPU optimizer on the same parameter groups); the reduced gradient shards are copied out for the step
     and the updated values copied back into the compute parameters. The device then holds no optimizer state and no
     master. Needs stage 1-3 (a shard to step)."""
+    parameters: OffloadDevice | None = None
+    """`cpu`: stage 3 also keeps each rank's parameter shard in host memory (ZeRO-Infinity's offload_param, FSDP2's
+    CPUOffloadPolicy): a unit's gather first copies the shard into its slot of the device buffer (issued with the
+    prefetch, so the copy runs ahead of the unit's compute), and the step writes the updated values into the host
+    shard without touching the device. Between uses the device holds no parameters, only the gathered window.
+    Needs stage 3 (below it every rank holds the full parameters) and optimizer: cpu (the step runs where the
+    shard lives)."""
 
 
 class LossScaleConfig(SpecModel):
@@ -138,6 +145,22 @@ class ZeroConfig(SpecModel):
             "offload.optimizer needs stage 1-3: each rank steps its shard of the optimizer state on the host, and "
             "stage 0 shards nothing; set zero.stage to 1-3 (or auto), or drop zero.offload",
             ("offload.optimizer", "stage"),
+        ),
+        Rule(
+            "!has(self.offload) || !has(self.offload.parameters) || !has(self.stage) || type(self.stage) != int "
+            "|| self.stage == 3",
+            lambda z: z.offload.parameters is None or z.stage in (Stage.PARAMETERS, AutoStage.AUTO),
+            "offload.parameters keeps each rank's parameter shard on the host, and only stage 3 shards parameters "
+            "(below it every rank holds them all on the device); set zero.stage to 3 (or auto), or drop "
+            "offload.parameters",
+            ("offload.parameters", "stage"),
+        ),
+        Rule(
+            "!has(self.offload) || !has(self.offload.parameters) || has(self.offload.optimizer)",
+            lambda z: z.offload.parameters is None or z.offload.optimizer is not None,
+            "offload.parameters needs offload.optimizer: cpu, so the step runs on the host where the parameter shard "
+            "lives (a device step would copy every shard out and back each step); add optimizer: cpu to zero.offload",
+            ("offload.parameters", "offload.optimizer"),
         ),
         Rule(
             "!has(self.partitionActivations) || !self.partitionActivations",

@@ -142,6 +142,6 @@ class AsyncSaver:
         if job is None:
             return None  # saves start and commit at the same steps on every rank: none is in flight anywhere
         job.thread.join()
-        ready = torch.tensor([1.0 if self.written() else 0.0], device=engine.units[0].master.device)
+        ready = torch.tensor([1.0 if self.written() else 0.0], device=engine.device)
         engine.comm.all_reduce(ready, "<checkpoint>")
         return self.commit_if_agreed(engine, round(ready.item()))

@@ -240,7 +240,9 @@ def commit(engine: ZeroEngine, target: Path, pos: dict[str, int], mine: bytes) -
 
 
 def _device(engine: ZeroEngine) -> torch.device:
-    return engine.units[0].master.device
+    """Where the checkpoint's collectives run: the ranks' device (NCCL takes no host tensors, and an offloaded master
+    is on the host)."""
+    return engine.device
 
 
 def _commit(engine: ZeroEngine, target: Path, raw: bytes, pos: dict[str, int]) -> None:
@@ -360,7 +362,7 @@ def apply(engine: ZeroEngine, ready: Prepared) -> Loaded:
         for u in engine.units:
             reshard.fill(readers, plan.masters[u.index], u.master)
     sd = engine.optimizer.state_dict()
-    sd["state"] = reshard.optimizer_state(readers, plan, _device(engine))
+    sd["state"] = reshard.optimizer_state(readers, plan, engine.units[0].master.device)  # beside the master
     own = next((r for r in readers if r.record["rank"] == engine.rank), None)
     saved_groups = readers[0].record["param_groups"]
     if len(saved_groups) == len(sd["param_groups"]):

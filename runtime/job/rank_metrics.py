@@ -53,6 +53,7 @@ MEMORY_CATEGORIES: tuple[tuple[str, str, str | None, str | None], ...] = (
     ("gradients", "gradient_bytes", None, "predicted_gradient_bytes"),
     ("optimizer_states", "optimizer_bytes", None, "predicted_optimizer_bytes"),
     ("host_optimizer_states", "host_optimizer_bytes", None, "predicted_host_optimizer_bytes"),
+    ("host_parameters", "host_parameter_bytes", None, "predicted_host_parameter_bytes"),
     ("gathered_parameters", "gathered_bytes", "gathered_peak_bytes", "predicted_gathered_peak_bytes"),
     ("communication_buffers", "comm_buffer_bytes", "comm_buffer_peak_bytes", "predicted_comm_buffer_peak_bytes"),
     ("activations", "activation_bytes", "activation_peak_bytes", None),
@@ -364,7 +365,7 @@ class RankMetrics:
         if not self.enabled:
             return
         if self.probe is None:
-            self.probe = DeviceProbe(engine.units[0].master.device)
+            self.probe = DeviceProbe(engine.device)
         s = self.snapshot
         engine.comm.stats.settle()
         comm = {op: (o.calls, o.bytes, o.payload_bytes, o.seconds) for op, o in engine.comm.stats.ops.items()}

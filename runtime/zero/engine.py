@@ -172,6 +172,7 @@ class ZeroEngine:
             config.allgather_bucket_elements,
             accumulate_fp32=self.dtypes.compute != torch.float32 and config.gradient_accumulation_steps > 1,
             offload=config.offload.optimizer is not None,
+            offload_parameters=config.offload.parameters is not None,
             across=across,
         )
         ctx.size_pool(layouts)

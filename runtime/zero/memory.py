@@ -32,7 +32,7 @@ import torch
 
 from zerotrain._model import SpecModel
 from zerotrain.peak import PeakInput, arena_bytes, comm_bytes_per_step, config_fields, gathered_bytes, pool_bytes
-from zerotrain.planner import PlanInput, element_bytes, host_state_bytes, stage_bytes
+from zerotrain.planner import PlanInput, element_bytes, host_parameter_bytes, host_state_bytes, stage_bytes
 from zerotrain.runtime.zero import optimizer as opt_mod
 from zerotrain.zero_config import Stage
 
@@ -113,6 +113,11 @@ class MemoryReport(SpecModel):
     """Optimizer offload: the fp32 master and optimizer state this rank holds in host memory (0 otherwise)."""
     predicted_host_optimizer_bytes: int = 0
     """Formula: (K + 4)·Ψ/N in host memory under optimizer offload (the state and the fp32 master)."""
+    host_parameter_bytes: int = 0
+    """Parameter offload: the parameter shard this rank holds in host memory in the compute dtype (0 otherwise, and
+    in fp32, where the offloaded master is that shard)."""
+    predicted_host_parameter_bytes: int = 0
+    """Formula: w·Ψ/N in host memory under parameter offload in bf16/fp16."""
 
 
 @dataclass(frozen=True)
@@ -189,13 +194,18 @@ def memory_report(engine: ZeroEngine) -> MemoryReport:
     """Bytes per category the engine's rank holds now, next to the ZeRO formula's prediction."""
     c = StorageCounter()
     units = engine.units
+    offload, off_params = engine.config.offload.optimizer is not None, engine.config.offload.parameters is not None
+    state = [t for st in engine.optimizer.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
+    # Without offload an fp32 master is the parameters themselves (counted there, first); offloaded, it is a host
+    # buffer of its own, or in fp32 with the parameters offloaded the host shard itself (counted here, first).
+    opt_bytes = c.count(state) + c.count(t for u in units for t in u.master_tensors()) if offload else 0
     params = c.count(t for u in units for t in u.parameter_tensors())
     gathered = c.count(t for u in units for t in u.gathered_tensors())
     grads = c.count(t for u in units for t in u.gradient_tensors())
-    state = [t for st in engine.optimizer.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
-    opt_bytes = c.count(state) + c.count(t for u in units for t in u.master_tensors())
-    offload = engine.config.offload.optimizer is not None
+    if not offload:
+        opt_bytes = c.count(state) + c.count(t for u in units for t in u.master_tensors())
     host_opt, opt_bytes = (opt_bytes, 0) if offload else (0, opt_bytes)
+    host_params, params = (params, 0) if off_params else (0, params)
     # K from the configuration, never from what is allocated (a prediction that measured itself would always
     # agree); an optimizer kind we do not know is measured, and assumed Adam's 8 before its first step.
     per_element = opt_mod.configured_state_bytes(engine.optimizer)
@@ -204,11 +214,12 @@ def memory_report(engine: ZeroEngine) -> MemoryReport:
     compute = float(torch.empty(0, dtype=engine.dtypes.compute).element_size())
     # The same rule `zerotrain plan`, validate and the operator's admission apply to the job spec.
     state_bytes = 8.0 if per_element is None else per_element
-    w, g, k = element_bytes(engine.config.fixed_stage, compute, state_bytes, offload)
+    w, g, k = element_bytes(engine.config.fixed_stage, compute, state_bytes, offload, off_params)
     psi = sum(u.layout.numel for u in units)
     pp, pg, po = predict(engine.config.fixed_stage, psi, engine.shard_ranks, w, g, k)
     host_k = host_state_bytes(state_bytes, offload)
-    buffers = buffer_plan(engine, w, g, k)
+    host_w = host_parameter_bytes(compute, off_params)
+    buffers = buffer_plan(engine, compute, g, k)
     held = engine.buffer_bytes()
     return MemoryReport(
         rank=engine.rank,
@@ -242,6 +253,8 @@ def memory_report(engine: ZeroEngine) -> MemoryReport:
         predicted_gathered_peak_bytes=gathered_bytes(buffers),
         host_optimizer_bytes=host_opt,
         predicted_host_optimizer_bytes=round(host_k * psi / engine.shard_ranks),
+        host_parameter_bytes=host_params,
+        predicted_host_parameter_bytes=round(host_w * psi / engine.shard_ranks),
     )
 
 

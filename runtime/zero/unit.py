@@ -117,16 +117,27 @@ class Unit:
     """Stage 1, mixed precision, several micro-batches: the fp32 sum of the full gradients until the step."""
     host_grad: torch.Tensor | None = None
     """Optimizer offload: the host copy of `grad_shard` the optimizer steps with (`master` is on the host too)."""
+    streamed: int = 0
+    """Optimizer offload: elements of `host_grad` copied out as their reduction finished, this step."""
 
     @property
     def step_grads(self) -> torch.Tensor:
         """The fp32 gradients the optimizer reads: the shard, or its host copy under optimizer offload."""
         return self.host_grad if self.host_grad is not None else self.grad_shard
 
-    def offload_grads(self) -> None:
-        """Copy the reduced gradient shard out for the host step (queued on CUDA: the caller synchronizes once)."""
+    def stream_out(self, a: int, b: int) -> None:
+        """Optimizer offload: shard columns [a, b) hold their last reduction of the step: copy them out now, while
+        backward still runs (queued on CUDA)."""
         if self.host_grad is not None:
+            self.host_grad[a:b].copy_(self.grad_shard[a:b], non_blocking=True)
+            self.streamed += b - a
+
+    def offload_grads(self) -> None:
+        """Before the host step: whatever of the reduced shard was not streamed out is copied now (queued on CUDA:
+        the caller synchronizes once)."""
+        if self.host_grad is not None and self.streamed < self.host_grad.numel():
             self.host_grad.copy_(self.fp32_grads(), non_blocking=True)
+        self.streamed = 0
 
     @property
     def name(self) -> str:
@@ -162,11 +173,21 @@ class Unit:
         """Issue the asynchronous all-gather of a sharded unit (a no-op otherwise); True if issued."""
         if self.params_state is not ParamState.SHARDED:
             return False
-        assert self.shard is not None
         self.full.allocate()
         self.ctx.note_gathered(self.full.nbytes())
-        self._issue_gather(self.shard, async_op=True)
+        self._issue_gather(self._device_shard(), async_op=True)
         return True
+
+    def _device_shard(self) -> torch.Tensor:
+        """Stage 3's gather source on the device: the shard, or under parameter offload its host values copied into
+        this rank's slot of the full buffer (queued on CUDA: the gather is ordered after it), gathered in place."""
+        assert self.shard is not None
+        if not self.ctx.offload_parameters:
+            return self.shard
+        lo, hi = self.master_range
+        slot = self.full.data[lo:hi]
+        slot.copy_(self.shard, non_blocking=True)
+        return slot
 
     def wait_for_unshard(self) -> None:
         """Wait for the unit's all-gather if one is in flight; its parameters are usable afterwards."""
@@ -207,11 +228,11 @@ class Unit:
                 self.full.data.copy_(self.master, non_blocking=offload)
             return
         if self.shard is not None:
-            if copy:
+            if copy and self.shard is not self.master:  # offloaded fp32 parameters are the master itself
                 self.shard.copy_(self.master, non_blocking=offload)  # from pinned host memory: queued on CUDA
             if self.resident and self.gathered:
                 self.move_params(ParamState.STALE)
-                self._issue_gather(self.shard, async_op)
+                self._issue_gather(self._device_shard(), async_op)
             return
         if len(chunks(self.layout.shard_numel, self.ctx.n, self.ctx.allgather_bucket)) > 1:
             unit_comm.gather_in_chunks(self)
@@ -375,8 +396,11 @@ def build_unit(
     full.bind(params)
     lo, hi = layout.shard_range(ctx.comm.rank) if policy.optimizer else (0, layout.padded)
     shard = None
+    pin = init.is_cuda  # pinned host buffers: the copies to and from the device do not block the host
     if policy.parameters:
         shard = held = init[lo:hi].to(compute, copy=True)
+        if ctx.offload_parameters:
+            shard = held = shard.to("cpu").pin_memory() if pin else shard
         full.free()
     else:
         full.data.copy_(init)
@@ -385,8 +409,9 @@ def build_unit(
     if not policy.gradients:
         grad_full = FlatBuffer(layout, compute, init.device)
         grad_full.bind_grads(params)
-    pin = init.is_cuda  # pinned host buffers: the copies to and from the device do not block the host
-    if ctx.offload:
+    if ctx.offload and shard is not None and ctx.offload_parameters and compute == torch.float32:
+        master = shard  # the offloaded fp32 shard is the master the host step updates: one host copy, not two
+    elif ctx.offload:
         master = init[lo:hi].to("cpu", copy=True)
         master = master.pin_memory() if pin else master
     else:

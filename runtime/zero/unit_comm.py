@@ -111,8 +111,9 @@ def reduce_scatter(
             ctx.divide_before_reduce(bucket)
             return ctx.comm.reduce_scatter(out, bucket, u.name, async_op=True, mean=True)
 
-        apply = _apply_scattered(u, out, a, b, accumulate)
-        finish: Finish = across_groups(u, out, a, b, apply) if ctx.across is not None and boundary else apply
+        crossing = ctx.across is not None and boundary
+        apply = _apply_scattered(u, out, a, b, accumulate, last=boundary and not crossing)
+        finish: Finish = across_groups(u, out, a, b, apply) if crossing else apply
         if whole is not None and then is not None:
             finish = _chain(finish, then)
         ticket = ctx.pool.launch(send, finish, lent)
@@ -123,13 +124,18 @@ def reduce_scatter(
     return last
 
 
-def _apply_scattered(u: Unit, out: torch.Tensor, a: int, b: int, accumulate: bool) -> Callable[[], None]:
+def _apply_scattered(u: Unit, out: torch.Tensor, a: int, b: int, accumulate: bool, last: bool) -> Callable[[], None]:
+    """Put the chunk's reduce-scatter into the fp32 shard; when it is the step's `last` write to those columns,
+    an offloaded optimizer's copy of them starts now."""
+
     def finish() -> None:
         u.ctx.divide_after_reduce(out)
         if accumulate:
             u.grad_shard[a:b].add_(out)
         else:
             u.fp32_grads()[a:b].copy_(out)
+        if last:
+            u.stream_out(a, b)
 
     return finish
 
@@ -148,6 +154,7 @@ def across_groups(u: Unit, out: torch.Tensor, a: int, b: int, apply: Callable[[]
     def finish() -> None:
         ctx.divide_after_reduce(out, across)
         u.grad_shard[a:b].copy_(out)
+        u.stream_out(a, b)
 
     def first() -> Then:
         apply()
@@ -178,7 +185,7 @@ def gather_in_chunks(u: Unit) -> None:
     ctx, n, shard = u.ctx, u.ctx.n, u.layout.shard_numel
     for a, b in chunks(shard, n, ctx.allgather_bucket):
         width = b - a
-        lent = ctx.pool.acquire((n + 1) * width, ctx.dtypes.compute, u.master.device)
+        lent = ctx.pool.acquire((n + 1) * width, ctx.dtypes.compute, u.full.data.device)  # not the host master
         recv, send = lent[: n * width], lent[n * width :]
         send.copy_(u.master[a:b])
         ctx.comm.all_gather(recv, send, u.name)

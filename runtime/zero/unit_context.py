@@ -83,6 +83,9 @@ class UnitContext:
     """Contiguous gradients' arenas (stages 2 and 3 with contiguousGradients)."""
     offload: bool = False
     """zero.offload.optimizer: the fp32 master and optimizer state live in host memory and the step runs there."""
+    offload_parameters: bool = False
+    """zero.offload.parameters (stage 3): each unit's parameter shard lives in host memory; a gather first copies it
+    into its slot of the device buffer."""
     across: Comm | None = None
     """Hybrid sharding: the ranks holding the same shard in the other groups, whose gradients are all-reduced with
     this rank's at the accumulation boundary; None when one group spans every rank."""

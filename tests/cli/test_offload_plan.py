@@ -1,6 +1,7 @@
-"""Optimizer offload in the one plan: the device holds no optimizer state and no step temporaries, the host holds
-(K + 4)·Ψ/N per rank, a pod whose memory cannot hold that is refused naming the field, stage auto never picks
-stage 0 for it, and CPU ranks (where it cannot help) are refused with the reason."""
+"""Offload in the one plan: the device holds no optimizer state and no step temporaries, the host holds
+(K + 4)·Ψ/N per rank (and w·Ψ/N more for bf16 parameter shards), a pod whose memory cannot hold that is refused
+naming the field, stage auto never picks a stage offload cannot run at, and CPU ranks (where it cannot help) are
+refused with the reason."""
 
 from __future__ import annotations
 
@@ -38,6 +39,22 @@ def test_the_device_holds_no_optimizer_state_and_the_host_holds_k_plus_4() -> No
     assert host_bytes_per_pod(spec) == round(2 * (8 + 4) * psi / 2)  # AdamW's moments and the fp32 master
 
 
+def test_offloaded_parameters_leave_only_the_gathered_window_on_the_device() -> None:
+    both = {"optimizer": "cpu", "parameters": "cpu"}
+    on = _spec({"stage": 3, "offload": both, "precision": "bf16"})
+    off = _spec({"stage": 3, "offload": {"optimizer": "cpu"}, "precision": "bf16"})
+    a, b = plan_job(on).stages[3], plan_job(off).stages[3]
+    assert a.parameter_bytes == 0 < b.parameter_bytes and a.gradient_bytes == b.gradient_bytes
+    pa, pb = peak_plan(peak_input(on)), peak_plan(peak_input(off))  # type: ignore[arg-type]
+    assert pa.parameters == 0 < pb.parameters
+    assert pa.gathered_parameters == pb.gathered_parameters > 0  # the window is gathered on the device still
+    assert pa.peak == pb.peak - pb.parameters
+    psi = plan_job(on).parameters
+    assert host_bytes_per_pod(on) == round(2 * (8 + 4 + 2) * psi / 2)  # and the bf16 shard
+    fp32 = _spec({"stage": 3, "offload": both})
+    assert host_bytes_per_pod(fp32) == round(2 * (8 + 4) * psi / 2)  # the fp32 master is the shard
+
+
 def test_a_pod_that_cannot_hold_the_offloaded_states_is_refused() -> None:
     from zerotrain.operator.admission import admit
 
@@ -51,14 +68,17 @@ def test_a_pod_that_cannot_hold_the_offloaded_states_is_refused() -> None:
     }
     verdict = admit(raw, "big")
     assert not verdict.admitted
-    assert verdict.message.startswith("spec.zero.offload.optimizer: cpu keeps 24.0 GB"), verdict.message
+    assert verdict.message.startswith("spec.zero.offload: cpu keeps 24.0 GB"), verdict.message
     assert "raise resources.memory" in verdict.message
     assert admit({**raw, "resources": {**GPU, "memory": "64Gi"}}, "fits").admitted
 
 
-def test_stage_auto_with_offload_starts_at_stage_1() -> None:
+def test_stage_auto_with_offload_starts_at_stage_1_and_with_parameters_at_3() -> None:
     spec, choice = resolve_stage(_spec({"stage": "auto", "offload": {"optimizer": "cpu"}}))
     assert choice is not None and spec.zero.fixed_stage == Stage.OPTIMIZER_STATES
+    both = {"optimizer": "cpu", "parameters": "cpu"}
+    spec, choice = resolve_stage(_spec({"stage": "auto", "offload": both}))
+    assert choice is not None and spec.zero.fixed_stage == Stage.PARAMETERS
 
 
 @pytest.mark.parametrize(
@@ -67,6 +87,8 @@ def test_stage_auto_with_offload_starts_at_stage_1() -> None:
         ({"zero": {"offload": {"optimizer": "cpu"}}, "resources": {"gpu": 0}}, "train on the CPU"),
         ({"zero": {"stage": 0, "offload": {"optimizer": "cpu"}}}, "offload.optimizer needs stage 1-3"),
         ({"zero": {"offload": {"optimizer": "nvme"}}}, "offload.optimizer"),
+        ({"zero": {"stage": 2, "offload": {"optimizer": "cpu", "parameters": "cpu"}}}, "only stage 3 shards"),
+        ({"zero": {"offload": {"parameters": "cpu"}}}, "offload.parameters needs offload.optimizer: cpu"),
     ],
 )
 def test_offload_where_it_cannot_help_is_refused_with_the_reason(patch: dict[str, Any], words: str) -> None:

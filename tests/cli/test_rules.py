@@ -58,6 +58,9 @@ CASES: list[dict[str, Any]] = [
     {"zero": {"offload": {"optimizer": "cpu"}}, "resources": {"gpu": 1}},
     {"zero": {"offload": {"optimizer": "cpu"}, "stage": 0}, "resources": {"gpu": 1}},
     {"zero": {"offload": {"optimizer": "cpu"}, "stage": "auto"}, "resources": {"gpu": 1, "gpuMemory": "80Gi"}},
+    {"zero": {"offload": {"optimizer": "cpu", "parameters": "cpu"}}, "resources": {"gpu": 1}},
+    {"zero": {"offload": {"optimizer": "cpu", "parameters": "cpu"}, "stage": 2}, "resources": {"gpu": 1}},
+    {"zero": {"offload": {"parameters": "cpu"}}, "resources": {"gpu": 1}},
     {
         "replicas": 2,
         "nprocPerNode": 2,
@@ -127,5 +130,5 @@ def test_each_rule_s_cel_and_predicate_agree(path: str, model: type[SpecModel], 
 
 
 def test_every_model_rule_is_here() -> None:
-    # Resources, ModelShape, FailurePolicy, Scheduling, the spec's 9, ZeroConfig's 4, elastic
-    assert len(RULES) == 18
+    # Resources, ModelShape, FailurePolicy, Scheduling, the spec's 9, ZeroConfig's 6, elastic
+    assert len(RULES) == 20
