@@ -367,12 +367,21 @@ class Reconciler:
 
     def _write(self, body: dict[str, Any], previous: ZeroTrainingJobStatus | None, new: ZeroTrainingJobStatus) -> None:
         md = body["metadata"]
+        key = (md["namespace"], md["name"])
         view = JobView(new.phase, dict(new.restarts.by_cause), new.restarts.total, new.replicas, new.stage)
-        self.metrics.set_job((md["namespace"], md["name"]), view)
+        self.metrics.set_job(key, view)
         patch = status_patch(previous, new)
         if patch is None:
             return
-        self.kube.patch_job_status(md["namespace"], md["name"], patch)
+        try:
+            self.kube.patch_job_status(md["namespace"], md["name"], patch)
+        except KubeError as e:
+            if e.status != 404:
+                raise
+            # Deleted while this pass ran (its delete handler may have forgotten it already): the series this pass
+            # just set would otherwise outlive the job.
+            self.metrics.forget(key)
+            return
         job, now = builders.JobRef.from_body(body), self.clock()
         for ev in transitions(previous, new):
             self.kube.create_event(builders.build_event(job, ev.type, ev.reason, ev.message, now))
