@@ -70,11 +70,11 @@ def offload_cases(rank: int, world: int) -> list[dict]:
     return out
 
 
-@pytest.mark.slow
 def _near(measured: int, predicted: int, padding: int) -> bool:
     return abs(measured - predicted) <= 0.02 * predicted + padding
 
 
+@pytest.mark.slow
 def test_offloaded_states_train_as_adamw_and_are_held_on_the_host() -> None:
     for results in run_ranks(offload_cases, 2, timeout=300):
         for r in results[:PARITY_CASES]:
