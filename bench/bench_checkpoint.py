@@ -148,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "checkpoint.json")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="zt-bench-ckpt-") as d:
-        mp.spawn(run_rank, args=(args, free_port(), d), nprocs=2)
+        mp.set_forkserver_preload(["torch", "torch.distributed", "zerotrain.runtime.zero.engine"])  # imported once
+        mp.start_processes(run_rank, args=(args, free_port(), d), nprocs=2, start_method="forkserver")
         ranks = [json.loads(Path(d, f"{r}.json").read_text()) for r in range(2)]
     figures = report(ranks, Console(width=160))
     args.out.parent.mkdir(parents=True, exist_ok=True)

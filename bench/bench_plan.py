@@ -142,7 +142,8 @@ def _system(case: Case, model: torch.nn.Module) -> Any:
 def measure_peak(case: Case) -> tuple[int, list[dict[str, Any]]]:
     """The largest rank's measured peak, and every rank's record."""
     with tempfile.TemporaryDirectory() as out:
-        mp.spawn(_rank, args=(case, free_port(), out), nprocs=case.world)
+        mp.set_forkserver_preload(["torch", "torch.distributed", "zerotrain.runtime.zero.engine"])  # imported once
+        mp.start_processes(_rank, args=(case, free_port(), out), nprocs=case.world, start_method="forkserver")
         ranks = [json.loads(Path(out, f"{r}.json").read_text()) for r in range(case.world)]
     return max(r["peak"] for r in ranks), ranks
 

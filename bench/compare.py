@@ -69,12 +69,19 @@ def check_agreement(system: str, world: int, losses: list[float], reference: lis
     return worst
 
 
+PRELOAD = ["torch", "torch.distributed", "torch.distributed.fsdp", "zerotrain.runtime.zero.engine", "compare_systems"]
+"""What the forkserver imports once: each repetition of each system starts fresh ranks, and a spawned rank spent about
+3 s importing these (a fork happens before any rank computes, so the timed steps are the same either way)."""
+
+
 def _spawn(target: Any, spec: RunSpec, nprocs: int) -> list[dict[str, Any]]:
-    """Run `target(rank, spec)` in `nprocs` spawned processes; their result files, by rank."""
+    """Run `target(rank, spec)` in `nprocs` fresh processes (forked from a forkserver that imported `PRELOAD`, and
+    nothing else: no CUDA context, no thread pool); their result files, by rank."""
+    mp.set_forkserver_preload(PRELOAD)  # read when the server starts, at the first call
     with tempfile.TemporaryDirectory(prefix="zt-compare-") as d:
         spec = replace(spec, out_dir=d, port=free_port())
         try:
-            mp.spawn(target, args=(spec,), nprocs=nprocs)
+            mp.start_processes(target, args=(spec,), nprocs=nprocs, start_method="forkserver")
         except mp.ProcessExitedException as e:
             # A signal at exit after every rank wrote its figures (gloo teardown) loses nothing.
             if len(list(Path(d).glob("*.json"))) < nprocs:
