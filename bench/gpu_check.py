@@ -1,4 +1,5 @@
-"""The GPU paths in one call: NCCL collectives, stage 0-3 parity, the sanitizer, the allocator and bf16 throughput.
+"""The GPU paths in one call: NCCL collectives, stage 0-3 parity, the sanitizer, the allocator, bf16 throughput and
+offload.
 
     bash bench/gpu_check.sh OUTDIR               # on the GPU machine: installs .gpu-bundle, then runs this
     python bench/gpu_check.py --device cpu       # the same checks on gloo with small sizes, to try the script
@@ -23,6 +24,10 @@ is 1 when any check failed, 2 when the machine cannot run the checks at all. Pha
   fragmentation at peak) beside memory_report()'s measured and predicted (ZeRO formula) model states.
 - throughput: bench/gpu_throughput.py, bf16 tokens/s of zerotrain stage 3 against FSDP2 in both modes (a 1.01 B
   parameter GPT on CUDA), losses checked against FSDP2's.
+- offload: bf16 stage 3 on the allocator's model, plain, with zero.offload.optimizer: cpu and with parameters: cpu
+  too: memory_report()'s device and host categories against the plan, the offloaded tensors on the host (pinned
+  on CUDA), peak allocated, losses against the plain run; FSDP2 with CPUOffloadPolicy beside them on CUDA; step
+  times as ratios, not asserted.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from gpu_check_allocator import phase_allocator
 from gpu_check_collectives import phase_collectives
 from gpu_check_config import FAULTS, PHASES
 from gpu_check_driver import drive
+from gpu_check_offload import phase_offload
 from gpu_check_parity import phase_parity
 from gpu_check_records import Checks
 from gpu_check_sanitizer import phase_csan_control, phase_sanitized_training, phase_sanitizer
@@ -55,6 +61,7 @@ PHASE_FUNCS: dict[str, Callable[[argparse.Namespace, Checks], None]] = {
     "sanitized_training": phase_sanitized_training,
     "allocator": phase_allocator,
     "throughput": phase_throughput,
+    "offload": phase_offload,
 }
 """What `--phase NAME` runs in this process (the driver starts these; csan_control is handled apart)."""
 

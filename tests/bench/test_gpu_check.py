@@ -70,7 +70,11 @@ def test_cpu_path_runs_every_phase_and_passes(tmp_path: Path) -> None:
     assert {"throughput: zero3 (zerotrain stage 3)", "throughput: fsdp2 (FSDP2 (reshard after forward))"} <= passed
     # The sanitizer's runs happen on the CPU too; CSAN itself only watches CUDA streams.
     assert "sanitizer: bf16 stage 3 ran" in passed
-    assert _by_status(doc, "skipped") == {"sanitizer: sanitized run", "sanitizer: CSAN catches a planted race"}
+    for run in ("zero3 offload optimizer", "zero3 offload all"):
+        assert {f"offload: {run}: memory", f"offload: {run}: losses"} <= passed
+    assert "offload: zero3 offload all: parameters off the device" in passed
+    skipped = {"sanitizer: sanitized run", "sanitizer: CSAN catches a planted race"}
+    assert _by_status(doc, "skipped") == skipped | {"offload: fsdp2 CPUOffloadPolicy"}  # CUDA only
     # One printed line per check, and every phase's own log kept.
     assert sum(ln.lstrip().startswith(("ok ", "skipped ")) for ln in proc.stdout.splitlines()) == len(doc["checks"])
     assert {f"{p}.log" for p in gpu_check_config.PHASES} <= {p.name for p in (tmp_path / "phases").iterdir()}
