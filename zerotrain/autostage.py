@@ -16,6 +16,7 @@ from zerotrain.plan_inputs import (
     at_stage,
     declared_parameters,
     gpu_memory_bytes,
+    lowest_stage,
     min_world_size,
     more_ranks,
     plan_input,
@@ -121,10 +122,6 @@ def resolve_stage(
             "spec.zero.stage: auto needs each rank's device memory: set resources.gpuMemory (GPU ranks) or "
             "resources.memory (CPU ranks share it), or choose a stage (0-3)"
         )
-    lowest = floor or Stage.DATA_PARALLEL
-    if spec.zero.offload.optimizer is not None:
-        lowest = max(lowest, Stage.OPTIMIZER_STATES)  # the offloaded step needs a shard to step
-    if spec.zero.offload.parameters is not None:
-        lowest = Stage.PARAMETERS  # only stage 3 has a parameter shard to keep on the host
+    lowest = max(floor or Stage.DATA_PARALLEL, lowest_stage(spec))  # where the job's offload can run
     choice = choose_stage(spec, device, lowest)
     return at_stage(spec, choice.stage), choice

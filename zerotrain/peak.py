@@ -208,7 +208,7 @@ def fp32_gradient_bytes(p: PeakInput) -> int:
 
 def step_bytes(p: PeakInput) -> int:
     """The optimizer's temporaries: fp32, the size of the views it updates (on the host under offload)."""
-    if p.offload_optimizer:
+    if p.offload_optimizer and p.stage >= Stage.OPTIMIZER_STATES:
         return 0
     views = [_local(p.stage, u, p.world_size, Stage.OPTIMIZER_STATES) for u in [*p.blocks, p.root] if u]
     if not views:
@@ -227,7 +227,8 @@ def peak_plan(p: PeakInput) -> PeakPlan:
                 parameters=max(padded, 1),
                 data_parallel=p.world_size,
                 optimizer_multiplier=p.state_bytes,
-                bytes_per_weight=0.0 if p.offload_parameters else p.compute_bytes,
+                # Only stage 3 has a parameter shard to offload (the other stages' rows keep theirs on the device).
+                bytes_per_weight=0.0 if p.offload_parameters and p.stage == Stage.PARAMETERS else p.compute_bytes,
                 bytes_per_gradient=p.gradient_bytes,
             ),
         )

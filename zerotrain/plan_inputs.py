@@ -152,14 +152,24 @@ def plan_job(spec: ZeroTrainingJobSpec, device_memory: int | None = None) -> Mem
     """The job's plan, every stage: model states, and the whole peak when the spec gives the model's shape. The one
     entry point for `zerotrain plan -f`, `zerotrain validate` and the operator's admission."""
     p = plan_input(spec, device_memory)
-    if spec.model.shape is None:
-        return plan(p)
-    peaks = []
-    for stage in Stage:
-        pi = peak_input(at_stage(spec, stage))
-        assert pi is not None
-        peaks.append(peak_plan(pi))
-    return plan(p, peaks)
+    inputs = [plan_input(at_stage(spec, stage), device_memory) for stage in Stage]
+    peaks = None
+    if spec.model.shape is not None:
+        peaks = []
+        for stage in Stage:
+            pi = peak_input(at_stage(spec, stage))
+            assert pi is not None
+            peaks.append(peak_plan(pi))
+    result = plan(p, peaks, inputs, lowest_stage(spec))
+    return result.model_copy(update={"host_state_bytes": host_bytes_per_pod(spec) // spec.nproc_per_node})
+
+
+def lowest_stage(spec: ZeroTrainingJobSpec) -> Stage:
+    """The lowest stage the job's offload can run at: 1 to offload the optimizer (a shard to step on the host), 3 to
+    offload parameters (the only stage with a parameter shard); 0 without offload."""
+    if spec.zero.offload.parameters is not None:
+        return Stage.PARAMETERS
+    return Stage.OPTIMIZER_STATES if spec.zero.offload.optimizer is not None else Stage.DATA_PARALLEL
 
 
 def min_world_size(spec: ZeroTrainingJobSpec, stage: Stage, usable: int, limit: int = 1 << 16) -> int | None:

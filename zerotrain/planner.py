@@ -42,9 +42,9 @@ def element_bytes(
     """
     mixed = compute_bytes != 4.0
     g = compute_bytes if stage < Stage.GRADIENTS else 4.0
-    if offload:
-        # The master and the state are on the host (`host_state_bytes`), and with them the parameter shard.
-        return 0.0 if offload_parameters else compute_bytes, g, 0.0
+    if offload and stage >= Stage.OPTIMIZER_STATES:  # below it offload cannot run (nothing sharded to step)
+        # The master and the state are on the host (`host_state_bytes`), and with them stage 3's parameter shard.
+        return 0.0 if offload_parameters and stage == Stage.PARAMETERS else compute_bytes, g, 0.0
     return compute_bytes, g, state_bytes + (MASTER_BYTES if mixed else 0.0)
 
 
@@ -167,6 +167,9 @@ class MemoryPlan(SpecModel):
     """Lowest stage that fits (least communication); null if none fits or no device memory is known."""
     reason: str = ""
     """Why this stage, or what would fit."""
+    host_state_bytes: int = 0
+    """zero.offload: bytes of model states each rank keeps in host memory at the job's stage (fp32 masters and
+    optimizer state, and bf16/fp16 parameter shards when parameters are offloaded); 0 without offload."""
 
 
 # Which of (parameters, gradients, optimizer states) each stage partitions across the N ranks.
@@ -207,13 +210,20 @@ def min_data_parallel(stage: Stage, p: PlanInput, usable: float) -> int | None:
     return 1 if divisible == 0 else max(1, math.ceil(divisible / (usable - fixed)))
 
 
-def plan(p: PlanInput, peaks: list[PeakPlan] | None = None) -> MemoryPlan:
+def plan(
+    p: PlanInput,
+    peaks: list[PeakPlan] | None = None,
+    inputs: list[PlanInput] | None = None,
+    lowest: Stage = Stage.DATA_PARALLEL,
+) -> MemoryPlan:
     """The per-stage costs and, with a device memory, the recommended stage and why; `peaks` (one per stage, from
-    `zerotrain.peak`) make the verdict about the whole peak instead of the model states."""
+    `zerotrain.peak`) make the verdict about the whole peak instead of the model states. `inputs` (one per stage)
+    give each stage its own bytes per element (a job's w, g and K depend on the stage it runs); the recommendation
+    starts at `lowest` (offload runs from stage 1, parameter offload at 3)."""
     usable = None if p.device_memory is None else int(p.device_memory * (1 - p.headroom))
     stages = []
     for stage in Stage:
-        pb, gb, ob = stage_bytes(stage, p)
+        pb, gb, ob = stage_bytes(stage, inputs[stage] if inputs is not None else p)
         total = pb + gb + ob
         peak = peaks[stage] if peaks is not None else None
         required = peak.peak if peak is not None else total
@@ -239,17 +249,17 @@ def plan(p: PlanInput, peaks: list[PeakPlan] | None = None) -> MemoryPlan:
         stages=stages,
     )
     if usable is not None:
-        result.recommended_stage, result.reason = _recommend(p, stages, usable)
+        result.recommended_stage, result.reason = _recommend(p, stages, usable, lowest)
     return result
 
 
-def _recommend(p: PlanInput, stages: list[StagePlan], usable: int) -> tuple[Stage | None, str]:
+def _recommend(p: PlanInput, stages: list[StagePlan], usable: int, lowest: Stage) -> tuple[Stage | None, str]:
     budget = f"{format_bytes(usable)} usable ({format_bytes(p.device_memory or 0)} less {p.headroom:.0%} headroom)"
-    for sp in stages:
+    for sp in stages[lowest:]:
         if sp.fits:
             what = "at its peak" if sp.peak is not None else "of model states"
-            lower = ""
-            if sp.stage > Stage.DATA_PARALLEL:
+            lower = f" (zero.offload runs from stage {lowest.value})" if lowest > Stage.DATA_PARALLEL else ""
+            if sp.stage > lowest:
                 prev = stages[sp.stage - 1]
                 lower = f"; stage {prev.stage.value} would need {format_bytes(prev.required_bytes)}"
             comm = "2Ψ" if sp.stage < Stage.PARAMETERS else "3Ψ"

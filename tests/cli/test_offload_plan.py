@@ -95,3 +95,21 @@ def test_offload_where_it_cannot_help_is_refused_with_the_reason(patch: dict[str
     doc = {"image": "x", "entrypoint": "m:build", "resources": {"gpu": 1}, **patch}
     with pytest.raises(ValidationError, match=words):
         ZeroTrainingJobSpec.model_validate(doc)
+
+
+def test_each_row_offloads_only_where_offload_runs_and_the_recommendation_starts_there() -> None:
+    from rich.console import Console
+
+    from zerotrain.commands.plan import render
+
+    spec = _spec({"stage": 3, "precision": "bf16", "offload": {"optimizer": "cpu", "parameters": "cpu"}})
+    result = plan_job(spec)
+    rows = result.stages
+    assert rows[0].optimizer_bytes > 0 and rows[1].optimizer_bytes == rows[3].optimizer_bytes == 0
+    assert rows[2].parameter_bytes > 0 and rows[3].parameter_bytes == 0
+    assert result.recommended_stage == Stage.PARAMETERS  # every stage fits 80Gi; stage 3 is the lowest that can run
+    assert "zero.offload runs from stage 3" in result.reason
+    assert result.host_state_bytes == host_bytes_per_pod(spec) // 2 > 0
+    console = Console(record=True, width=200)
+    render(result, console)
+    assert "offloaded model states (zero.offload):" in console.export_text()

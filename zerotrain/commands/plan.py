@@ -187,6 +187,13 @@ def render(result: MemoryPlan, console: Console) -> None:
     console.print(table)
     if any(sp.peak is not None for sp in result.stages):
         render_peaks(result, console)
+    if result.host_state_bytes:
+        console.print(
+            Text(
+                f"offloaded model states (zero.offload): {format_bytes(result.host_state_bytes)} of host "
+                "memory per rank, not in the device columns"
+            )
+        )
     if result.reason:
         console.print(Text(result.reason), soft_wrap=True)
 
