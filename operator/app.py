@@ -14,6 +14,7 @@ from typing import Any
 
 import kopf
 
+from zerotrain.operator.cache import ObjectCache
 from zerotrain.operator.handlers import make_registry
 from zerotrain.operator.kube import Kube
 from zerotrain.operator.leader import LeaderElector, LeaseTimings
@@ -33,9 +34,12 @@ async def operate(
     liveness: bool = True,
 ) -> None:
     """Run the operator until `stop_flag` is set (or forever); the caller owns and closes `kube`."""
-    reconciler = Reconciler(kube=kube, settings=settings, metrics=metrics or OperatorMetrics())
+    reconciler = Reconciler(kube=kube, settings=settings, metrics=metrics or OperatorMetrics(), cache=ObjectCache())
     resync = Resync(
-        settings.resync_seconds, reconciler.reconcile, lister=lambda: kube.list_job_keys(list(settings.namespaces))
+        settings.resync_seconds,
+        reconciler.reconcile,
+        lister=lambda: reconciler.relist(list(settings.namespaces)),
+        relist_seconds=settings.relist_seconds,
     )
     endpoint = f"http://{settings.bind_address}:{settings.health_port}/healthz" if liveness else None
     resync.start()

@@ -15,7 +15,6 @@ from zerotrain.operator.resync import Resync
 from zerotrain.spec import GROUP, PLURAL, VERSION
 
 log = logging.getLogger(__name__)
-POD_SELECTOR = f"{naming.LABEL_MANAGED_BY}={naming.MANAGER},{naming.LABEL_JOB}"
 
 
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -30,7 +29,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.server_timeout = 300
     # Watch only our pods, filtered by the API server: in a busy namespace (or cluster-wide) the operator would
     # otherwise receive and drop every other pod's events.
-    settings.watching.label_selectors["", "v1", "pods"] = POD_SELECTOR
+    settings.watching.label_selectors["", "v1", "pods"] = naming.POD_SELECTOR
     settings.networking.request_timeout = 60
 
 
@@ -68,16 +67,34 @@ def make_registry(reconciler: Reconciler, resync: Resync | None = None) -> kopf.
     def on_job(namespace: str | None, name: str, **_: Any) -> None:
         run(namespace, name, permanent=True)
 
+    cache = reconciler.cache
+
+    # kopf calls event handlers before the create/update/resume ones of the same event: the pass those run reads
+    # the cache this has just updated.
     @kopf.on.event(*resource, registry=registry)
-    def on_job_event(type: str | None, namespace: str | None, name: str, **_: Any) -> None:
+    def on_job_event(type: str | None, event: Mapping[str, Any], namespace: str | None, name: str, **_: Any) -> None:
+        if namespace is None:
+            return
+        if cache is not None:
+            if type == "DELETED":
+                cache.drop_job(dict(event["object"]))
+            else:
+                cache.put_job(dict(event["object"]))
         # The periodic resync covers exactly the jobs the watch has shown (type None: the initial listing).
-        if resync is not None and namespace is not None:
+        if resync is not None:
             resync.seen((namespace, name), present=type != "DELETED")
 
     @kopf.on.event("", "v1", "pods", labels={naming.LABEL_JOB: kopf.PRESENT}, registry=registry)
-    def on_pod(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
+    def on_pod(
+        type: str | None, event: Mapping[str, Any], namespace: str | None, labels: Mapping[str, str], **_: Any
+    ) -> None:
         if namespace is None:
             return
+        if cache is not None:
+            if type == "DELETED":
+                cache.drop_pod(dict(event["object"]))
+            else:
+                cache.put_pod(dict(event["object"]))
         try:
             reconciler.reconcile(namespace, labels[naming.LABEL_JOB])
         except KubeError as e:  # event handlers are not retried; the resync catches up

@@ -94,6 +94,14 @@ _MERGE = "application/merge-patch+json"
 _APPLIED_KEYS = ("spec", "data", "rules", "roleRef", "subjects")
 
 
+@dataclass(frozen=True)
+class Listing:
+    """A LIST's objects and the resourceVersion the server listed them at (None where it gave none)."""
+
+    items: list[Obj]
+    resource_version: str | None
+
+
 class KubeError(Exception):
     """An API answer that is not 2xx (after retries)."""
 
@@ -226,16 +234,13 @@ class Kube:
 
     # -- jobs ------------------------------------------------------------------------------------------------
 
-    def list_job_keys(self, namespaces: list[str]) -> list[tuple[str, str]]:
-        """(namespace, name) of every job in `namespaces` (all namespaces when empty)."""
-        api = f"{GROUP}/{VERSION}"
-        paths = [path_of(api, PLURAL, ns) for ns in namespaces] or [path_of(api, PLURAL, None)]
-        keys = []
-        for path in paths:
-            for job in self.request("GET", path).get("items") or []:
-                md = job.get("metadata") or {}
-                keys.append((md.get("namespace", ""), md.get("name", "")))
-        return keys
+    def list_jobs(self, namespace: str | None) -> Listing:
+        """Every job in `namespace` (all namespaces: None)."""
+        return self._list(path_of(f"{GROUP}/{VERSION}", PLURAL, namespace))
+
+    def list_operator_pods(self, namespace: str | None) -> Listing:
+        """Every pod of any job in `namespace` (all namespaces: None), by the selector the pod watch uses."""
+        return self._list(path_of("v1", "pods", namespace), {"labelSelector": naming.POD_SELECTOR})
 
     def get_job(self, namespace: str, name: str) -> Obj | None:
         try:
@@ -245,8 +250,9 @@ class Kube:
                 return None
             raise
 
-    def patch_job_status(self, namespace: str, name: str, status: Obj) -> None:
-        self.request(
+    def patch_job_status(self, namespace: str, name: str, status: Obj) -> Obj:
+        """The job as the server stored it after the patch."""
+        return self.request(
             "PATCH", path_of(f"{GROUP}/{VERSION}", PLURAL, namespace, name, "status"), {"status": status}, _MERGE
         )
 
@@ -256,17 +262,21 @@ class Kube:
     # -- children --------------------------------------------------------------------------------------------
 
     def list_pods(self, namespace: str, job: str) -> list[Obj]:
-        query = {"labelSelector": f"{naming.LABEL_JOB}={job}"}
-        items = self.request("GET", path_of("v1", "pods", namespace), query=query).get("items") or []
+        return self.list_job_pods(namespace, job).items
+
+    def list_job_pods(self, namespace: str, job: str) -> Listing:
+        listing = self._list(path_of("v1", "pods", namespace), {"labelSelector": f"{naming.LABEL_JOB}={job}"})
         # Belt and braces: a server that ignores the selector must not hand us another job's pods.
-        return [p for p in items if (p.get("metadata", {}).get("labels") or {}).get(naming.LABEL_JOB) == job]
+        mine = [p for p in listing.items if (p.get("metadata", {}).get("labels") or {}).get(naming.LABEL_JOB) == job]
+        return Listing(mine, listing.resource_version)
 
     def create(self, obj: Obj) -> Obj:
         md = obj["metadata"]
         return self.request("POST", path_of(obj["apiVersion"], self._plural(obj), md.get("namespace")), obj)
 
-    def delete_pod(self, namespace: str, name: str) -> None:
-        self._delete(path_of("v1", "pods", namespace, name))
+    def delete_pod(self, namespace: str, name: str) -> Obj:
+        """The server's answer: the pod, terminating, or a Status once it is gone ({} if it was already)."""
+        return self._delete(path_of("v1", "pods", namespace, name))
 
     def delete_config_map(self, namespace: str, name: str) -> None:
         self._delete(path_of("v1", "configmaps", namespace, name))
@@ -310,6 +320,10 @@ class Kube:
 
     # -- helpers ---------------------------------------------------------------------------------------------
 
+    def _list(self, path: str, query: dict[str, str] | None = None) -> Listing:
+        data = self.request("GET", path, query=query)
+        return Listing(data.get("items") or [], (data.get("metadata") or {}).get("resourceVersion"))
+
     def _get_or_none(self, path: str) -> Obj | None:
         try:
             return self.request("GET", path)
@@ -318,13 +332,14 @@ class Kube:
                 return None
             raise
 
-    def _delete(self, path: str, propagation: str | None = None) -> None:
+    def _delete(self, path: str, propagation: str | None = None) -> Obj:
         body = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": propagation} if propagation else None
         try:
-            self.request("DELETE", path, body)
+            return self.request("DELETE", path, body)
         except KubeError as e:
             if e.status != 404:  # already gone is what we wanted
                 raise
+            return {}
 
     @staticmethod
     def _plural(obj: Obj) -> str:

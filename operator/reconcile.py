@@ -23,6 +23,7 @@ from zerotrain.job_status import Phase, ZeroTrainingJobStatus
 from zerotrain.operator import api_failure, builders, kueue, naming, resize
 from zerotrain.operator.admission import Admission, admit
 from zerotrain.operator.api_failure import ChildWriteError
+from zerotrain.operator.cache import ObjectCache
 from zerotrain.operator.conditions import ConditionType, Reason, is_true, set_condition
 from zerotrain.operator.kube import Kube, KubeError, path_of
 from zerotrain.operator.metrics import JobView, OperatorMetrics
@@ -98,6 +99,9 @@ class Reconciler:
     settings: OperatorSettings
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
     clock: Callable[[], datetime] = utcnow
+    cache: ObjectCache | None = None
+    """Jobs and pods as the watch streams last showed them (the operator process feeds one); without one, every
+    pass reads the job and lists its pods from the server."""
     _states: dict[Key, _KeyState] = field(default_factory=dict)
     _failures: dict[Key, int] = field(default_factory=dict)
     """Consecutive passes whose child writes were refused, per job: the back-off of the retries."""
@@ -173,7 +177,7 @@ class Reconciler:
         return outcome
 
     def _once(self, namespace: str, name: str) -> PassOutcome:
-        body = self.kube.get_job(namespace, name)
+        body = self._job_body(namespace, name)
         if body is None or body.get("metadata", {}).get("deletionTimestamp"):
             self.metrics.forget((namespace, name))
             return PassOutcome(Result.GONE)  # children go with the job through their owner references
@@ -198,7 +202,7 @@ class Reconciler:
             return PassOutcome(Result.INVALID, message)
         decision = compute_status(
             verdict.sized,
-            observe_pods(self.kube.list_pods(namespace, name)),
+            observe_pods(self._pods_of(namespace, name)),
             previous,
             now,
             self.backoff,
@@ -243,6 +247,39 @@ class Reconciler:
         elif decision.status.activation_checkpointing and not recompute:
             self.metrics.replanned(Reason.OUT_OF_MEMORY)
         return PassOutcome(Result.OK, requeue_after=decision.requeue_after)
+
+    def _job_body(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The job from the cache, else from the server (kept for the next pass); None when it is gone."""
+        if self.cache is not None and (body := self.cache.job((namespace, name))) is not None:
+            return body
+        body = self.kube.get_job(namespace, name)
+        if body is not None and self.cache is not None:
+            self.cache.put_job(body)
+        return body
+
+    def _pods_of(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        """The job's pods from the cache once it holds their complete set, else from a LIST (which completes it)."""
+        if self.cache is not None and (pods := self.cache.pods((namespace, name))) is not None:
+            return pods
+        listing = self.kube.list_job_pods(namespace, name)
+        if self.cache is not None:
+            self.cache.known_pods((namespace, name), listing)
+        return listing.items
+
+    def relist(self, namespaces: list[str]) -> tuple[list[Key], list[Key]]:
+        """LIST every job and operator pod of `namespaces` (all: empty) into the cache, one request per kind and
+        namespace; returns the jobs listed and those the cache held that are gone (no DELETED event seen)."""
+        present: list[Key] = []
+        gone: list[Key] = []
+        scopes: list[str | None] = list(namespaces) or [None]
+        for namespace in scopes:
+            jobs = self.kube.list_jobs(namespace)
+            present += [(j["metadata"].get("namespace", ""), j["metadata"]["name"]) for j in jobs.items]
+            if self.cache is not None:
+                gone += self.cache.relisted(namespace, jobs, self.kube.list_operator_pods(namespace))
+        for key in gone:
+            self.metrics.forget(key)
+        return present, gone
 
     def _admit(
         self, body: dict[str, Any], floor: Stage | None, replicas: int | None, recompute: bool = False
@@ -329,10 +366,12 @@ class Reconciler:
                     self.kube.apply(obj)
         for pod_name in d.delete_pods:
             with child_write("delete", {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod_name}}):
-                self.kube.delete_pod(job.namespace, pod_name)
+                answer = self.kube.delete_pod(job.namespace, pod_name)
+            if self.cache is not None:
+                self.cache.deleted_pod(job.namespace, job.name, pod_name, answer)
         if d.create_gang:
             gang = d.status.restarts.total
-            existing = {p["metadata"]["name"] for p in self.kube.list_pods(job.namespace, job.name)}
+            existing = {p["metadata"]["name"] for p in self._pods_of(job.namespace, job.name)}
             config, *gang_pods = builders.build_gang(job, spec, gang, sized.replicas)
             with child_write("create", config):
                 self.kube.ensure(config)  # created once per gang; a retry keeps the first one (immutable)
@@ -343,7 +382,7 @@ class Reconciler:
                     self.kube.delete_config_map(job.namespace, old)
         if d.create_probes:
             gang = d.status.restarts.total
-            existing = {p["metadata"]["name"] for p in self.kube.list_pods(job.namespace, job.name)}
+            existing = {p["metadata"]["name"] for p in self._pods_of(job.namespace, job.name)}
             probes = [builders.build_probe(job, sized, gang, i) for i in d.create_probes]
             self._create_pods([p for p in probes if p["metadata"]["name"] not in existing])
         if d.delete_job:
@@ -355,7 +394,9 @@ class Reconciler:
 
         def create(pod: dict[str, Any]) -> None:
             with child_write("create", pod):
-                self.kube.create(pod)
+                created = self.kube.create(pod)
+            if self.cache is not None:
+                self.cache.put_pod(created)
 
         if len(pods) <= 1:
             for pod in pods:
@@ -374,7 +415,7 @@ class Reconciler:
         if patch is None:
             return
         try:
-            self.kube.patch_job_status(md["namespace"], md["name"], patch)
+            stored = self.kube.patch_job_status(md["namespace"], md["name"], patch)
         except KubeError as e:
             if e.status != 404:
                 raise
@@ -382,6 +423,8 @@ class Reconciler:
             # just set would otherwise outlive the job.
             self.metrics.forget(key)
             return
+        if self.cache is not None and (stored.get("metadata") or {}).get("name") == md["name"]:
+            self.cache.put_job(stored)  # the next pass starts from what this one wrote, not from before it
         job, now = builders.JobRef.from_body(body), self.clock()
         for ev in transitions(previous, new):
             self.kube.create_event(builders.build_event(job, ev.type, ev.reason, ev.message, now))

@@ -4,6 +4,10 @@ kopf's timers need a finalizer on every job (so it can stop them on deletion), a
 undeletable while the operator is down: `kubectl delete ztj`, `kubectl delete ns` and a CRD removal would hang.
 So the operator keeps its own set of the jobs the watch has shown it, and one thread reconciles each of them
 every `resync_seconds`. Jobs need no finalizer: their children go with them through owner references.
+
+A pass over a steady job reads only the operator's cache (operator.cache). Every `relist_seconds` the round starts
+with one LIST of jobs and one of pods per namespace, which adds jobs a stalled watch has not shown and drops those
+gone without a DELETED event.
 """
 
 from __future__ import annotations
@@ -11,10 +15,13 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]  # (namespace, name)
+Lister = Callable[[], tuple[list[Key], list[Key]]]
+"""LISTs every job (and fills the cache): the jobs present, and those gone without a DELETED event."""
 RESYNC_PARALLELISM = 4  # passes of different jobs at once (passes of one job never overlap: Reconciler coalesces)
 
 
@@ -25,11 +32,14 @@ class Resync:
         self,
         interval: float,
         reconcile: Callable[[str, str], object],
-        lister: Callable[[], list[Key]] | None = None,
+        lister: Lister | None = None,
+        relist_seconds: float = 300.0,
     ) -> None:
         self.interval = interval
+        self.relist_seconds = relist_seconds
         self._reconcile = reconcile
         self._lister = lister
+        self._listed_at: float | None = None
         self._jobs: set[Key] = set()
         self._mu = threading.Lock()
         self._stop = threading.Event()
@@ -65,16 +75,19 @@ class Resync:
                 pool.submit(self._one, key)
 
     def _backstop(self) -> None:
-        """Add jobs the watch has not shown (a stalled or restarting watch): one LIST per round per namespace."""
-        if self._lister is None:
+        """Every `relist_seconds`: the jobs a stalled or restarting watch has not shown, or not shown gone."""
+        now = time.monotonic()
+        if self._lister is None or (self._listed_at is not None and now - self._listed_at < self.relist_seconds):
             return
         try:
-            listed = self._lister()
+            present, gone = self._lister()
         except Exception as e:
             log.warning("resync: listing jobs failed: %s", e)
             return
+        self._listed_at = now
         with self._mu:
-            self._jobs.update(listed)
+            self._jobs.update(present)
+            self._jobs.difference_update(gone)
 
     def _one(self, key: Key) -> None:
         if self._stop.is_set():

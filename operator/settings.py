@@ -23,7 +23,11 @@ class OperatorSettings(BaseModel):
     gpu_memory: str | None = Field(default=None, pattern=_QUANTITY)
     """Default memory of one GPU (e.g. "80Gi") for the admission memory plan when a job has no resources.gpuMemory."""
     resync_seconds: float = Field(default=30.0, gt=0)
-    """Every job is reconciled at least this often, even without events."""
+    """Every job is reconciled at least this often, even without events (from the operator's cache: a steady job's
+    pass sends no request)."""
+    relist_seconds: float = Field(default=300.0, gt=0)
+    """How often the resync starts with a LIST of every job and operator pod (one each per namespace), which drops
+    what a watch gap hid from the cache."""
     restart_backoff_seconds: float = Field(default=10.0, ge=0)
     """Delay before the first gang restart after a failure; doubles with each counted failure."""
     max_restart_backoff_seconds: float = Field(default=300.0, ge=0)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import pytest
@@ -167,27 +166,17 @@ async def test_second_pass_writes_nothing(cluster: Cluster, operator: Operator, 
     before = await call(operator_writes, kube, ns, "steady")
     served = len(cluster.emulator.served) if cluster.emulator is not None else 0
     passes = operator.metrics.reconciles.labels(result="ok")._value.get()
-    window_start = time.monotonic()
     await asyncio.sleep(1.2)  # at least two resync passes (resync_seconds=0.5)
     assert operator.metrics.reconciles.labels(result="ok")._value.get() >= passes + 2, "the resync did not run"
     assert await call(operator_writes, kube, ns, "steady") == before, "an idle job must not be written to"
     if cluster.emulator is not None:  # no managedFields there: its request record shows no write was attempted
         recent = [s for s in cluster.emulator.served[served:] if s.user_agent.startswith(OPERATOR_AGENTS)]
         assert [s for s in recent if s.call.verb not in ("get", "list", "watch")] == []
-        # And what a steady job costs per pass: read the job, list its pods; plus one job LIST per resync round.
+        # And what a steady job costs per pass: nothing, its reads served from the watch-fed cache (the relist,
+        # every relist_seconds = 300 s, does not come in this window).
         done = operator.metrics.reconciles.labels(result="ok")._value.get() - passes
-        ours = [s for s in recent if s.user_agent.startswith("zerotrain-operator") and s.call.verb != "watch"]
-        rounds = [s for s in ours if (s.call.resource, s.call.verb) == ("zerotrainingjobs", "list")]
-        per_job = [s for s in ours if s not in rounds]
-        assert sorted({(s.call.resource, s.call.verb) for s in per_job}) == [
-            ("pods", "list"),
-            ("zerotrainingjobs", "get"),
-        ]
-        assert len(per_job) <= 2 * done + 2, f"{len(per_job)} requests in {done} passes"
-        window = time.monotonic() - window_start
-        assert len(rounds) <= window / operator.settings.resync_seconds + 1, (
-            f"{len(rounds)} job LISTs in {window:.1f} s"
-        )
+        ours = [f"{s.method} {s.path}?{s.query}" for s in recent if s.call.verb != "watch"]
+        assert done >= 2 and ours == [], f"{len(ours)} requests in {done} steady passes: {ours}"
 
 
 async def test_failed_rank_restarts_whole_gang(cluster: Cluster, operator: Operator, kube: Kube) -> None:

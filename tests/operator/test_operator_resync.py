@@ -35,16 +35,28 @@ def test_resync_thread_runs_every_interval_and_stops() -> None:
     assert r._thread is not None and not r._thread.is_alive()
 
 
-def test_a_job_the_watch_never_showed_is_found_by_the_listing() -> None:
+def test_the_listing_adds_jobs_the_watch_never_showed_and_drops_those_gone_unseen() -> None:
     calls: list[tuple[str, str]] = []
-    r = Resync(60, lambda ns, name: calls.append((ns, name)), lister=lambda: [("a", "missed-by-the-watch")])
+    lists: list[int] = []
+
+    def lister() -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+        lists.append(1)
+        return [("a", "missed-by-the-watch"), ("a", "seen")], [("a", "deleted-in-a-watch-gap")]
+
+    r = Resync(60, lambda ns, name: calls.append((ns, name)), lister=lister, relist_seconds=3600)
     r.seen(("a", "seen"), present=True)
+    r.seen(("a", "deleted-in-a-watch-gap"), present=True)
     r.run_once()
     assert sorted(calls) == [("a", "missed-by-the-watch"), ("a", "seen")]
+    r.run_once()  # within relist_seconds: the round lists nothing
+    assert len(lists) == 1
+    r.relist_seconds = 0
+    r.run_once()
+    assert len(lists) == 2
 
 
 def test_a_failed_listing_does_not_stop_the_round() -> None:
-    def broken() -> list[tuple[str, str]]:
+    def broken() -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
         raise RuntimeError("503")
 
     calls: list[tuple[str, str]] = []

@@ -1,0 +1,193 @@
+"""What the operator knows of its jobs and their pods, fed by the watch streams kopf already holds open.
+
+A steady job's pass reads its body and its pods from here and sends nothing; only a key the cache has not seen
+yet is read from the API server (and kept). Three things keep it true:
+
+- every watch event (kopf's job and pod streams, resourceVersion-resumed and re-listed on 410 Gone by kopf)
+  replaces the object it names, or removes it on DELETED;
+- the operator's own writes go in as the server answered them (a status patch's job, a created pod), so the pass
+  right after a write does not act on what it has just changed; an answer older than what a watch event already
+  brought is ignored, as client-go's MutationCache does, comparing resourceVersions as integers;
+- a periodic LIST per namespace (`relist`) drops what a watch gap hid: kopf re-lists after 410 Gone but sends no
+  DELETED for objects that went away in between.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from zerotrain.operator import naming
+from zerotrain.operator.kube import Listing
+
+Obj = dict[str, Any]
+Key = tuple[str, str]  # (namespace, name): a job
+
+
+def _rv(obj: Obj) -> int | None:
+    value = (obj.get("metadata") or {}).get("resourceVersion")
+    return int(value) if isinstance(value, str) and value.isdigit() else None
+
+
+def newer(candidate: Obj, held: Obj | None) -> bool:
+    """Whether `candidate` may replace `held`: not when both carry integer resourceVersions and it is older (a
+    write's answer arriving after the watch event of a later change). Opaque versions: the candidate wins."""
+    if held is None:
+        return True
+    a, b = _rv(candidate), _rv(held)
+    return a is None or b is None or a >= b
+
+
+def _same_or_older(gone: Obj, held: Obj | None) -> bool:
+    """Whether a DELETED object is the one held (same uid, where both have one) and not older than it."""
+    if held is None:
+        return True
+    uid, held_uid = (gone.get("metadata") or {}).get("uid"), (held.get("metadata") or {}).get("uid")
+    return (uid is None or held_uid is None or uid == held_uid) and newer(gone, held)
+
+
+def _key(obj: Obj) -> Key:
+    md = obj.get("metadata") or {}
+    return md.get("namespace", ""), md.get("name", "")
+
+
+def job_of(pod: Obj) -> Key | None:
+    """The job a pod belongs to (its job label), or None for a pod that is not one of ours."""
+    md = pod.get("metadata") or {}
+    job = (md.get("labels") or {}).get(naming.LABEL_JOB)
+    return (md.get("namespace", ""), job) if job else None
+
+
+@dataclass
+class ObjectCache:
+    """Jobs by key and pods by job, thread-safe; returned objects are copies, so a caller cannot corrupt it."""
+
+    _jobs: dict[Key, Obj] = field(default_factory=dict)
+    _pods: dict[Key, dict[str, Obj]] = field(default_factory=dict)
+    _pods_known: set[Key] = field(default_factory=set)
+    """Jobs whose pod set is complete here (listed once, or in a namespace listed whole): an empty set is an
+    answer, not a gap."""
+    _namespaces_known: set[str] = field(default_factory=set)
+    _all_known: bool = False
+    _mu: threading.Lock = field(default_factory=threading.Lock)
+
+    # -- jobs ------------------------------------------------------------------------------------------------
+
+    def job(self, key: Key) -> Obj | None:
+        """The job as last seen, or None when the cache has never seen it (ask the server)."""
+        with self._mu:
+            body = self._jobs.get(key)
+            return copy.deepcopy(body) if body is not None else None
+
+    def put_job(self, body: Obj) -> None:
+        with self._mu:
+            key = _key(body)
+            if newer(body, self._jobs.get(key)):
+                self._jobs[key] = copy.deepcopy(body)
+
+    def drop_job(self, body: Obj) -> None:
+        """A DELETED event: the job and its pods (the garbage collector's, now) leave the cache, unless what it
+        holds under that name is a newer job (deleted and created again)."""
+        key = _key(body)
+        with self._mu:
+            if not _same_or_older(body, self._jobs.get(key)):
+                return
+            self._jobs.pop(key, None)
+            self._pods.pop(key, None)
+            self._pods_known.discard(key)
+
+    # -- pods ------------------------------------------------------------------------------------------------
+
+    def pods(self, key: Key) -> list[Obj] | None:
+        """The job's pods by name, or None when the cache does not hold the complete set (ask the server)."""
+        with self._mu:
+            if not (self._all_known or key in self._pods_known or key[0] in self._namespaces_known):
+                return None
+            return [copy.deepcopy(p) for _, p in sorted(self._pods.get(key, {}).items())]
+
+    def put_pod(self, pod: Obj) -> None:
+        job = job_of(pod)
+        if job is None:
+            return
+        with self._mu:
+            held = self._pods.setdefault(job, {})
+            name = _key(pod)[1]
+            if newer(pod, held.get(name)):
+                held[name] = copy.deepcopy(pod)
+
+    def drop_pod(self, pod: Obj) -> None:
+        job = job_of(pod)
+        if job is None:
+            return
+        with self._mu:
+            held = self._pods.get(job, {})
+            name = _key(pod)[1]
+            # Pod names repeat from gang to gang: a late DELETED of the last gang's pod must not drop this one's.
+            if _same_or_older(pod, held.get(name)):
+                held.pop(name, None)
+
+    def deleted_pod(self, namespace: str, job: str, name: str, answer: Obj) -> None:
+        """The operator deleted a pod: the server's answer is the pod terminating (kept until its DELETED event),
+        or anything else once it is gone."""
+        with self._mu:
+            held = self._pods.get((namespace, job), {})
+            if (answer.get("metadata") or {}).get("deletionTimestamp") and answer.get("kind") == "Pod":
+                if newer(answer, held.get(name)):
+                    held[name] = copy.deepcopy(answer)
+            else:
+                held.pop(name, None)
+
+    def known_pods(self, key: Key, pods: Listing) -> None:
+        """A LIST of one job's pods: the set is now complete (events that came while it ran are kept)."""
+        with self._mu:
+            self._replace({key: {_key(p)[1]: p for p in pods.items}}, {key}, pods.resource_version)
+            self._pods_known.add(key)
+
+    # -- a namespace listed whole ------------------------------------------------------------------------------
+
+    def relisted(self, namespace: str | None, jobs: Listing, pods: Listing) -> list[Key]:
+        """Replace what the cache holds of `namespace` (every namespace: None) with a LIST of its jobs and one of
+        its operator's pods; returns the jobs it held that the LIST no longer shows (gone with no DELETED seen)."""
+
+        def inside(k: Key) -> bool:
+            return namespace is None or k[0] == namespace
+
+        with self._mu:
+            listed = {_key(j): j for j in jobs.items}
+            held = [k for k in self._jobs if inside(k) and k not in listed]
+            gone = sorted(k for k in held if self._older_than(self._jobs[k], jobs.resource_version))
+            for k in gone:
+                self._jobs.pop(k)
+            for k, body in listed.items():
+                if newer(body, self._jobs.get(k)):
+                    self._jobs[k] = copy.deepcopy(body)
+            by_job: dict[Key, dict[str, Obj]] = {}
+            for pod in pods.items:
+                if (job := job_of(pod)) is not None:
+                    by_job.setdefault(job, {})[_key(pod)[1]] = pod
+            self._replace(by_job, {k for k in self._pods if inside(k)} | by_job.keys(), pods.resource_version)
+            if namespace is None:
+                self._all_known = True
+            else:
+                self._namespaces_known.add(namespace)
+            return gone
+
+    def _replace(self, listed: dict[Key, dict[str, Obj]], scope: set[Key], list_rv: str | None) -> None:
+        """Each job of `scope` gets the listed pods, keeping a held pod newer than the LIST (a watch event that came
+        while it ran) and dropping the others it no longer shows."""
+        for job in scope:
+            held = self._pods.get(job, {})
+            fresh = listed.get(job, {})
+            kept = {n: p for n, p in held.items() if n not in fresh and not self._older_than(p, list_rv)}
+            for name, pod in fresh.items():
+                kept[name] = held[name] if name in held and not newer(pod, held[name]) else copy.deepcopy(pod)
+            self._pods[job] = kept
+
+    @staticmethod
+    def _older_than(obj: Obj, list_rv: str | None) -> bool:
+        """Whether `obj` predates a LIST at `list_rv` (so its absence there means it is gone); unknown: yes."""
+        a = _rv(obj)
+        b = int(list_rv) if list_rv and list_rv.isdigit() else None
+        return a is None or b is None or a <= b

@@ -1,0 +1,124 @@
+"""The operator's watch-fed cache: what it answers, what it admits it does not know, and how writes, events and
+LISTs that cross each other settle on the newest state."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from zerotrain.operator import naming
+from zerotrain.operator.cache import ObjectCache, newer
+from zerotrain.operator.kube import Listing
+
+Obj = dict[str, Any]
+
+
+def job(name: str, rv: str, phase: str = "Running", ns: str = "a") -> Obj:
+    return {"metadata": {"namespace": ns, "name": name, "resourceVersion": rv}, "status": {"phase": phase}}
+
+
+def pod(job_name: str, name: str, rv: str, phase: str = "Running", ns: str = "a", **md: Any) -> Obj:
+    labels = {naming.LABEL_JOB: job_name, naming.LABEL_MANAGED_BY: naming.MANAGER}
+    return {
+        "kind": "Pod",
+        "metadata": {"namespace": ns, "name": name, "resourceVersion": rv, "labels": labels, **md},
+        "status": {"phase": phase},
+    }
+
+
+def test_an_answer_older_than_a_watch_event_does_not_replace_it() -> None:
+    cache = ObjectCache()
+    cache.put_job(job("j", "7", "Running"))  # a watch event of a change made after the write below
+    cache.put_job(job("j", "5", "Pending"))  # the answer to that write, arriving late
+    assert cache.job(("a", "j")) == job("j", "7", "Running")
+    cache.put_job(job("j", "9", "Failed"))
+    assert (cache.job(("a", "j")) or {})["status"]["phase"] == "Failed"
+    # Versions that are not integers are opaque: the newest put wins.
+    assert newer(job("j", "x1"), job("j", "7")) and newer(job("j", "5"), None)
+
+
+def test_what_it_hands_out_is_a_copy() -> None:
+    cache = ObjectCache()
+    cache.put_job(job("j", "1"))
+    got = cache.job(("a", "j"))
+    assert got is not None
+    got["status"]["phase"] = "Tampered"
+    assert (cache.job(("a", "j")) or {})["status"]["phase"] == "Running"
+
+
+def test_pods_are_unknown_until_listed_then_events_keep_them() -> None:
+    cache = ObjectCache()
+    cache.put_pod(pod("j", "j-worker-0", "3"))  # an event alone does not make the set complete
+    assert cache.pods(("a", "j")) is None
+    assert cache.job(("a", "j")) is None
+    cache.known_pods(("a", "j"), Listing([pod("j", "j-worker-0", "3"), pod("j", "j-worker-1", "4")], "4"))
+    assert [p["metadata"]["name"] for p in cache.pods(("a", "j")) or []] == ["j-worker-0", "j-worker-1"]
+    cache.put_pod(pod("j", "j-worker-1", "8", "Failed"))
+    cache.drop_pod(pod("j", "j-worker-0", "9"))
+    assert [(p["metadata"]["name"], p["status"]["phase"]) for p in cache.pods(("a", "j")) or []] == [
+        ("j-worker-1", "Failed")
+    ]
+    assert cache.pods(("a", "other")) is None
+    cache.put_pod({"metadata": {"namespace": "a", "name": "not-ours", "labels": {}}})  # no job label: ignored
+    assert cache.pods(("a", "not-ours")) is None
+
+
+def test_a_listing_keeps_events_that_came_while_it_ran_and_drops_what_it_no_longer_shows() -> None:
+    cache = ObjectCache()
+    cache.put_pod(pod("j", "j-worker-0", "3"))  # deleted before the LIST, its DELETED event missed
+    cache.put_pod(pod("j", "j-worker-2", "12"))  # created after the LIST's snapshot (rv 10)
+    cache.put_pod(pod("j", "j-worker-1", "11", "Failed"))  # changed after the snapshot, listed older
+    cache.known_pods(("a", "j"), Listing([pod("j", "j-worker-1", "6", "Running")], "10"))
+    assert [(p["metadata"]["name"], p["status"]["phase"]) for p in cache.pods(("a", "j")) or []] == [
+        ("j-worker-1", "Failed"),
+        ("j-worker-2", "Running"),
+    ]
+
+
+def test_a_namespace_relisted_completes_every_job_and_drops_jobs_gone_unseen() -> None:
+    cache = ObjectCache()
+    cache.put_job(job("gone", "2"))
+    cache.put_job(job("fresh", "30"))  # created after the LIST (rv 20): kept though not listed
+    cache.put_job(job("elsewhere", "2", ns="b"))
+    jobs = Listing([job("kept", "5"), job("idle", "6")], "20")
+    pods = Listing([pod("kept", "kept-worker-0", "7")], "20")
+    gone = cache.relisted("a", jobs, pods)
+    assert gone == [("a", "gone")]
+    assert cache.job(("a", "gone")) is None and cache.job(("a", "fresh")) is not None
+    assert [p["metadata"]["name"] for p in cache.pods(("a", "kept")) or []] == ["kept-worker-0"]
+    assert cache.pods(("a", "idle")) == []  # listed whole: no pods is an answer
+    assert cache.job(("b", "elsewhere")) is not None and cache.pods(("b", "elsewhere")) is None
+    assert cache.relisted(None, Listing([], "40"), Listing([], "40")) == sorted(
+        [("a", "fresh"), ("a", "idle"), ("a", "kept"), ("b", "elsewhere")]
+    )
+    assert cache.pods(("c", "anything")) == []
+
+
+def test_a_deleted_job_takes_its_pods_with_it() -> None:
+    cache = ObjectCache()
+    cache.put_job(job("j", "1"))
+    cache.known_pods(("a", "j"), Listing([pod("j", "j-worker-0", "2")], "2"))
+    cache.drop_job(job("j", "3"))
+    assert cache.job(("a", "j")) is None and cache.pods(("a", "j")) is None
+
+
+def test_a_late_deleted_event_of_the_last_gang_keeps_the_pod_of_the_same_name_now() -> None:
+    cache = ObjectCache()
+    cache.known_pods(("a", "j"), Listing([pod("j", "j-worker-0", "9", uid="gang-1")], "9"))
+    cache.drop_pod(pod("j", "j-worker-0", "5", uid="gang-0"))
+    assert [p["metadata"]["uid"] for p in cache.pods(("a", "j")) or []] == ["gang-1"]
+    cache.drop_pod(pod("j", "j-worker-0", "10", uid="gang-1"))
+    assert cache.pods(("a", "j")) == []
+    cache.put_job(job("j", "20"))  # created again under the same name after a delete
+    cache.drop_job(job("j", "4"))  # the old one's DELETED, late
+    assert cache.job(("a", "j")) is not None
+
+
+def test_a_pod_the_operator_deleted_is_terminating_or_gone() -> None:
+    cache = ObjectCache()
+    cache.known_pods(("a", "j"), Listing([pod("j", "j-worker-0", "2"), pod("j", "j-worker-1", "3")], "3"))
+    terminating = pod("j", "j-worker-0", "4", deletionTimestamp="2026-12-02T00:00:00Z")
+    cache.deleted_pod("a", "j", "j-worker-0", terminating)  # a real server: graceful deletion
+    cache.deleted_pod("a", "j", "j-worker-1", {"kind": "Status", "status": "Success"})  # gone at once
+    held = cache.pods(("a", "j")) or []
+    assert [p["metadata"]["name"] for p in held] == ["j-worker-0"]
+    assert held[0]["metadata"]["deletionTimestamp"]
