@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import copy
 import json
 import statistics
 import subprocess
@@ -33,6 +34,7 @@ from e2e.test_operator_e2e import JOBS, job_manifest  # noqa: E402
 from zerotrain.operator.app import operate  # noqa: E402
 from zerotrain.operator.kube import Kube, KubeError, path_of  # noqa: E402
 from zerotrain.operator.metrics import OperatorMetrics  # noqa: E402
+from zerotrain.operator.rate_limit import RequestBudget  # noqa: E402
 from zerotrain.operator.reconcile import Reconciler  # noqa: E402
 from zerotrain.operator.settings import OperatorSettings  # noqa: E402
 from zerotrain.spec import PLURAL  # noqa: E402
@@ -156,7 +158,8 @@ def run(url: str, args: argparse.Namespace) -> dict[str, Any]:
     cfg = kubernetes.client.Configuration()
     cfg.host = url
     settings = OperatorSettings(namespaces=[NS], resync_seconds=args.resync, restart_backoff_seconds=1)
-    op_kube = CountingKube(cfg, retries=5, retry_base_seconds=0.05)
+    budget = RequestBudget(settings.api_qps, settings.api_burst, settings.api_connections)
+    op_kube = CountingKube(copy.copy(cfg), retries=5, retry_base_seconds=0.05, budget=budget)
     op_kube.counts = collections.Counter()
     client = Kube(cfg, retries=5, retry_base_seconds=0.05)
     client.set_user_agent("bench")

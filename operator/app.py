@@ -19,6 +19,7 @@ from zerotrain.operator.handlers import make_registry
 from zerotrain.operator.kube import Kube
 from zerotrain.operator.leader import LeaderElector, LeaseTimings
 from zerotrain.operator.metrics import OperatorMetrics
+from zerotrain.operator.rate_limit import RequestBudget
 from zerotrain.operator.reconcile import Reconciler
 from zerotrain.operator.resync import Resync
 from zerotrain.operator.settings import OperatorSettings
@@ -152,7 +153,12 @@ def _awaitable(stop: threading.Event | None) -> asyncio.Event | None:
 def main(settings: OperatorSettings, kubeconfig: str | None = None) -> int:
     """`zerotrain operator`: connect (in-cluster, else kubeconfig), serve /metrics, run kopf."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    kube = Kube.connect(kubeconfig, retries=settings.api_retries, retry_base_seconds=settings.api_retry_base_seconds)
+    kube = Kube.connect(
+        kubeconfig,
+        retries=settings.api_retries,
+        retry_base_seconds=settings.api_retry_base_seconds,
+        budget=RequestBudget(settings.api_qps, settings.api_burst, settings.api_connections),
+    )
     metrics = OperatorMetrics()
     if settings.metrics_port:
         metrics.serve(settings.metrics_port, settings.bind_address)

@@ -12,6 +12,7 @@ grants exactly these, and the e2e tests check that every request actually served
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -26,6 +27,7 @@ import urllib3
 from zerotrain import __version__
 from zerotrain.operator import connection, naming
 from zerotrain.operator.connection import ConnectionSource
+from zerotrain.operator.rate_limit import RequestBudget
 from zerotrain.spec import GROUP, PLURAL, VERSION
 
 log = logging.getLogger(__name__)
@@ -140,11 +142,15 @@ class Kube:
         source: ConnectionSource = ConnectionSource.EXPLICIT,
         retries: int = 5,
         retry_base_seconds: float = 0.2,
+        budget: RequestBudget | None = None,
     ) -> None:
         self.config = config
         self.source = source
         self.retries = retries
         self.retry_base_seconds = retry_base_seconds
+        self.budget = budget
+        if budget is not None:  # one pooled connection per request in flight: none opened only to be discarded
+            config.connection_pool_maxsize = budget.max_in_flight
         self._api = kubernetes.client.ApiClient(config)
         self.set_user_agent(f"{naming.MANAGER}/{__version__}")
 
@@ -222,8 +228,9 @@ class Kube:
         _, url, headers, body, _ = self._api.param_serialize(
             method, path, header_params=headers, body=body, auth_settings=["BearerToken"]
         )
-        resp = self._api.call_api(method, url, header_params=headers, body=body, _request_timeout=30)
-        raw = resp.read()
+        with self.budget.request() if self.budget is not None else contextlib.nullcontext():
+            resp = self._api.call_api(method, url, header_params=headers, body=body, _request_timeout=30)
+            raw = resp.read()
         try:
             data = json.loads(raw) if raw else {}
         except ValueError:

@@ -37,8 +37,6 @@ log = logging.getLogger(__name__)
 Key = tuple[str, str]  # (namespace, name)
 # Status fields written by the runtime's rank 0 (runtime.status_report), never by the operator.
 RUNTIME_OWNED = ("step", "lastCheckpoint")
-# Pod creates in flight at once when a gang starts (the Kubernetes Job controller creates in batches too).
-POD_CREATE_PARALLELISM = 16
 
 
 class Result(str, Enum):
@@ -402,7 +400,8 @@ class Reconciler:
             for pod in pods:
                 create(pod)
             return
-        with concurrent.futures.ThreadPoolExecutor(max_workers=min(POD_CREATE_PARALLELISM, len(pods))) as pool:
+        workers = min(self.settings.pod_create_concurrency, len(pods))
+        with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
             for future in [pool.submit(create, pod) for pod in pods]:
                 future.result()  # the first refusal, in pod order, is the one the status reports
 

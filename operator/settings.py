@@ -42,6 +42,15 @@ class OperatorSettings(BaseModel):
     """Retries of an API call answered with a conflict, throttling or a server error."""
     api_retry_base_seconds: float = Field(default=0.2, ge=0)
     """First retry delay of an API call; doubles with each retry (or follows Retry-After)."""
+    api_qps: float = Field(default=200.0, ge=0)
+    """Requests a second the operator sends on average at most (client-go's QPS; 0: no client-side limit). The API
+    server's own limit (429 with Retry-After) is honoured on top."""
+    api_burst: int = Field(default=400, ge=1)
+    """Requests the operator may send at once above api_qps after a quiet spell (client-go's burst)."""
+    api_connections: int = Field(default=32, ge=1)
+    """Connections to the API server the client keeps open, and so the most requests in flight at once."""
+    pod_create_concurrency: int = Field(default=16, ge=1)
+    """Pod creates of one gang in flight at once."""
     allow_host_path: bool = False
     """Admit jobs whose volumes or pod template use hostPath volumes (they give pods the node's files)."""
     leader_election: bool = False

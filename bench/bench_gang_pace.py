@@ -1,0 +1,172 @@
+"""Gangs at the API server's pace: the operator creating one job's gang of N one-rank pods, against a plain client
+creating the same N pods with as many threads as the operator has pod creates in flight (and a pool twice that).
+
+Each trial runs on a fresh KMock emulator in its own process (its store keeps every deleted object, so a reused one
+slows down trial by trial), the two systems alternated and reversed every other repetition. The operator's time
+runs from the job's POST until its last pod's create was answered (its own client records it, so nothing polls the
+server meanwhile); the plain client's from its first create to its last answer. Printed: pods/s of each, median and
+range, and their ratio (issue goal: at least 0.8). With ZEROTRAIN_E2E_KUBECONFIG naming a real cluster, both run
+there instead, in a namespace of their own.
+
+    python bench/bench_gang_pace.py --pods 256 --reps 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import contextlib
+import copy
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+import kubernetes  # noqa: E402
+from e2e.cluster import KUBECONFIG_ENV  # noqa: E402
+from e2e.test_operator_e2e import JOBS, job_manifest  # noqa: E402
+
+from zerotrain.operator.app import operate  # noqa: E402
+from zerotrain.operator.kube import Kube, path_of  # noqa: E402
+from zerotrain.operator.metrics import OperatorMetrics  # noqa: E402
+from zerotrain.operator.rate_limit import RequestBudget  # noqa: E402
+from zerotrain.operator.settings import OperatorSettings  # noqa: E402
+from zerotrain.spec import PLURAL  # noqa: E402
+
+
+class TimedKube(Kube):
+    """The operator's client, noting when each pod create was answered."""
+
+    answered: list[float]
+
+    def request(self, method: str, path: str, *args: Any, **kwargs: Any) -> Any:
+        out = super().request(method, path, *args, **kwargs)
+        if method == "POST" and path.endswith("/pods"):
+            self.answered.append(time.monotonic())
+        return out
+
+
+@contextlib.contextmanager
+def emulator() -> Iterator[kubernetes.client.Configuration]:
+    """A fresh emulator process (bench_operator_scale's), or the real cluster the e2e variable names."""
+    cfg = kubernetes.client.Configuration()
+    if path := os.environ.get(KUBECONFIG_ENV):
+        kubernetes.config.load_kube_config(config_file=path, client_configuration=cfg)
+        yield cfg
+        return
+    scale = str(ROOT / "bench" / "bench_operator_scale.py")
+    proc = subprocess.Popen([sys.executable, scale, "--serve-emulator"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        cfg.host = proc.stdout.readline().decode().strip()
+        yield cfg
+    finally:
+        if proc.stdin:
+            proc.stdin.close()
+        proc.wait(timeout=30)
+
+
+def operator_trial(cfg: kubernetes.client.Configuration, ns: str, n: int, name: str) -> tuple[float, dict[str, Any]]:
+    """Seconds from the job's POST to the operator's last answered pod create, and one pod it made."""
+    settings = OperatorSettings(namespaces=[ns], resync_seconds=30)
+    budget = RequestBudget(settings.api_qps, settings.api_burst, settings.api_connections)
+    op = TimedKube(copy.copy(cfg), retries=5, retry_base_seconds=0.05, budget=budget)
+    op.answered = []
+    client = Kube(copy.copy(cfg), retries=5, retry_base_seconds=0.05)
+    stop = threading.Event()
+    thread = threading.Thread(
+        target=asyncio.run, args=(operate(op, settings, stop_flag=stop, metrics=OperatorMetrics(), liveness=False),)
+    )
+    thread.start()
+    try:
+        time.sleep(2)  # kopf's watches subscribed
+        t0 = time.monotonic()
+        client.request("POST", path_of(JOBS, PLURAL, ns), job_manifest(name, ns, replicas=n, nprocPerNode=1))
+        while len(op.answered) < n:
+            if time.monotonic() - t0 > 600:
+                raise TimeoutError(f"{len(op.answered)} of {n} pods after 600 s")
+            time.sleep(0.2)
+        took = op.answered[n - 1] - t0
+        pods = client.list_pods(ns, name)
+        client.request("DELETE", path_of(JOBS, PLURAL, ns, name))
+        return took, pods[0]
+    finally:
+        stop.set()
+        thread.join(30)
+        op.close()
+        client.close()
+
+
+def plain_trial(cfg: kubernetes.client.Configuration, ns: str, template: dict[str, Any], n: int, threads: int) -> float:
+    """Seconds a plain client (`threads` threads, a pool of twice that) takes to create `n` pods like `template`."""
+    plain_cfg = copy.copy(cfg)
+    plain_cfg.connection_pool_maxsize = 2 * threads
+    plain = Kube(plain_cfg, retries=5, retry_base_seconds=0.05)
+    plain.set_user_agent("bench-plain")
+    bodies = []
+    for i in range(n):
+        pod = copy.deepcopy(template)
+        labels = {"bench": "plain"}
+        pod["metadata"] = {"name": f"plain-{i}", "namespace": ns, "labels": labels}
+        pod.pop("status", None)
+        bodies.append(pod)
+    try:
+        t0 = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+            list(pool.map(lambda b: plain.request("POST", path_of("v1", "pods", ns), b), bodies))
+        took = time.monotonic() - t0
+        with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+            list(pool.map(lambda b: plain.request("DELETE", path_of("v1", "pods", ns, b["metadata"]["name"])), bodies))
+        return took
+    finally:
+        plain.close()
+
+
+def spread(rates: list[float]) -> str:
+    return f"{statistics.median(rates):.0f} ({min(rates):.0f}-{max(rates):.0f})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pods", type=int, default=256)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--namespace", default="default")
+    args = parser.parse_args()
+    threads = OperatorSettings().pod_create_concurrency
+    ours: list[float] = []
+    plain: list[float] = []
+    template: dict[str, Any] | None = None
+    for rep in range(args.reps):
+        order = ("ours", "plain") if rep % 2 == 0 or template is None else ("plain", "ours")
+        for which in order:
+            with emulator() as cfg:
+                if which == "ours":
+                    took, template = operator_trial(cfg, args.namespace, args.pods, f"pace-{rep}")
+                    ours.append(args.pods / took)
+                else:
+                    assert template is not None
+                    plain.append(args.pods / plain_trial(cfg, args.namespace, template, args.pods, threads))
+            print(f"rep {rep} {which}: {(ours if which == 'ours' else plain)[-1]:.0f} pods/s", flush=True)
+    report = {
+        "pods": args.pods,
+        "concurrency": threads,
+        "operator_pods_per_s": spread(ours),
+        "plain_client_pods_per_s": spread(plain),
+        "operator_over_plain": round(statistics.median(ours) / statistics.median(plain), 2),
+        "server": "real" if os.environ.get(KUBECONFIG_ENV) else "emulator",
+    }
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
