@@ -17,6 +17,7 @@ import collections
 import contextlib
 import copy
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -114,6 +115,12 @@ def wait_running(client: Kube, names: list[str], timeout: float) -> float:
     raise TimeoutError(f"jobs not Running after {timeout}s")
 
 
+def rss_bytes() -> int:
+    """This process's resident set (Linux /proc): the operator's cache and per-job state grow it."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
 def pct(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100)[q - 1] if len(values) >= 2 else (values[0] if values else 0.0)
 
@@ -187,7 +194,8 @@ def run(url: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def many(client: Kube, op_kube: CountingKube, metrics: TimedMetrics, args: argparse.Namespace, report: Any) -> None:
     """`--jobs` jobs of 2 pods at once, then their steady state."""
-    names = [f"job-{i:03d}" for i in range(args.jobs)]
+    names = [f"job-{i:04d}" for i in range(args.jobs)]
+    rss_before = rss_bytes()
     t0 = time.monotonic()
     for n in names:
         client.request("POST", path_of(JOBS, PLURAL, NS), job_manifest(n, NS, replicas=2, nprocPerNode=1))
@@ -213,6 +221,8 @@ def many(client: Kube, op_kube: CountingKube, metrics: TimedMetrics, args: argpa
     per = max(1, len(steady))
     report["requests_per_job_pass"] = round(sum(sent.values()) / per, 2)
     report["writes_per_job_pass"] = round(sum(v for m, v in sent.items() if m != "GET") / per, 3)
+    # The operator shares this process with the bench's client and kubelet thread, which hold no per-job state.
+    report["rss_per_job_kib"] = round((rss_bytes() - rss_before) / args.jobs / 1024, 1)
 
 
 def wide(client: Kube, metrics: TimedMetrics, args: argparse.Namespace, report: Any) -> None:

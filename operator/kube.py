@@ -71,8 +71,8 @@ API_CALLS: frozenset[ApiCall] = frozenset(
     | _calls(VOLCANO_GROUP, "podgroups", "get", "create", "patch")
     # A job labelled kueue.x-k8s.io/queue-name: its LocalQueue must exist before a gang is created (operator.kueue).
     | _calls("kueue.x-k8s.io", "localqueues", "get")
-    # The operator's Events and kopf's (kopf.event / failed-handler posts).
-    | _calls("", "events", "create")
+    # The operator's Events and kopf's (kopf.event / failed-handler posts); a repeat is a count on the first.
+    | _calls("", "events", "create", "patch")
 )
 
 # Leader election, in the operator's own namespace only (a Role there, never cluster-wide): operator.leader.
@@ -318,12 +318,24 @@ class Kube:
         self.request("PATCH", path, patch, _MERGE)
         return True
 
-    def create_event(self, event: Obj) -> None:
-        """Post an Event (builders.build_event); never fails the caller: events are best-effort, as in kubelet."""
+    def create_event(self, event: Obj) -> Obj | None:
+        """Post an Event (builders.build_event); the Event as stored, or None: events are best-effort, as in kubelet,
+        and never fail the caller."""
         try:
-            self.create(event)
+            return self.create(event)
         except (KubeError, urllib3.exceptions.HTTPError) as e:
             log.warning("could not post event %s: %s", event.get("reason"), e)
+            return None
+
+    def patch_event(self, namespace: str, name: str, patch: Obj) -> bool:
+        """Count a repeat on an existing Event; False when it is gone (expired) or the patch failed."""
+        try:
+            self.request("PATCH", path_of("v1", "events", namespace, name), patch, _MERGE)
+            return True
+        except (KubeError, urllib3.exceptions.HTTPError) as e:
+            if not (isinstance(e, KubeError) and e.status == 404):
+                log.warning("could not count a repeat on event %s: %s", name, e)
+            return False
 
     # -- helpers ---------------------------------------------------------------------------------------------
 

@@ -46,6 +46,19 @@ class TokenBucket:
             self.waited_seconds += wait
             return wait
 
+    def try_take(self) -> bool:
+        """Take a token if one is there now, without waiting or going into debt."""
+        if self.qps <= 0:
+            return True
+        with self._mu:
+            now = self._clock()
+            self._tokens = min(self.burst, self._tokens + (now - self._at) * self.qps)
+            self._at = now
+            if self._tokens < 1:
+                return False
+            self._tokens -= 1
+            return True
+
     def take(self) -> float:
         """Wait for a token; returns the seconds waited."""
         if self.qps <= 0:

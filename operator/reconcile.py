@@ -25,6 +25,7 @@ from zerotrain.operator.admission import Admission, admit
 from zerotrain.operator.api_failure import ChildWriteError
 from zerotrain.operator.cache import ObjectCache
 from zerotrain.operator.conditions import ConditionType, Reason, is_true, set_condition
+from zerotrain.operator.events import EventRecorder
 from zerotrain.operator.kube import Kube, KubeError, path_of
 from zerotrain.operator.metrics import JobView, OperatorMetrics
 from zerotrain.operator.observe import observe_pods
@@ -105,6 +106,11 @@ class Reconciler:
     """Consecutive passes whose child writes were refused, per job: the back-off of the retries."""
     _mu: threading.Lock = field(default_factory=threading.Lock)
     _closed: bool = False
+    events: EventRecorder = field(init=False)
+    """Every Event the passes post, correlated as client-go's recorder does."""
+
+    def __post_init__(self) -> None:
+        self.events = EventRecorder(self.kube)
 
     @property
     def backoff(self) -> Backoff:
@@ -426,7 +432,7 @@ class Reconciler:
             self.cache.put_job(stored)  # the next pass starts from what this one wrote, not from before it
         job, now = builders.JobRef.from_body(body), self.clock()
         for ev in transitions(previous, new):
-            self.kube.create_event(builders.build_event(job, ev.type, ev.reason, ev.message, now))
+            self.events.record(builders.build_event(job, ev.type, ev.reason, ev.message, now))
 
 
 def replan_cause(previous: ZeroTrainingJobStatus | None, d: Decision) -> str | None:

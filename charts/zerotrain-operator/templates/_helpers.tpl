@@ -117,10 +117,10 @@ when the two differ): no wildcards, no verb or resource it does not use.
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["localqueues"]
   verbs: ["get"]
-# Events of kopf and the operator on the jobs.
+# Events of kopf and the operator on the jobs; a repeat within 10 minutes patches the first one's count.
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create"]
+  verbs: ["create", "patch"]
 {{- if .Values.rbac.gangScheduling.coscheduling }}
 # Gang scheduling with the scheduler-plugins coscheduling plugin (scheduling.gang=coscheduling).
 - apiGroups: ["scheduling.x-k8s.io"]

@@ -1,0 +1,118 @@
+"""The operator's Events, sent as client-go's event recorder sends them (tools/record's EventCorrelator).
+
+A job that flaps (fails, backs off, restarts, fails again) would otherwise post a new Event at every turn, each
+one an object etcd keeps for an hour. So, per job:
+
+- **spam filter**: a token bucket of 25 Events, refilled one per 5 minutes; an Event beyond it is dropped;
+- **aggregation**: from the 10th Event of one type and reason with a different message within 10 minutes, the
+  message becomes "(combined from similar events): ..." and they all count on one Event;
+- **deduplication**: an Event equal to one sent within 10 minutes is not posted again: the existing one gets its
+  `count` raised and its `lastTimestamp` moved (one PATCH), which `kubectl describe` shows as "(x4 over 3m)".
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from zerotrain.operator.rate_limit import TokenBucket
+
+log = logging.getLogger(__name__)
+Obj = dict[str, Any]
+
+WINDOW_SECONDS = 600.0
+"""How long an Event is remembered for deduplication and aggregation (client-go: 10 minutes)."""
+SIMILAR_MAX = 10
+"""Distinct messages of one type and reason within the window before they are combined (client-go's default)."""
+SPAM_BURST = 25
+SPAM_QPS = 1 / 300
+MAX_REMEMBERED = 4096
+"""Events remembered at most (client-go's LRU size); the oldest are forgotten first."""
+COMBINED = "(combined from similar events): "
+
+
+class EventSink(Protocol):
+    """Where Events go: kube.Kube."""
+
+    def create_event(self, event: Obj) -> Obj | None: ...
+
+    def patch_event(self, namespace: str, name: str, patch: Obj) -> bool: ...
+
+
+@dataclass
+class _Sent:
+    name: str
+    namespace: str
+    count: int
+    at: float
+
+
+def _object_key(event: Obj) -> tuple[str, ...]:
+    o = event.get("involvedObject") or {}
+    return (o.get("namespace", ""), o.get("kind", ""), o.get("name", ""), o.get("uid", ""))
+
+
+@dataclass
+class EventRecorder:
+    """Correlates, then sends, every Event the operator posts. Thread-safe."""
+
+    sink: EventSink
+    clock: Callable[[], float] = time.monotonic
+    _buckets: dict[tuple[str, ...], TokenBucket] = field(default_factory=dict)
+    _similar: OrderedDict[tuple[str, ...], dict[str, float]] = field(default_factory=OrderedDict)
+    _sent: OrderedDict[tuple[str, ...], _Sent] = field(default_factory=OrderedDict)
+    _mu: threading.Lock = field(default_factory=threading.Lock)
+    dropped: int = 0
+    """Events the spam filter dropped."""
+
+    def record(self, event: Obj) -> None:
+        """Send `event` (builders.build_event) as a new Event, as a count on an earlier one, or not at all."""
+        now = self.clock()
+        obj = _object_key(event)
+        with self._mu:
+            bucket = self._buckets.setdefault(obj, TokenBucket(SPAM_QPS, SPAM_BURST, clock=self.clock))
+            if not bucket.try_take():
+                self.dropped += 1
+                log.debug("event %s on %s dropped by the spam filter", event.get("reason"), obj)
+                return
+            event, key = self._aggregate(obj, event, now)
+            earlier = self._sent.get(key)
+            if earlier is not None and now - earlier.at > WINDOW_SECONDS:
+                earlier = None
+        if earlier is not None:
+            count = earlier.count + 1
+            patch = {"count": count, "lastTimestamp": event.get("lastTimestamp"), "message": event["message"]}
+            if self.sink.patch_event(earlier.namespace, earlier.name, patch):
+                self._remember(key, _Sent(earlier.name, earlier.namespace, count, now))
+                return
+        created = self.sink.create_event(event)
+        if created is not None:
+            md = created.get("metadata") or event["metadata"]
+            self._remember(key, _Sent(md["name"], md.get("namespace", ""), int(created.get("count") or 1), now))
+
+    def _aggregate(self, obj: tuple[str, ...], event: Obj, now: float) -> tuple[Obj, tuple[str, ...]]:
+        """The Event to send and its deduplication key: from the SIMILAR_MAX-th distinct message of one type and
+        reason in the window, one combined Event for all of them (its message the latest one's)."""
+        similar = (*obj, event.get("type", ""), event.get("reason", ""))
+        messages = self._similar.setdefault(similar, {})
+        self._similar.move_to_end(similar)
+        for message in [m for m, at in messages.items() if now - at > WINDOW_SECONDS]:
+            del messages[message]
+        messages[event.get("message", "")] = now
+        while len(self._similar) > MAX_REMEMBERED:
+            self._similar.popitem(last=False)
+        if len(messages) < SIMILAR_MAX:
+            return event, (*similar, event.get("message", ""))
+        return {**event, "message": (COMBINED + event.get("message", ""))[:1024]}, (*similar, COMBINED)
+
+    def _remember(self, key: tuple[str, ...], sent: _Sent) -> None:
+        with self._mu:
+            self._sent[key] = sent
+            self._sent.move_to_end(key)
+            while len(self._sent) > MAX_REMEMBERED:
+                self._sent.popitem(last=False)
