@@ -6,7 +6,6 @@ of the same job are coalesced (never concurrent), so a burst of pod events costs
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import logging
 import threading
@@ -26,6 +25,7 @@ from zerotrain.operator.api_failure import ChildWriteError
 from zerotrain.operator.cache import ObjectCache
 from zerotrain.operator.conditions import ConditionType, Reason, is_true, set_condition
 from zerotrain.operator.events import EventRecorder
+from zerotrain.operator.fair_pool import FairPool
 from zerotrain.operator.kube import Kube, KubeError, path_of
 from zerotrain.operator.metrics import JobView, OperatorMetrics
 from zerotrain.operator.observe import observe_pods
@@ -109,8 +109,11 @@ class Reconciler:
     events: EventRecorder = field(init=False)
     """Every Event the passes post, correlated as client-go's recorder does."""
 
+    _creates: FairPool = field(init=False)
+
     def __post_init__(self) -> None:
         self.events = EventRecorder(self.kube)
+        self._creates = FairPool(self.settings.pod_create_concurrency)
 
     @property
     def backoff(self) -> Backoff:
@@ -146,6 +149,7 @@ class Reconciler:
             for st in self._states.values():
                 if st.timer is not None:
                     st.timer.cancel()
+        self._creates.close()
 
     def _wake_later(self, key: Key, delay: float | None) -> None:
         """Back-off expiry, TTL and startup timeouts need a pass at a known time, not at the next resync."""
@@ -379,7 +383,7 @@ class Reconciler:
             config, *gang_pods = builders.build_gang(job, spec, gang, sized.replicas)
             with child_write("create", config):
                 self.kube.ensure(config)  # created once per gang; a retry keeps the first one (immutable)
-            self._create_pods([p for p in gang_pods if p["metadata"]["name"] not in existing])
+            self._create_pods(job, [p for p in gang_pods if p["metadata"]["name"] not in existing])
             if gang > 0:  # the previous gang's pods are gone (a gang is created only then): so is its config
                 old = naming.config_map_name(job.name, gang - 1)
                 with child_write("delete", {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": old}}):
@@ -388,13 +392,14 @@ class Reconciler:
             gang = d.status.restarts.total
             existing = {p["metadata"]["name"] for p in self._pods_of(job.namespace, job.name)}
             probes = [builders.build_probe(job, sized, gang, i) for i in d.create_probes]
-            self._create_pods([p for p in probes if p["metadata"]["name"] not in existing])
+            self._create_pods(job, [p for p in probes if p["metadata"]["name"] not in existing])
         if d.delete_job:
             log.info("deleting %s/%s: ttlSecondsAfterFinished passed", job.namespace, job.name)
             self.kube.delete_job(job.namespace, job.name)
 
-    def _create_pods(self, pods: list[dict[str, Any]]) -> None:
-        """Create a gang's pods a few at a time: one after another, a 128-pod gang took seconds in one pass."""
+    def _create_pods(self, job: builders.JobRef, pods: list[dict[str, Any]]) -> None:
+        """Create pods through the operator's shared workers, this job's in turn with every other job's (one after
+        another, a 128-pod gang took seconds; a pool of its own would let it crowd out a small job beside it)."""
 
         def create(pod: dict[str, Any]) -> None:
             with child_write("create", pod):
@@ -402,14 +407,8 @@ class Reconciler:
             if self.cache is not None:
                 self.cache.put_pod(created)
 
-        if len(pods) <= 1:
-            for pod in pods:
-                create(pod)
-            return
-        workers = min(self.settings.pod_create_concurrency, len(pods))
-        with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-            for future in [pool.submit(create, pod) for pod in pods]:
-                future.result()  # the first refusal, in pod order, is the one the status reports
+        for future in self._creates.map((job.namespace, job.name), create, pods):
+            future.result()  # the first refusal, in pod order, is the one the status reports
 
     def _write(self, body: dict[str, Any], previous: ZeroTrainingJobStatus | None, new: ZeroTrainingJobStatus) -> None:
         md = body["metadata"]

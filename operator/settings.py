@@ -50,7 +50,7 @@ class OperatorSettings(BaseModel):
     api_connections: int = Field(default=32, ge=1)
     """Connections to the API server the client keeps open, and so the most requests in flight at once."""
     pod_create_concurrency: int = Field(default=16, ge=1)
-    """Pod creates of one gang in flight at once."""
+    """Pod creates in flight at once, across all jobs, taken round-robin between the jobs that have some to do."""
     allow_host_path: bool = False
     """Admit jobs whose volumes or pod template use hostPath volumes (they give pods the node's files)."""
     leader_election: bool = False
