@@ -155,6 +155,10 @@ class ZeroEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
 
     async def _handle(self, request: kmock.Request) -> Any:
         self._fault(self._record(request))
+        res = request.resource
+        if res is not None and res.plural and res.version and res not in self.resources:
+            # kmock stores objects of any resource; a real server serves only installed APIs (a CRD not applied).
+            raise kmock.KubernetesError(status=404, reason="NotFound", message="404 page not found")
         owner_uid = None
         if request.resource is not None:
             self._stamp(request)
