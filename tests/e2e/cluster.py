@@ -8,6 +8,7 @@ way to know the operator's watches are live. Everything else (the operator, the 
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 import uuid
 from collections.abc import Callable
@@ -101,6 +102,24 @@ def real_cluster_teardown(cluster: Cluster) -> None:
         kube.request("DELETE", f"/api/v1/namespaces/{cluster.namespace}")
     finally:
         kube.close()
+
+
+def job_reads_served(cluster: Cluster) -> float:
+    """GET and LIST requests on ZeroTrainingJobs the real API server has served since it started, from its
+    `apiserver_request_total` (its /metrics; watches are counted under verb WATCH)."""
+    api = kubernetes.client.ApiClient(cluster.configuration)
+    try:
+        _, url, headers, _, _ = api.param_serialize("GET", "/metrics", auth_settings=["BearerToken"])
+        text = api.call_api("GET", url, header_params=headers).read().decode()
+    finally:
+        api.close()
+    return job_reads_in(text)
+
+
+def job_reads_in(metrics: str) -> float:
+    """The GET and LIST requests on ZeroTrainingJobs that an API server's /metrics text counts."""
+    wanted = re.compile(rf'^apiserver_request_total\{{(?=[^}}]*resource="{PLURAL}")(?=[^}}]*verb="(GET|LIST)")')
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if wanted.match(line))
 
 
 def manifest_yaml(body: dict[str, Any]) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -95,8 +96,6 @@ def no_pods_quota(kube: Kube, ns: str) -> None:
     for _ in range(300):
         if (kube.request("GET", path_of("v1", "resourcequotas", ns, QUOTA)).get("status") or {}).get("hard"):
             return
-        import time
-
         time.sleep(0.1)
     raise AssertionError(f"ResourceQuota {QUOTA} was not counted within 30 s (is kube-controller-manager running?)")
 

@@ -13,7 +13,7 @@ from zerotrain.operator import naming
 from zerotrain.operator.kube import Kube, KubeError, path_of
 from zerotrain.spec import API_VERSION, GROUP, KIND, PLURAL, VERSION
 
-from .cluster import OPERATOR_AGENTS, Cluster, until_async
+from .cluster import OPERATOR_AGENTS, Cluster, job_reads_served, until_async
 from .conftest import Operator, running_operator
 from .kubelet import set_pod_phase
 
@@ -165,9 +165,12 @@ async def test_second_pass_writes_nothing(cluster: Cluster, operator: Operator, 
     await asyncio.sleep(1.1)  # let the passes triggered by the last pod update settle (managedFields: 1 s clock)
     before = await call(operator_writes, kube, ns, "steady")
     served = len(cluster.emulator.served) if cluster.emulator is not None else 0
+    reads = await call(job_reads_served, cluster) if cluster.emulator is None else 0.0
     passes = operator.metrics.reconciles.labels(result="ok")._value.get()
     await asyncio.sleep(1.2)  # at least two resync passes (resync_seconds=0.5)
     assert operator.metrics.reconciles.labels(result="ok")._value.get() >= passes + 2, "the resync did not run"
+    if cluster.emulator is None:  # the server's own count: nobody but the operator reads jobs in this window
+        assert await call(job_reads_served, cluster) == reads, "steady passes read jobs from the API server"
     assert await call(operator_writes, kube, ns, "steady") == before, "an idle job must not be written to"
     if cluster.emulator is not None:  # no managedFields there: its request record shows no write was attempted
         recent = [s for s in cluster.emulator.served[served:] if s.user_agent.startswith(OPERATOR_AGENTS)]

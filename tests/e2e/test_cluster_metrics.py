@@ -1,0 +1,24 @@
+"""Reading a real API server's request count: the parser test_second_pass_writes_nothing relies on there."""
+
+from __future__ import annotations
+
+from .cluster import job_reads_in
+
+
+def test_the_real_servers_job_reads_are_counted_from_its_metrics() -> None:
+    # What test_second_pass_writes_nothing reads off a real API server's /metrics, on a sample of its format.
+    metrics = "\n".join(
+        [
+            "# TYPE apiserver_request_total counter",
+            'apiserver_request_total{code="200",component="apiserver",group="zerotrain.dev",resource="zerotrainingjobs",'
+            'scope="resource",subresource="",verb="GET",version="v1alpha1"} 12',
+            'apiserver_request_total{code="200",group="zerotrain.dev",resource="zerotrainingjobs",scope="namespace",'
+            'subresource="",verb="LIST",version="v1alpha1"} 3',
+            'apiserver_request_total{code="200",group="zerotrain.dev",resource="zerotrainingjobs",scope="namespace",'
+            'subresource="",verb="WATCH",version="v1alpha1"} 2',
+            'apiserver_request_total{code="200",group="zerotrain.dev",resource="zerotrainingjobs",scope="resource",'
+            'subresource="status",verb="PATCH",version="v1alpha1"} 7',
+            'apiserver_request_total{code="200",group="",resource="pods",verb="LIST",version="v1"} 40',
+        ]
+    )
+    assert job_reads_in(metrics) == 15
