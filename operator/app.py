@@ -36,6 +36,7 @@ async def operate(
 ) -> None:
     """Run the operator until `stop_flag` is set (or forever); the caller owns and closes `kube`."""
     reconciler = Reconciler(kube=kube, settings=settings, metrics=metrics or OperatorMetrics(), cache=ObjectCache())
+    kube.observer = reconciler.metrics
     resync = Resync(
         settings.resync_seconds,
         reconciler.reconcile,

@@ -17,7 +17,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlencode
 
 import kopf
@@ -124,6 +124,23 @@ def path_of(api_version: str, plural: str, namespace: str | None, name: str | No
     return path + (f"/{sub}" if sub else "")
 
 
+def resource_of(path: str) -> str:
+    """The resource a request path names, as RBAC and the API server's metrics spell it: `pods`, `pods/status`."""
+    parts = path.split("?", 1)[0].strip("/").split("/")
+    rest = parts[2:] if parts[:1] == ["api"] else parts[3:]
+    if rest[:1] == ["namespaces"] and len(rest) >= 3:
+        rest = rest[2:]
+    if not rest:
+        return ""
+    return rest[0] + (f"/{rest[2]}" if len(rest) > 2 else "")
+
+
+class RequestObserver(Protocol):
+    """Told of every request the client sends (metrics.OperatorMetrics)."""
+
+    def api_request(self, verb: str, resource: str, code: int, throttled_seconds: float) -> None: ...
+
+
 def is_subset(desired: Any, actual: Any) -> bool:
     """Whether every field of `desired` has the same value in `actual` (server defaults may add more)."""
     if isinstance(desired, dict):
@@ -149,6 +166,8 @@ class Kube:
         self.retries = retries
         self.retry_base_seconds = retry_base_seconds
         self.budget = budget
+        self.observer: RequestObserver | None = None
+        """Told of each request sent (the operator's metrics); None: nobody."""
         if budget is not None:  # one pooled connection per request in flight: none opened only to be discarded
             config.connection_pool_maxsize = budget.max_in_flight
         self._api = kubernetes.client.ApiClient(config)
@@ -228,9 +247,18 @@ class Kube:
         _, url, headers, body, _ = self._api.param_serialize(
             method, path, header_params=headers, body=body, auth_settings=["BearerToken"]
         )
-        with self.budget.request() if self.budget is not None else contextlib.nullcontext():
-            resp = self._api.call_api(method, url, header_params=headers, body=body, _request_timeout=30)
-            raw = resp.read()
+        waited = 0.0
+        try:
+            with self.budget.request() if self.budget is not None else contextlib.nullcontext() as waited_for:
+                waited = waited_for or 0.0
+                resp = self._api.call_api(method, url, header_params=headers, body=body, _request_timeout=30)
+                raw = resp.read()
+        except urllib3.exceptions.HTTPError:
+            if self.observer is not None:
+                self.observer.api_request(method, resource_of(path), 0, waited)
+            raise
+        if self.observer is not None:
+            self.observer.api_request(method, resource_of(path), resp.status, waited)
         try:
             data = json.loads(raw) if raw else {}
         except ValueError:

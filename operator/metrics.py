@@ -113,6 +113,18 @@ class OperatorMetrics:
             ["cause"],
             registry=self.registry,
         )
+        self.api_requests = Counter(
+            "zerotrain_operator_api_requests",
+            "Requests the operator's own client sent to the API server (kopf's watches and patches not included), by "
+            "HTTP verb, resource and status code (0: no answer).",
+            ["verb", "resource", "code"],
+            registry=self.registry,
+        )
+        self.api_throttled = Counter(
+            "zerotrain_operator_api_throttled_seconds",
+            "Seconds requests waited for the operator's own client-side rate limit (ZEROTRAIN_API_QPS, _API_BURST).",
+            registry=self.registry,
+        )
         self._jobs: dict[JobKey, JobView] = {}
         self._lock = threading.Lock()
         self.registry.register(JobCollector(self._jobs, self._lock))
@@ -137,6 +149,13 @@ class OperatorMetrics:
     def forget(self, key: JobKey) -> None:
         """The job is gone: drop its series."""
         self.set_job(key, None)
+
+    def api_request(self, verb: str, resource: str, code: int, throttled_seconds: float) -> None:
+        """kube.RequestObserver: one request answered (or not: code 0), after `throttled_seconds` of client-side
+        rate limiting."""
+        self.api_requests.labels(verb=verb, resource=resource, code=str(code)).inc()
+        if throttled_seconds > 0:
+            self.api_throttled.inc(throttled_seconds)
 
     def gang_restarted(self, reason: str) -> None:
         self.restarts.labels(reason=reason).inc()

@@ -78,7 +78,8 @@ class RequestBudget:
         self._slots = threading.BoundedSemaphore(max_in_flight)
 
     @contextlib.contextmanager
-    def request(self) -> Iterator[None]:
-        self.bucket.take()
+    def request(self) -> Iterator[float]:
+        """Hold a token and a slot for one request; yields the seconds waited for the token."""
+        waited = self.bucket.take()
         with self._slots:
-            yield
+            yield waited

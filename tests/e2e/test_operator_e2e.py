@@ -159,6 +159,18 @@ def operator_writes(kube: Kube, ns: str, job: str) -> dict[str, list[tuple[str, 
     }
 
 
+def requests_sent(operator: Operator) -> float:
+    """zerotrain_operator_api_requests_total summed over its labels."""
+    families = operator.metrics.registry.collect()
+    return sum(
+        s.value
+        for f in families
+        if f.name == "zerotrain_operator_api_requests"
+        for s in f.samples
+        if s.name.endswith("_total")
+    )
+
+
 async def test_second_pass_writes_nothing(cluster: Cluster, operator: Operator, kube: Kube) -> None:
     ns = cluster.namespace
     await start_job(kube, ns, "steady", replicas=1)
@@ -166,9 +178,12 @@ async def test_second_pass_writes_nothing(cluster: Cluster, operator: Operator, 
     before = await call(operator_writes, kube, ns, "steady")
     served = len(cluster.emulator.served) if cluster.emulator is not None else 0
     reads = await call(job_reads_served, cluster) if cluster.emulator is None else 0.0
+    sent = requests_sent(operator)
     passes = operator.metrics.reconciles.labels(result="ok")._value.get()
     await asyncio.sleep(1.2)  # at least two resync passes (resync_seconds=0.5)
     assert operator.metrics.reconciles.labels(result="ok")._value.get() >= passes + 2, "the resync did not run"
+    # What the operator's own zerotrain_operator_api_requests_total says, on any server.
+    assert requests_sent(operator) == sent, "steady passes sent requests"
     if cluster.emulator is None:  # the server's own count: nobody but the operator reads jobs in this window
         assert await call(job_reads_served, cluster) == reads, "steady passes read jobs from the API server"
     assert await call(operator_writes, kube, ns, "steady") == before, "an idle job must not be written to"

@@ -14,7 +14,7 @@ import pytest
 from zerotrain.manifest import parse_spec
 from zerotrain.operator import builders
 from zerotrain.operator.builders import JobRef
-from zerotrain.operator.kube import API_CALLS, PLURALS, ApiCall, Kube, KubeError, is_subset
+from zerotrain.operator.kube import API_CALLS, PLURALS, ApiCall, Kube, KubeError, is_subset, resource_of
 
 
 class Script:
@@ -126,3 +126,34 @@ def test_every_kind_the_builders_make_is_declared() -> None:
 )
 def test_is_subset(desired: Any, actual: Any, expected: bool) -> None:
     assert is_subset(desired, actual) is expected
+
+
+@pytest.mark.parametrize(
+    ("path", "resource"),
+    [
+        ("/api/v1/namespaces/a/pods", "pods"),
+        ("/api/v1/namespaces/a/pods/p-0?x=1", "pods"),
+        ("/api/v1/pods", "pods"),
+        ("/apis/zerotrain.dev/v1alpha1/namespaces/a/zerotrainingjobs/j/status", "zerotrainingjobs/status"),
+        ("/apis/zerotrain.dev/v1alpha1/zerotrainingjobs", "zerotrainingjobs"),
+        ("/api/v1/namespaces/a", "namespaces"),
+        ("/apis/kueue.x-k8s.io/v1beta1", ""),
+    ],
+)
+def test_resource_of_names_what_rbac_and_the_servers_metrics_name(path: str, resource: str) -> None:
+    assert resource_of(path) == resource
+
+
+def test_every_request_is_told_to_the_observer(server: tuple[Script, Kube]) -> None:
+    script, kube = server
+    seen: list[tuple[str, str, int]] = []
+
+    class Observer:
+        def api_request(self, verb: str, resource: str, code: int, throttled_seconds: float) -> None:
+            seen.append((verb, resource, code))
+
+    kube.observer = Observer()
+    # (A 429 with Retry-After is retried inside urllib3 before the client returns: a 503 without one reaches us.)
+    script.answers = [(503, {"message": "busy"}, {}), (200, {}, {})]
+    kube.request("GET", "/api/v1/namespaces/a/pods")
+    assert seen == [("GET", "pods", 503), ("GET", "pods", 200)]
