@@ -71,6 +71,8 @@ class ObjectCache:
     answer, not a gap."""
     _namespaces_known: set[str] = field(default_factory=set)
     _all_known: bool = False
+    _children: dict[tuple[str, str, str], Obj] = field(default_factory=dict)
+    """The jobs' other children, by (plural, namespace, name): a Service, a ServiceAccount, a Role, a RoleBinding."""
     _mu: threading.Lock = field(default_factory=threading.Lock)
 
     # -- jobs ------------------------------------------------------------------------------------------------
@@ -144,6 +146,44 @@ class ObjectCache:
         with self._mu:
             self._replace({key: {_key(p)[1]: p for p in pods.items}}, {key}, pods.resource_version)
             self._pods_known.add(key)
+
+    # -- other children ------------------------------------------------------------------------------------
+
+    def child(self, plural: str, namespace: str, name: str) -> Obj | None:
+        """The child as last seen, or None when not seen (ask the server: an absence here proves nothing)."""
+        with self._mu:
+            obj = self._children.get((plural, namespace, name))
+            return copy.deepcopy(obj) if obj is not None else None
+
+    def put_child(self, plural: str, obj: Obj) -> None:
+        key = (plural, *_key(obj))
+        with self._mu:
+            if newer(obj, self._children.get(key)):
+                self._children[key] = copy.deepcopy(obj)
+
+    def drop_child(self, plural: str, obj: Obj) -> None:
+        key = (plural, *_key(obj))
+        with self._mu:
+            if _same_or_older(obj, self._children.get(key)):
+                self._children.pop(key, None)
+
+    def forget_children(self, job: Key) -> None:
+        """A write about the job was refused: its next pass reads its children from the server, not from here."""
+        with self._mu:
+            owned = [k for k, o in self._children.items() if k[1] == job[0] and job_of(o) == job]
+            for k in owned:
+                del self._children[k]
+
+    def relisted_children(self, plural: str, namespace: str | None, listing: Listing) -> None:
+        """A LIST of one kind of child: what it no longer shows (and no watch event kept) is gone."""
+        with self._mu:
+            listed = {(plural, *_key(o)): o for o in listing.items}
+            for k in [k for k in self._children if k[0] == plural and (namespace is None or k[1] == namespace)]:
+                if k not in listed and self._older_than(self._children[k], listing.resource_version):
+                    del self._children[k]
+            for k, obj in listed.items():
+                if newer(obj, self._children.get(k)):
+                    self._children[k] = copy.deepcopy(obj)
 
     # -- a namespace listed whole ------------------------------------------------------------------------------
 

@@ -9,7 +9,8 @@ from typing import Any
 import kopf
 
 from zerotrain.operator import naming
-from zerotrain.operator.kube import KubeError
+from zerotrain.operator.cache import ObjectCache
+from zerotrain.operator.kube import CACHED_CHILDREN, KubeError
 from zerotrain.operator.reconcile import Reconciler, Result
 from zerotrain.operator.resync import Resync
 from zerotrain.spec import GROUP, PLURAL, VERSION
@@ -29,8 +30,28 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.server_timeout = 300
     # Watch only our pods, filtered by the API server: in a busy namespace (or cluster-wide) the operator would
     # otherwise receive and drop every other pod's events.
-    settings.watching.label_selectors["", "v1", "pods"] = naming.POD_SELECTOR
+    settings.watching.label_selectors["", "v1", "pods"] = naming.CHILD_SELECTOR
+    for api_version, plural in CACHED_CHILDREN:
+        group, version = _group_version(api_version)
+        settings.watching.label_selectors[group, version, plural] = naming.CHILD_SELECTOR
     settings.networking.request_timeout = 60
+
+
+def _group_version(api_version: str) -> tuple[str, str]:
+    group, _, version = api_version.rpartition("/")
+    return group, version
+
+
+def _watch_into(registry: kopf.OperatorRegistry, cache: ObjectCache, api_version: str, plural: str) -> None:
+    """Keep the cache's copy of the operator's children of one kind as their watch shows them."""
+    group, version = _group_version(api_version)
+
+    @kopf.on.event(group, version, plural, labels={naming.LABEL_JOB: kopf.PRESENT}, registry=registry)
+    def on_child(type: str | None, event: Mapping[str, Any], **_: Any) -> None:
+        if type == "DELETED":
+            cache.drop_child(plural, dict(event["object"]))
+        else:
+            cache.put_child(plural, dict(event["object"]))
 
 
 def make_registry(reconciler: Reconciler, resync: Resync | None = None) -> kopf.OperatorRegistry:
@@ -99,6 +120,10 @@ def make_registry(reconciler: Reconciler, resync: Resync | None = None) -> kopf.
             reconciler.reconcile(namespace, labels[naming.LABEL_JOB])
         except KubeError as e:  # event handlers are not retried; the resync catches up
             log.warning("reconcile after a pod event failed: %s", e)
+
+    if cache is not None:
+        for api_version, plural in CACHED_CHILDREN:
+            _watch_into(registry, cache, api_version, plural)
 
     @kopf.on.delete(*resource, optional=True, registry=registry)
     def on_delete(namespace: str | None, name: str, **_: Any) -> None:

@@ -61,12 +61,13 @@ API_CALLS: frozenset[ApiCall] = frozenset(
     | _calls(GROUP, f"{PLURAL}/finalizers", "update")
     # kopf watches the job's pods to reconcile on every pod change; the operator creates and deletes them.
     | _calls("", "pods", "list", "watch", "create", "delete")
-    | _calls("", "services", "get", "create", "patch")
+    # Services, ServiceAccounts, Roles and RoleBindings are watched (list+watch) into the operator's cache.
+    | _calls("", "services", "get", "list", "watch", "create", "patch")
     # One immutable ConfigMap per gang: created with the gang, the previous gang's deleted.
     | _calls("", "configmaps", "get", "create", "patch", "delete")
-    | _calls("", "serviceaccounts", "get", "create", "patch")
-    | _calls(_RBAC, "roles", "get", "create", "patch")
-    | _calls(_RBAC, "rolebindings", "get", "create", "patch")
+    | _calls("", "serviceaccounts", "get", "list", "watch", "create", "patch")
+    | _calls(_RBAC, "roles", "get", "list", "watch", "create", "patch")
+    | _calls(_RBAC, "rolebindings", "get", "list", "watch", "create", "patch")
     | _calls(COSCHEDULING_GROUP, "podgroups", "get", "create", "patch")
     | _calls(VOLCANO_GROUP, "podgroups", "get", "create", "patch")
     # A job labelled kueue.x-k8s.io/queue-name: its LocalQueue must exist before a gang is created (operator.kueue).
@@ -77,6 +78,14 @@ API_CALLS: frozenset[ApiCall] = frozenset(
 
 # Leader election, in the operator's own namespace only (a Role there, never cluster-wide): operator.leader.
 LEADER_CALLS: frozenset[ApiCall] = frozenset(_calls("coordination.k8s.io", "leases", "get", "create", "patch"))
+
+# (apiVersion, plural) of the children the operator watches into its cache besides pods (operator.cache).
+CACHED_CHILDREN = (
+    ("v1", "services"),
+    ("v1", "serviceaccounts"),
+    (f"{_RBAC}/v1", "roles"),
+    (f"{_RBAC}/v1", "rolebindings"),
+)
 
 # (apiVersion, kind) -> plural of every kind the operator writes.
 PLURALS = {
@@ -275,7 +284,11 @@ class Kube:
 
     def list_operator_pods(self, namespace: str | None) -> Listing:
         """Every pod of any job in `namespace` (all namespaces: None), by the selector the pod watch uses."""
-        return self._list(path_of("v1", "pods", namespace), {"labelSelector": naming.POD_SELECTOR})
+        return self.list_owned(("v1", "pods"), namespace)
+
+    def list_owned(self, kind: tuple[str, str], namespace: str | None) -> Listing:
+        """Every object of (apiVersion, plural) `kind` the operator made in `namespace` (all: None)."""
+        return self._list(path_of(kind[0], kind[1], namespace), {"labelSelector": naming.CHILD_SELECTOR})
 
     def get_job(self, namespace: str, name: str) -> Obj | None:
         try:
@@ -326,15 +339,15 @@ class Kube:
                 return False
             raise
 
-    def apply(self, obj: Obj) -> bool:
-        """Make `obj` exist as built; True if anything was written."""
+    def apply(self, obj: Obj, known: Obj | None = None) -> Obj | None:
+        """Make `obj` exist as built: the server's answer when anything was written, else None. `known` is the
+        object as the caller's cache holds it, which spares the GET (a PATCH that meets 404 creates instead)."""
         md = obj["metadata"]
         path = path_of(obj["apiVersion"], self._plural(obj), md["namespace"], md["name"])
-        current = self._get_or_none(path)
+        current = known if known is not None else self._get_or_none(path)
         if current is None:
             try:
-                self.create(obj)
-                return True
+                return self.create(obj)
             except KubeError as e:
                 if e.status != 409:
                     raise
@@ -342,9 +355,13 @@ class Kube:
         patch = {k: obj[k] for k in _APPLIED_KEYS if k in obj}
         patch["metadata"] = {"labels": md.get("labels", {}), "ownerReferences": md.get("ownerReferences", [])}
         if is_subset(patch, current):
-            return False
-        self.request("PATCH", path, patch, _MERGE)
-        return True
+            return None
+        try:
+            return self.request("PATCH", path, patch, _MERGE)
+        except KubeError as e:
+            if e.status != 404 or known is None:
+                raise
+            return self.create(obj)  # gone since the cache saw it
 
     def create_event(self, event: Obj) -> Obj | None:
         """Post an Event (builders.build_event); the Event as stored, or None: events are best-effort, as in kubelet,
@@ -387,6 +404,10 @@ class Kube:
             if e.status != 404:  # already gone is what we wanted
                 raise
             return {}
+
+    @staticmethod
+    def plural_of(obj: Obj) -> str:
+        return Kube._plural(obj)
 
     @staticmethod
     def _plural(obj: Obj) -> str:

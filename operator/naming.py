@@ -18,8 +18,8 @@ LABEL_PROBE = f"{GROUP}/capacity-probe"
 how the operator learns capacity returned. Its value is the probe's index."""
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGER = "zerotrain-operator"
-POD_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGER},{LABEL_JOB}"
-"""Every pod of any job: what the pod watch and the namespace relist select (filtered by the API server)."""
+CHILD_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGER},{LABEL_JOB}"
+"""Every child of any job: what the operator's watches and the namespace relist select (filtered by the server)."""
 
 CONFIG_KEY = contract.CONFIG_KEY
 CONFIG_DIR = contract.CONFIG_DIR

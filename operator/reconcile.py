@@ -26,7 +26,7 @@ from zerotrain.operator.cache import ObjectCache
 from zerotrain.operator.conditions import ConditionType, Reason, is_true, set_condition
 from zerotrain.operator.events import EventRecorder
 from zerotrain.operator.fair_pool import FairPool
-from zerotrain.operator.kube import Kube, KubeError, path_of
+from zerotrain.operator.kube import CACHED_CHILDREN, Kube, KubeError, path_of
 from zerotrain.operator.metrics import JobView, OperatorMetrics
 from zerotrain.operator.observe import observe_pods
 from zerotrain.operator.settings import OperatorSettings
@@ -285,6 +285,8 @@ class Reconciler:
             present += [(j["metadata"].get("namespace", ""), j["metadata"]["name"]) for j in jobs.items]
             if self.cache is not None:
                 gone += self.cache.relisted(namespace, jobs, self.kube.list_operator_pods(namespace))
+                for kind in CACHED_CHILDREN:
+                    self.cache.relisted_children(kind[1], namespace, self.kube.list_owned(kind, namespace))
         for key in gone:
             self.metrics.forget(key)
         return present, gone
@@ -343,6 +345,8 @@ class Reconciler:
     ) -> PassOutcome:
         """A child write was refused: say so in status (one Event per new reason) and retry with back-off."""
         log.warning("%s/%s: %s", body["metadata"]["namespace"], body["metadata"]["name"], err)
+        if self.cache is not None:  # what the cache holds may be why: the retry reads the children afresh
+            self.cache.forget_children((body["metadata"]["namespace"], body["metadata"]["name"]))
         delay = self._held_back(body, previous, api_failure.failed_status(previous, err, now))
         return PassOutcome(Result.ERROR, str(err), requeue_after=delay)
 
@@ -370,8 +374,7 @@ class Reconciler:
         # not on each of the many pod events in between.
         if apply_supporting and d.status.phase not in TERMINAL and d.status.phase != Phase.SUSPENDED:
             for obj in builders.build_supporting(job, sized):
-                with child_write("apply", obj):
-                    self.kube.apply(obj)
+                self._apply(obj)
         for pod_name in d.delete_pods:
             with child_write("delete", {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod_name}}):
                 answer = self.kube.delete_pod(job.namespace, pod_name)
@@ -396,6 +399,16 @@ class Reconciler:
         if d.delete_job:
             log.info("deleting %s/%s: ttlSecondsAfterFinished passed", job.namespace, job.name)
             self.kube.delete_job(job.namespace, job.name)
+
+    def _apply(self, obj: dict[str, Any]) -> None:
+        """Apply a child, compared with the cache's copy where the operator watches its kind (no GET then)."""
+        plural, md = self.kube.plural_of(obj), obj["metadata"]
+        cached = self.cache is not None and (obj["apiVersion"], plural) in CACHED_CHILDREN
+        known = self.cache.child(plural, md["namespace"], md["name"]) if cached and self.cache else None
+        with child_write("apply", obj):
+            answer = self.kube.apply(obj, known)
+        if cached and self.cache is not None and answer is not None:
+            self.cache.put_child(plural, answer)
 
     def _create_pods(self, job: builders.JobRef, pods: list[dict[str, Any]]) -> None:
         """Create pods through the operator's shared workers, this job's in turn with every other job's (one after

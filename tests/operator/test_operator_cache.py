@@ -122,3 +122,23 @@ def test_a_pod_the_operator_deleted_is_terminating_or_gone() -> None:
     held = cache.pods(("a", "j")) or []
     assert [p["metadata"]["name"] for p in held] == ["j-worker-0"]
     assert held[0]["metadata"]["deletionTimestamp"]
+
+
+def test_children_are_kept_as_watched_and_relisted() -> None:
+    cache = ObjectCache()
+    svc = {**pod("j", "j", "5"), "kind": "Service"}
+    cache.put_child("services", svc)
+    assert (cache.child("services", "a", "j") or {})["metadata"]["resourceVersion"] == "5"
+    assert cache.child("serviceaccounts", "a", "j") is None  # another kind, same name
+    cache.put_child("services", {**svc, "metadata": {**svc["metadata"], "resourceVersion": "3"}})  # a late answer
+    assert (cache.child("services", "a", "j") or {})["metadata"]["resourceVersion"] == "5"
+    cache.put_child("serviceaccounts", pod("j", "j-runtime", "6"))
+    cache.forget_children(("a", "j"))  # a refused write: the retry reads them from the server
+    assert cache.child("services", "a", "j") is None and cache.child("serviceaccounts", "a", "j-runtime") is None
+    cache.put_child("roles", pod("j", "j-status", "2"))  # deleted during a watch gap
+    cache.put_child("roles", pod("k", "k-status", "30"))  # created after the LIST
+    cache.relisted_children("roles", "a", Listing([pod("m", "m-status", "4")], "20"))
+    assert cache.child("roles", "a", "j-status") is None
+    assert cache.child("roles", "a", "k-status") is not None and cache.child("roles", "a", "m-status") is not None
+    cache.drop_child("roles", pod("m", "m-status", "25"))
+    assert cache.child("roles", "a", "m-status") is None

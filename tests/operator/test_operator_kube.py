@@ -87,16 +87,29 @@ def test_apply_creates_then_patches_only_on_difference(server: tuple[Script, Kub
     script, kube = server
     svc = builders.build_service(JobRef("j", "n", "u"))
     script.answers = [(404, {}, {}), (201, svc, {})]
-    assert kube.apply(svc) is True
+    assert kube.apply(svc) == svc
     assert [s[0] for s in script.seen] == ["GET", "POST"]
     served = {**svc, "spec": {**svc["spec"], "sessionAffinity": "None"}}  # server defaults don't count as drift
     script.answers = [(200, served, {})]
-    assert kube.apply(svc) is False and script.seen[-1][0] == "GET"
+    assert kube.apply(svc) is None and script.seen[-1][0] == "GET"
     drifted = {**svc, "metadata": {**svc["metadata"], "labels": {}}}
     script.answers = [(200, drifted, {}), (200, svc, {})]
-    assert kube.apply(svc) is True
+    assert kube.apply(svc) == svc
     method, path, body = script.seen[-1]
     assert (method, path) == ("PATCH", "/api/v1/namespaces/n/services/j") and body["metadata"]["labels"]
+
+
+def test_apply_from_a_cached_object_sends_only_the_write(server: tuple[Script, Kube]) -> None:
+    script, kube = server
+    svc = builders.build_service(JobRef("j", "n", "u"))
+    assert kube.apply(svc, known=svc) is None and script.seen == []  # as cached: nothing to send
+    drifted = {**svc, "metadata": {**svc["metadata"], "labels": {}}}
+    script.answers = [(200, svc, {})]
+    assert kube.apply(svc, known=drifted) == svc
+    assert [s[0] for s in script.seen] == ["PATCH"]
+    script.answers = [(404, {}, {}), (201, svc, {})]  # deleted since the cache saw it
+    assert kube.apply(svc, known=drifted) == svc
+    assert [s[0] for s in script.seen[1:]] == ["PATCH", "POST"]
 
 
 def test_every_kind_the_builders_make_is_declared() -> None:

@@ -99,20 +99,20 @@ when the two differ): no wildcards, no verb or resource it does not use.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list", "watch", "create", "delete"]
-# Per-job children applied before the pods: the headless Service (rendezvous DNS) and the ranks' ServiceAccount.
-# Owner references delete them with the job, so no delete verb.
+# Per-job children applied before the pods: the headless Service (rendezvous DNS) and the ranks' ServiceAccount,
+# watched into the operator's cache. Owner references delete them with the job, so no delete verb.
 - apiGroups: [""]
   resources: ["services", "serviceaccounts"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 # One immutable ConfigMap per gang (the runtime's config): created with the gang, the previous gang's deleted.
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["get", "create", "patch", "delete"]
 # A Role and RoleBinding per job that let its ranks patch only that job's status. The operator holds every
-# permission it grants there, so it needs neither `escalate` nor `bind`.
+# permission it grants there, so it needs neither `escalate` nor `bind`. Watched into the operator's cache.
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 # Jobs admitted through Kueue (label kueue.x-k8s.io/queue-name): the operator checks their LocalQueue exists.
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["localqueues"]
