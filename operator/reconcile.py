@@ -23,10 +23,11 @@ from zerotrain.operator import api_failure, builders, kueue, naming, resize
 from zerotrain.operator.admission import Admission, admit
 from zerotrain.operator.api_failure import ChildWriteError
 from zerotrain.operator.cache import ObjectCache
+from zerotrain.operator.cached_client import CachedClient
 from zerotrain.operator.conditions import ConditionType, Reason, is_true, set_condition
 from zerotrain.operator.events import EventRecorder
 from zerotrain.operator.fair_pool import FairPool
-from zerotrain.operator.kube import CACHED_CHILDREN, Kube, KubeError, path_of
+from zerotrain.operator.kube import Kube, KubeError, path_of
 from zerotrain.operator.metrics import JobView, OperatorMetrics
 from zerotrain.operator.observe import observe_pods
 from zerotrain.operator.settings import OperatorSettings
@@ -110,8 +111,11 @@ class Reconciler:
     """Every Event the passes post, correlated as client-go's recorder does."""
 
     _creates: FairPool = field(init=False)
+    client: CachedClient = field(init=False)
+    """The pass's reads and writes, through `cache` where there is one."""
 
     def __post_init__(self) -> None:
+        self.client = CachedClient(self.kube, self.cache)
         self.events = EventRecorder(self.kube)
         self._creates = FairPool(self.settings.pod_create_concurrency)
 
@@ -185,7 +189,7 @@ class Reconciler:
         return outcome
 
     def _once(self, namespace: str, name: str) -> PassOutcome:
-        body = self._job_body(namespace, name)
+        body = self.client.job(namespace, name)
         if body is None or body.get("metadata", {}).get("deletionTimestamp"):
             self.metrics.forget((namespace, name))
             return PassOutcome(Result.GONE)  # children go with the job through their owner references
@@ -210,7 +214,7 @@ class Reconciler:
             return PassOutcome(Result.INVALID, message)
         decision = compute_status(
             verdict.sized,
-            observe_pods(self._pods_of(namespace, name)),
+            observe_pods(self.client.pods(namespace, name)),
             previous,
             now,
             self.backoff,
@@ -256,37 +260,9 @@ class Reconciler:
             self.metrics.replanned(Reason.OUT_OF_MEMORY)
         return PassOutcome(Result.OK, requeue_after=decision.requeue_after)
 
-    def _job_body(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """The job from the cache, else from the server (kept for the next pass); None when it is gone."""
-        if self.cache is not None and (body := self.cache.job((namespace, name))) is not None:
-            return body
-        body = self.kube.get_job(namespace, name)
-        if body is not None and self.cache is not None:
-            self.cache.put_job(body)
-        return body
-
-    def _pods_of(self, namespace: str, name: str) -> list[dict[str, Any]]:
-        """The job's pods from the cache once it holds their complete set, else from a LIST (which completes it)."""
-        if self.cache is not None and (pods := self.cache.pods((namespace, name))) is not None:
-            return pods
-        listing = self.kube.list_job_pods(namespace, name)
-        if self.cache is not None:
-            self.cache.known_pods((namespace, name), listing)
-        return listing.items
-
     def relist(self, namespaces: list[str]) -> tuple[list[Key], list[Key]]:
-        """LIST every job and operator pod of `namespaces` (all: empty) into the cache, one request per kind and
-        namespace; returns the jobs listed and those the cache held that are gone (no DELETED event seen)."""
-        present: list[Key] = []
-        gone: list[Key] = []
-        scopes: list[str | None] = list(namespaces) or [None]
-        for namespace in scopes:
-            jobs = self.kube.list_jobs(namespace)
-            present += [(j["metadata"].get("namespace", ""), j["metadata"]["name"]) for j in jobs.items]
-            if self.cache is not None:
-                gone += self.cache.relisted(namespace, jobs, self.kube.list_operator_pods(namespace))
-                for kind in CACHED_CHILDREN:
-                    self.cache.relisted_children(kind[1], namespace, self.kube.list_owned(kind, namespace))
+        """CachedClient.relist, forgetting the series of jobs found gone."""
+        present, gone = self.client.relist(namespaces)
         for key in gone:
             self.metrics.forget(key)
         return present, gone
@@ -345,8 +321,7 @@ class Reconciler:
     ) -> PassOutcome:
         """A child write was refused: say so in status (one Event per new reason) and retry with back-off."""
         log.warning("%s/%s: %s", body["metadata"]["namespace"], body["metadata"]["name"], err)
-        if self.cache is not None:  # what the cache holds may be why: the retry reads the children afresh
-            self.cache.forget_children((body["metadata"]["namespace"], body["metadata"]["name"]))
+        self.client.refused((body["metadata"]["namespace"], body["metadata"]["name"]))
         delay = self._held_back(body, previous, api_failure.failed_status(previous, err, now))
         return PassOutcome(Result.ERROR, str(err), requeue_after=delay)
 
@@ -374,15 +349,14 @@ class Reconciler:
         # not on each of the many pod events in between.
         if apply_supporting and d.status.phase not in TERMINAL and d.status.phase != Phase.SUSPENDED:
             for obj in builders.build_supporting(job, sized):
-                self._apply(obj)
+                with child_write("apply", obj):
+                    self.client.apply(obj)
         for pod_name in d.delete_pods:
             with child_write("delete", {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod_name}}):
-                answer = self.kube.delete_pod(job.namespace, pod_name)
-            if self.cache is not None:
-                self.cache.deleted_pod(job.namespace, job.name, pod_name, answer)
+                self.client.delete_pod(job.namespace, job.name, pod_name)
         if d.create_gang:
             gang = d.status.restarts.total
-            existing = {p["metadata"]["name"] for p in self._pods_of(job.namespace, job.name)}
+            existing = {p["metadata"]["name"] for p in self.client.pods(job.namespace, job.name)}
             config, *gang_pods = builders.build_gang(job, spec, gang, sized.replicas)
             with child_write("create", config):
                 self.kube.ensure(config)  # created once per gang; a retry keeps the first one (immutable)
@@ -393,22 +367,12 @@ class Reconciler:
                     self.kube.delete_config_map(job.namespace, old)
         if d.create_probes:
             gang = d.status.restarts.total
-            existing = {p["metadata"]["name"] for p in self._pods_of(job.namespace, job.name)}
+            existing = {p["metadata"]["name"] for p in self.client.pods(job.namespace, job.name)}
             probes = [builders.build_probe(job, sized, gang, i) for i in d.create_probes]
             self._create_pods(job, [p for p in probes if p["metadata"]["name"] not in existing])
         if d.delete_job:
             log.info("deleting %s/%s: ttlSecondsAfterFinished passed", job.namespace, job.name)
             self.kube.delete_job(job.namespace, job.name)
-
-    def _apply(self, obj: dict[str, Any]) -> None:
-        """Apply a child, compared with the cache's copy where the operator watches its kind (no GET then)."""
-        plural, md = self.kube.plural_of(obj), obj["metadata"]
-        cached = self.cache is not None and (obj["apiVersion"], plural) in CACHED_CHILDREN
-        known = self.cache.child(plural, md["namespace"], md["name"]) if cached and self.cache else None
-        with child_write("apply", obj):
-            answer = self.kube.apply(obj, known)
-        if cached and self.cache is not None and answer is not None:
-            self.cache.put_child(plural, answer)
 
     def _create_pods(self, job: builders.JobRef, pods: list[dict[str, Any]]) -> None:
         """Create pods through the operator's shared workers, this job's in turn with every other job's (one after
@@ -416,9 +380,7 @@ class Reconciler:
 
         def create(pod: dict[str, Any]) -> None:
             with child_write("create", pod):
-                created = self.kube.create(pod)
-            if self.cache is not None:
-                self.cache.put_pod(created)
+                self.client.create_pod(pod)
 
         for future in self._creates.map((job.namespace, job.name), create, pods):
             future.result()  # the first refusal, in pod order, is the one the status reports
@@ -432,7 +394,7 @@ class Reconciler:
         if patch is None:
             return
         try:
-            stored = self.kube.patch_job_status(md["namespace"], md["name"], patch)
+            self.client.patch_job_status(md["namespace"], md["name"], patch)
         except KubeError as e:
             if e.status != 404:
                 raise
@@ -440,8 +402,6 @@ class Reconciler:
             # just set would otherwise outlive the job.
             self.metrics.forget(key)
             return
-        if self.cache is not None and (stored.get("metadata") or {}).get("name") == md["name"]:
-            self.cache.put_job(stored)  # the next pass starts from what this one wrote, not from before it
         job, now = builders.JobRef.from_body(body), self.clock()
         for ev in transitions(previous, new):
             self.events.record(builders.build_event(job, ev.type, ev.reason, ev.message, now))
