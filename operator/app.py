@@ -111,13 +111,16 @@ def lead_then_operate(
     Exit status 1 if the Lease was lost (the pod restarts and becomes a standby), 0 on a clean stop.
     """
     timings = LeaseTimings(settings.lease_seconds, settings.lease_renew_seconds, settings.lease_retry_seconds)
-    elector = LeaderElector(kube, settings.lease_namespace, settings.lease_name, identity(settings), timings)
+    # A client of its own, outside the request budget: a renewal must not wait behind a gang's creates.
+    lease_kube = kube.unbudgeted()
+    elector = LeaderElector(lease_kube, settings.lease_namespace, settings.lease_name, identity(settings), timings)
     health = StandbyHealth(settings.bind_address, settings.health_port) if liveness else None
     log.info(
         "leader election: %s waits for lease %s/%s", elector.identity, settings.lease_namespace, settings.lease_name
     )
     try:
         if not elector.acquire(stop):
+            lease_kube.close()
             return 0
     finally:
         if health is not None:
@@ -129,6 +132,7 @@ def lead_then_operate(
         stop.set()
         if not elector.lost.is_set():
             elector.release()
+        lease_kube.close()
     return 1 if elector.lost.is_set() else 0
 
 

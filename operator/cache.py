@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import copy
 import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +27,8 @@ from zerotrain.operator.kube import Listing
 
 Obj = dict[str, Any]
 Key = tuple[str, str]  # (namespace, name): a job
+GONE_SECONDS = 600.0
+"""How long a deleted object's uid is remembered, so nothing brings it back into the cache."""
 
 
 def _rv(obj: Obj) -> int | None:
@@ -73,7 +78,23 @@ class ObjectCache:
     _all_known: bool = False
     _children: dict[tuple[str, str, str], Obj] = field(default_factory=dict)
     """The jobs' other children, by (plural, namespace, name): a Service, a ServiceAccount, a Role, a RoleBinding."""
+    _gone: OrderedDict[str, float] = field(default_factory=OrderedDict)
+    """uids seen DELETED in the last GONE_SECONDS: a write's answer or a LIST that raced the deletion cannot bring
+    the object back (client-go avoids the race by queueing LISTs and events in one DeltaFIFO)."""
+    clock: Callable[[], float] = time.monotonic
     _mu: threading.Lock = field(default_factory=threading.Lock)
+
+    def _bury(self, obj: Obj) -> None:
+        uid = (obj.get("metadata") or {}).get("uid")
+        now = self.clock()
+        if uid:
+            self._gone[uid] = now
+            self._gone.move_to_end(uid)
+        while self._gone and now - next(iter(self._gone.values())) > GONE_SECONDS:
+            self._gone.popitem(last=False)
+
+    def _buried(self, obj: Obj) -> bool:
+        return (obj.get("metadata") or {}).get("uid") in self._gone
 
     # -- jobs ------------------------------------------------------------------------------------------------
 
@@ -86,7 +107,7 @@ class ObjectCache:
     def put_job(self, body: Obj) -> None:
         with self._mu:
             key = _key(body)
-            if newer(body, self._jobs.get(key)):
+            if not self._buried(body) and newer(body, self._jobs.get(key)):
                 self._jobs[key] = copy.deepcopy(body)
 
     def drop_job(self, body: Obj) -> None:
@@ -94,6 +115,7 @@ class ObjectCache:
         holds under that name is a newer job (deleted and created again)."""
         key = _key(body)
         with self._mu:
+            self._bury(body)
             if not _same_or_older(body, self._jobs.get(key)):
                 return
             self._jobs.pop(key, None)
@@ -114,6 +136,8 @@ class ObjectCache:
         if job is None:
             return
         with self._mu:
+            if self._buried(pod):
+                return
             held = self._pods.setdefault(job, {})
             name = _key(pod)[1]
             if newer(pod, held.get(name)):
@@ -124,19 +148,27 @@ class ObjectCache:
         if job is None:
             return
         with self._mu:
+            self._bury(pod)
             held = self._pods.get(job, {})
             name = _key(pod)[1]
             # Pod names repeat from gang to gang: a late DELETED of the last gang's pod must not drop this one's.
             if _same_or_older(pod, held.get(name)):
                 held.pop(name, None)
+            if not held and job not in self._jobs:
+                self._pods.pop(job, None)
 
     def deleted_pod(self, namespace: str, job: str, name: str, answer: Obj) -> None:
         """The operator deleted a pod: the server's answer is the pod terminating (kept until its DELETED event),
-        or anything else once it is gone."""
+        or anything else once it is gone. It only updates the pod held, never adds one: its DELETED event may
+        have come first."""
         with self._mu:
             held = self._pods.get((namespace, job), {})
+            current = held.get(name)
+            if current is None:
+                return
+            same = (answer.get("metadata") or {}).get("uid") == (current.get("metadata") or {}).get("uid")
             if (answer.get("metadata") or {}).get("deletionTimestamp") and answer.get("kind") == "Pod":
-                if newer(answer, held.get(name)):
+                if same and not self._buried(answer) and newer(answer, current):
                     held[name] = copy.deepcopy(answer)
             else:
                 held.pop(name, None)
@@ -144,7 +176,8 @@ class ObjectCache:
     def known_pods(self, key: Key, pods: Listing) -> None:
         """A LIST of one job's pods: the set is now complete (events that came while it ran are kept)."""
         with self._mu:
-            self._replace({key: {_key(p)[1]: p for p in pods.items}}, {key}, pods.resource_version)
+            fresh = {_key(p)[1]: p for p in pods.items if not self._buried(p)}
+            self._replace({key: fresh}, {key}, pods.resource_version)
             self._pods_known.add(key)
 
     # -- other children ------------------------------------------------------------------------------------
@@ -158,12 +191,13 @@ class ObjectCache:
     def put_child(self, plural: str, obj: Obj) -> None:
         key = (plural, *_key(obj))
         with self._mu:
-            if newer(obj, self._children.get(key)):
+            if not self._buried(obj) and newer(obj, self._children.get(key)):
                 self._children[key] = copy.deepcopy(obj)
 
     def drop_child(self, plural: str, obj: Obj) -> None:
         key = (plural, *_key(obj))
         with self._mu:
+            self._bury(obj)
             if _same_or_older(obj, self._children.get(key)):
                 self._children.pop(key, None)
 
@@ -177,7 +211,7 @@ class ObjectCache:
     def relisted_children(self, plural: str, namespace: str | None, listing: Listing) -> None:
         """A LIST of one kind of child: what it no longer shows (and no watch event kept) is gone."""
         with self._mu:
-            listed = {(plural, *_key(o)): o for o in listing.items}
+            listed = {(plural, *_key(o)): o for o in listing.items if not self._buried(o)}
             for k in [k for k in self._children if k[0] == plural and (namespace is None or k[1] == namespace)]:
                 if k not in listed and self._older_than(self._children[k], listing.resource_version):
                     del self._children[k]
@@ -187,15 +221,16 @@ class ObjectCache:
 
     # -- a namespace listed whole ------------------------------------------------------------------------------
 
-    def relisted(self, namespace: str | None, jobs: Listing, pods: Listing) -> list[Key]:
+    def relisted(self, namespace: str | None, jobs: Listing, pods: Listing) -> tuple[list[Key], list[Key]]:
         """Replace what the cache holds of `namespace` (every namespace: None) with a LIST of its jobs and one of
-        its operator's pods; returns the jobs it held that the LIST no longer shows (gone with no DELETED seen)."""
+        its operator's pods; returns the jobs listed (less those deleted since) and those it held that the LIST no
+        longer shows (gone with no DELETED seen)."""
 
         def inside(k: Key) -> bool:
             return namespace is None or k[0] == namespace
 
         with self._mu:
-            listed = {_key(j): j for j in jobs.items}
+            listed = {_key(j): j for j in jobs.items if not self._buried(j)}
             held = [k for k in self._jobs if inside(k) and k not in listed]
             gone = sorted(k for k in held if self._older_than(self._jobs[k], jobs.resource_version))
             for k in gone:
@@ -205,14 +240,14 @@ class ObjectCache:
                     self._jobs[k] = copy.deepcopy(body)
             by_job: dict[Key, dict[str, Obj]] = {}
             for pod in pods.items:
-                if (job := job_of(pod)) is not None:
+                if (job := job_of(pod)) is not None and not self._buried(pod):
                     by_job.setdefault(job, {})[_key(pod)[1]] = pod
             self._replace(by_job, {k for k in self._pods if inside(k)} | by_job.keys(), pods.resource_version)
             if namespace is None:
                 self._all_known = True
             else:
                 self._namespaces_known.add(namespace)
-            return gone
+            return sorted(listed), gone
 
     def _replace(self, listed: dict[Key, dict[str, Obj]], scope: set[Key], list_rv: str | None) -> None:
         """Each job of `scope` gets the listed pods, keeping a held pod newer than the LIST (a watch event that came
@@ -223,7 +258,10 @@ class ObjectCache:
             kept = {n: p for n, p in held.items() if n not in fresh and not self._older_than(p, list_rv)}
             for name, pod in fresh.items():
                 kept[name] = held[name] if name in held and not newer(pod, held[name]) else copy.deepcopy(pod)
-            self._pods[job] = kept
+            if kept or job in self._jobs:
+                self._pods[job] = kept
+            else:
+                self._pods.pop(job, None)
 
     @staticmethod
     def _older_than(obj: Obj, list_rv: str | None) -> bool:

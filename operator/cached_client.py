@@ -33,6 +33,11 @@ class CachedClient:
             self.cache.put_job(body)
         return body
 
+    def gone(self, body: Obj) -> None:
+        """The server answered 404 for this job: it goes from the cache, uid and all."""
+        if self.cache is not None:
+            self.cache.drop_job(body)
+
     def pods(self, namespace: str, name: str) -> list[Obj]:
         """The job's pods from the cache once it holds their complete set, else from a LIST (which completes it)."""
         if self.cache is not None and (pods := self.cache.pods((namespace, name))) is not None:
@@ -80,9 +85,12 @@ class CachedClient:
         scopes: list[str | None] = list(namespaces) or [None]
         for namespace in scopes:
             jobs = self.kube.list_jobs(namespace)
-            present += [(j["metadata"].get("namespace", ""), j["metadata"]["name"]) for j in jobs.items]
-            if self.cache is not None:
-                gone += self.cache.relisted(namespace, jobs, self.kube.list_operator_pods(namespace))
-                for kind in CACHED_CHILDREN:
-                    self.cache.relisted_children(kind[1], namespace, self.kube.list_owned(kind, namespace))
+            if self.cache is None:
+                present += [(j["metadata"].get("namespace", ""), j["metadata"]["name"]) for j in jobs.items]
+                continue
+            listed, missing = self.cache.relisted(namespace, jobs, self.kube.list_operator_pods(namespace))
+            present += listed
+            gone += missing
+            for kind in CACHED_CHILDREN:
+                self.cache.relisted_children(kind[1], namespace, self.kube.list_owned(kind, namespace))
         return present, gone

@@ -63,7 +63,7 @@ class EventRecorder:
 
     sink: EventSink
     clock: Callable[[], float] = time.monotonic
-    _buckets: dict[tuple[str, ...], TokenBucket] = field(default_factory=dict)
+    _buckets: OrderedDict[tuple[str, ...], TokenBucket] = field(default_factory=OrderedDict)
     _similar: OrderedDict[tuple[str, ...], dict[str, float]] = field(default_factory=OrderedDict)
     _sent: OrderedDict[tuple[str, ...], _Sent] = field(default_factory=OrderedDict)
     _mu: threading.Lock = field(default_factory=threading.Lock)
@@ -76,6 +76,9 @@ class EventRecorder:
         obj = _object_key(event)
         with self._mu:
             bucket = self._buckets.setdefault(obj, TokenBucket(SPAM_QPS, SPAM_BURST, clock=self.clock))
+            self._buckets.move_to_end(obj)
+            while len(self._buckets) > MAX_REMEMBERED:  # one per job ever seen would grow without end
+                self._buckets.popitem(last=False)
             if not bucket.try_take():
                 self.dropped += 1
                 log.debug("event %s on %s dropped by the spam filter", event.get("reason"), obj)

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import functools
 import threading
+import time
 from collections.abc import Callable, Hashable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -23,7 +25,7 @@ class FairPool:
 
     def __init__(self, workers: int) -> None:
         self.workers = workers
-        self._queues: dict[Hashable, collections.deque[Callable[[], None]]] = {}
+        self._queues: dict[Hashable, collections.deque[_Task]] = {}
         self._turns: collections.deque[Hashable] = collections.deque()
         self._cv = threading.Condition()
         self._threads: list[threading.Thread] = []
@@ -32,6 +34,8 @@ class FairPool:
     def map(self, key: Hashable, fn: Callable[[T], R], items: Sequence[T]) -> list[concurrent.futures.Future[R]]:
         """Run `fn` on every item, the key's items in order among the others' turns; returns once all are done."""
         futures: list[concurrent.futures.Future[R]] = []
+        if not items:  # a key in the turns with nothing queued would have a worker pop an empty queue
+            return futures
         with self._cv:
             if self._closed:
                 raise RuntimeError("the pod-create pool is closed")
@@ -41,18 +45,26 @@ class FairPool:
                 self._turns.append(key)
             for item in items:
                 future: concurrent.futures.Future[R] = concurrent.futures.Future()
-                queue.append(_task(fn, item, future))
+                queue.append(_Task(functools.partial(fn, item), future))
                 futures.append(future)
             self._cv.notify_all()
         concurrent.futures.wait(futures)
         return futures
 
     def close(self) -> None:
+        """Stop the workers; what is still queued fails with RuntimeError for its caller (the tasks in flight
+        finish)."""
         with self._cv:
             self._closed = True
+            queued = [task for queue in self._queues.values() for task in queue]
+            self._queues.clear()
+            self._turns.clear()
             self._cv.notify_all()
+        for task in queued:
+            task.cancel()
+        deadline = time.monotonic() + 5
         for t in self._threads:
-            t.join(timeout=5)
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
 
     def _start(self) -> None:
         while len(self._threads) < self.workers:
@@ -60,7 +72,7 @@ class FairPool:
             t.start()
             self._threads.append(t)
 
-    def _next(self) -> Callable[[], None] | None:
+    def _next(self) -> _Task | None:
         """The first task of the key whose turn it is (the key goes to the back if it has more); None once closed."""
         with self._cv:
             while not self._turns and not self._closed:
@@ -78,16 +90,23 @@ class FairPool:
 
     def _serve(self) -> None:
         while (task := self._next()) is not None:
-            task()
+            task.run()
 
 
-def _task(fn: Callable[[T], R], item: T, future: concurrent.futures.Future[R]) -> Callable[[], None]:
-    def run() -> None:
-        if not future.set_running_or_notify_cancel():
+class _Task:
+    """One queued call and the future its caller waits on."""
+
+    def __init__(self, call: Callable[[], object], future: concurrent.futures.Future[Any]) -> None:
+        self.call, self.future = call, future
+
+    def run(self) -> None:
+        if not self.future.set_running_or_notify_cancel():
             return
         try:
-            future.set_result(fn(item))
+            self.future.set_result(self.call())
         except BaseException as e:  # handed to the caller, which raises the first in item order
-            future.set_exception(e)
+            self.future.set_exception(e)
 
-    return run
+    def cancel(self) -> None:
+        if self.future.set_running_or_notify_cancel():
+            self.future.set_exception(RuntimeError("the pod-create pool closed before this create ran"))

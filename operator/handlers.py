@@ -47,7 +47,7 @@ def _watch_into(registry: kopf.OperatorRegistry, cache: ObjectCache, api_version
     group, version = _group_version(api_version)
 
     @kopf.on.event(group, version, plural, labels={naming.LABEL_JOB: kopf.PRESENT}, registry=registry)
-    def on_child(type: str | None, event: Mapping[str, Any], **_: Any) -> None:
+    async def on_child(type: str | None, event: Mapping[str, Any], **_: Any) -> None:
         if type == "DELETED":
             cache.drop_child(plural, dict(event["object"]))
         else:
@@ -73,7 +73,7 @@ def make_registry(reconciler: Reconciler, resync: Resync | None = None) -> kopf.
         if namespace is None:  # the resource is namespaced; kopf types allow None for cluster objects
             return
         try:
-            outcome = reconciler.reconcile(namespace, name)
+            outcome = reconciler.reconcile(namespace, name, hand_off=True)
         except KubeError as e:
             # kube.py already retried with back-off; kopf retries the handler at the next step of that back-off.
             s = reconciler.settings
@@ -91,9 +91,12 @@ def make_registry(reconciler: Reconciler, resync: Resync | None = None) -> kopf.
     cache = reconciler.cache
 
     # kopf calls event handlers before the create/update/resume ones of the same event: the pass those run reads
-    # the cache this has just updated.
+    # the cache this has just updated. The handlers that only update the cache are async, so they run in kopf's
+    # event loop at once instead of waiting for an executor thread that passes may all be holding.
     @kopf.on.event(*resource, registry=registry)
-    def on_job_event(type: str | None, event: Mapping[str, Any], namespace: str | None, name: str, **_: Any) -> None:
+    async def on_job_event(
+        type: str | None, event: Mapping[str, Any], namespace: str | None, name: str, **_: Any
+    ) -> None:
         if namespace is None:
             return
         if cache is not None:
@@ -106,18 +109,20 @@ def make_registry(reconciler: Reconciler, resync: Resync | None = None) -> kopf.
             resync.seen((namespace, name), present=type != "DELETED")
 
     @kopf.on.event("", "v1", "pods", labels={naming.LABEL_JOB: kopf.PRESENT}, registry=registry)
-    def on_pod(
-        type: str | None, event: Mapping[str, Any], namespace: str | None, labels: Mapping[str, str], **_: Any
-    ) -> None:
-        if namespace is None:
-            return
+    async def on_pod_seen(type: str | None, event: Mapping[str, Any], **_: Any) -> None:
         if cache is not None:
             if type == "DELETED":
                 cache.drop_pod(dict(event["object"]))
             else:
                 cache.put_pod(dict(event["object"]))
+
+    # Registered after on_pod_seen: kopf runs one cause's handlers in order, so the pass sees the event.
+    @kopf.on.event("", "v1", "pods", labels={naming.LABEL_JOB: kopf.PRESENT}, registry=registry)
+    def on_pod(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
+        if namespace is None:
+            return
         try:
-            reconciler.reconcile(namespace, labels[naming.LABEL_JOB])
+            reconciler.reconcile(namespace, labels[naming.LABEL_JOB], hand_off=True)
         except KubeError as e:  # event handlers are not retried; the resync catches up
             log.warning("reconcile after a pod event failed: %s", e)
 

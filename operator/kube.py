@@ -13,6 +13,7 @@ grants exactly these, and the e2e tests check that every request actually served
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import logging
 import time
@@ -181,6 +182,12 @@ class Kube:
             config.connection_pool_maxsize = budget.max_in_flight
         self._api = kubernetes.client.ApiClient(config)
         self.set_user_agent(f"{naming.MANAGER}/{__version__}")
+
+    def unbudgeted(self) -> Kube:
+        """A client of its own on the same connection settings, outside this one's request budget."""
+        sibling = Kube(copy.copy(self.config), self.source, self.retries, self.retry_base_seconds)
+        sibling.set_user_agent(self._api.user_agent)
+        return sibling
 
     def set_user_agent(self, agent: str) -> None:
         """Who the API server's audit log (and the e2e tests' request record) says is calling."""

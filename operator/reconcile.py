@@ -6,6 +6,7 @@ of the same job are coalesced (never concurrent), so a burst of pod events costs
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 import threading
@@ -113,8 +114,10 @@ class Reconciler:
     _creates: FairPool = field(init=False)
     client: CachedClient = field(init=False)
     """The pass's reads and writes, through `cache` where there is one."""
+    _reruns: concurrent.futures.ThreadPoolExecutor = field(init=False)
 
     def __post_init__(self) -> None:
+        self._reruns = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="zerotrain-rerun")
         self.client = CachedClient(self.kube, self.cache)
         self.events = EventRecorder(self.kube)
         self._creates = FairPool(self.settings.pod_create_concurrency)
@@ -123,8 +126,12 @@ class Reconciler:
     def backoff(self) -> Backoff:
         return Backoff(self.settings.restart_backoff_seconds, self.settings.max_restart_backoff_seconds)
 
-    def reconcile(self, namespace: str, name: str) -> PassOutcome | None:
-        """Run a pass, or, if one is running for this job, make it run once more and return None."""
+    def reconcile(self, namespace: str, name: str, hand_off: bool = False) -> PassOutcome | None:
+        """Run a pass, or, if one is running for this job, make it run once more and return None.
+
+        With `hand_off` (kopf's handlers) the caller runs one pass and the passes asked for meanwhile run on the
+        operator's own threads: kopf handles one object's events one after another, so a caller that looped while a
+        gang starts would hold back the job's own watch events, and the cache with them."""
         key = (namespace, name)
         with self._mu:
             st = self._states.setdefault(key, _KeyState())
@@ -132,6 +139,10 @@ class Reconciler:
                 st.dirty = True
                 return None
             st.running = True
+        return self._passes(key, st, hand_off)
+
+    def _passes(self, key: Key, st: _KeyState, hand_off: bool) -> PassOutcome:
+        """Passes of the job until none was asked for during the last one (`st.running` is ours until then)."""
         try:
             while True:
                 st.dirty = False
@@ -140,12 +151,21 @@ class Reconciler:
                     if not st.dirty:
                         st.running = False
                         break
+                    if hand_off:
+                        self._reruns.submit(self._rerun, key, st)
+                        return outcome
         except BaseException:
             with self._mu:
                 st.running = False
             raise
         self._wake_later(key, outcome.requeue_after)
         return outcome
+
+    def _rerun(self, key: Key, st: _KeyState) -> None:
+        try:
+            self._passes(key, st, hand_off=False)
+        except Exception:  # the resync or the next event tries again
+            log.exception("reconcile of %s/%s failed", *key)
 
     def close(self) -> None:
         with self._mu:
@@ -154,6 +174,7 @@ class Reconciler:
                 if st.timer is not None:
                     st.timer.cancel()
         self._creates.close()
+        self._reruns.shutdown(wait=False, cancel_futures=True)
 
     def _wake_later(self, key: Key, delay: float | None) -> None:
         """Back-off expiry, TTL and startup timeouts need a pass at a known time, not at the next resync."""
@@ -399,8 +420,9 @@ class Reconciler:
             if e.status != 404:
                 raise
             # Deleted while this pass ran (its delete handler may have forgotten it already): the series this pass
-            # just set would otherwise outlive the job.
+            # just set would otherwise outlive the job, and the cache's copy would keep a pass acting on it.
             self.metrics.forget(key)
+            self.client.gone(body)
             return
         job, now = builders.JobRef.from_body(body), self.clock()
         for ev in transitions(previous, new):

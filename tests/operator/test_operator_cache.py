@@ -81,13 +81,13 @@ def test_a_namespace_relisted_completes_every_job_and_drops_jobs_gone_unseen() -
     cache.put_job(job("elsewhere", "2", ns="b"))
     jobs = Listing([job("kept", "5"), job("idle", "6")], "20")
     pods = Listing([pod("kept", "kept-worker-0", "7")], "20")
-    gone = cache.relisted("a", jobs, pods)
-    assert gone == [("a", "gone")]
+    present, gone = cache.relisted("a", jobs, pods)
+    assert present == [("a", "idle"), ("a", "kept")] and gone == [("a", "gone")]
     assert cache.job(("a", "gone")) is None and cache.job(("a", "fresh")) is not None
     assert [p["metadata"]["name"] for p in cache.pods(("a", "kept")) or []] == ["kept-worker-0"]
     assert cache.pods(("a", "idle")) == []  # listed whole: no pods is an answer
     assert cache.job(("b", "elsewhere")) is not None and cache.pods(("b", "elsewhere")) is None
-    assert cache.relisted(None, Listing([], "40"), Listing([], "40")) == sorted(
+    assert cache.relisted(None, Listing([], "40"), Listing([], "40"))[1] == sorted(
         [("a", "fresh"), ("a", "idle"), ("a", "kept"), ("b", "elsewhere")]
     )
     assert cache.pods(("c", "anything")) == []
@@ -142,3 +142,22 @@ def test_children_are_kept_as_watched_and_relisted() -> None:
     assert cache.child("roles", "a", "k-status") is not None and cache.child("roles", "a", "m-status") is not None
     cache.drop_child("roles", pod("m", "m-status", "25"))
     assert cache.child("roles", "a", "m-status") is None
+
+
+def test_nothing_brings_back_an_object_seen_deleted() -> None:
+    cache = ObjectCache()
+    cache.known_pods(("a", "j"), Listing([pod("j", "j-worker-0", "2", uid="p0")], "2"))
+    # The pod's DELETED event comes before the answer to the operator's DELETE (removed at once: never scheduled).
+    cache.drop_pod(pod("j", "j-worker-0", "5", uid="p0"))
+    cache.deleted_pod("a", "j", "j-worker-0", pod("j", "j-worker-0", "4", uid="p0", deletionTimestamp="t"))
+    assert cache.pods(("a", "j")) == []
+    cache.put_pod(pod("j", "j-worker-0", "3", uid="p0"))  # a create's answer, later still
+    assert cache.pods(("a", "j")) == []
+    # A LIST whose snapshot predates a deletion it raced: the job stays gone and is not listed as present.
+    cache.put_job({**job("k", "8"), "metadata": {**job("k", "8")["metadata"], "uid": "k1"}})
+    cache.drop_job({**job("k", "30"), "metadata": {**job("k", "30")["metadata"], "uid": "k1"}})
+    listed = {**job("k", "8"), "metadata": {**job("k", "8")["metadata"], "uid": "k1"}}
+    present, _ = cache.relisted("a", Listing([listed], "20"), Listing([], "20"))
+    assert present == [] and cache.job(("a", "k")) is None
+    cache.put_job({**job("k", "40"), "metadata": {**job("k", "40")["metadata"], "uid": "k2"}})  # created again
+    assert cache.job(("a", "k")) is not None

@@ -77,3 +77,35 @@ def test_a_failure_reaches_its_caller_in_item_order() -> None:
     pool.close()
     with pytest.raises(RuntimeError, match="closed"):
         pool.map("job", create, [1])
+
+
+def test_a_pass_with_nothing_to_create_leaves_every_worker_serving() -> None:
+    pool = FairPool(workers=2)
+    for _ in range(5):  # every pod of the gang already there: nothing to create
+        assert pool.map("job", lambda n: n, []) == []
+    done = threading.Event()
+    thread = threading.Thread(target=lambda: (pool.map("job", lambda n: n, [1, 2, 3]), done.set()))
+    thread.start()
+    assert done.wait(5), "the pool stopped serving"
+    pool.close()
+
+
+def test_close_fails_what_is_still_queued() -> None:
+    pool = FairPool(workers=1)
+    gate = threading.Event()
+    results: list[Exception | None] = []
+
+    def run() -> None:
+        futures = pool.map("job", lambda n: gate.wait(5) and n, [1, 2, 3])
+        results.extend(f.exception() for f in futures)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    time.sleep(0.1)
+    closer = threading.Thread(target=pool.close)
+    closer.start()
+    time.sleep(0.1)
+    gate.set()
+    thread.join(5)
+    closer.join(10)
+    assert results[0] is None and all(isinstance(e, RuntimeError) for e in results[1:]), results
