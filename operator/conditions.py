@@ -31,6 +31,7 @@ class Reason:
     """Condition and Event reasons (CamelCase, machine-readable)."""
 
     GANG_CREATED = "GangCreated"
+    GANG_CREATING = "GangCreating"
     GANG_RESTARTING = "GangRestarting"
     ALL_RANKS_RUNNING = "AllRanksRunning"
     RANKS_STARTING = "RanksStarting"

@@ -376,16 +376,7 @@ class Reconciler:
             with child_write("delete", {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod_name}}):
                 self.client.delete_pod(job.namespace, job.name, pod_name)
         if d.create_gang:
-            gang = d.status.restarts.total
-            existing = {p["metadata"]["name"] for p in self.client.pods(job.namespace, job.name)}
-            config, *gang_pods = builders.build_gang(job, spec, gang, sized.replicas)
-            with child_write("create", config):
-                self.kube.ensure(config)  # created once per gang; a retry keeps the first one (immutable)
-            self._create_pods(job, [p for p in gang_pods if p["metadata"]["name"] not in existing])
-            if gang > 0:  # the previous gang's pods are gone (a gang is created only then): so is its config
-                old = naming.config_map_name(job.name, gang - 1)
-                with child_write("delete", {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": old}}):
-                    self.kube.delete_config_map(job.namespace, old)
+            self._create_gang(job, spec, sized, d)
         if d.create_probes:
             gang = d.status.restarts.total
             existing = {p["metadata"]["name"] for p in self.client.pods(job.namespace, job.name)}
@@ -394,6 +385,38 @@ class Reconciler:
         if d.delete_job:
             log.info("deleting %s/%s: ttlSecondsAfterFinished passed", job.namespace, job.name)
             self.kube.delete_job(job.namespace, job.name)
+
+    def _create_gang(
+        self, job: builders.JobRef, spec: ZeroTrainingJobSpec, sized: ZeroTrainingJobSpec, d: Decision
+    ) -> None:
+        """The gang's ConfigMap, then its pods that do not exist yet, at most max_pod_creates_per_pass of them: a gang
+        larger than that is created over several passes (Created=False/GangCreating says how far), so one job's pass
+        never runs for minutes while the others wait for a thread."""
+        gang = d.status.restarts.total
+        present = self.client.pods(job.namespace, job.name)
+        existing = {p["metadata"]["name"] for p in present}
+        # An earlier pass began this gang: its ConfigMap exists and the previous gang's is gone.
+        begun = any(
+            (p["metadata"].get("labels") or {}).get(naming.LABEL_GANG) == str(gang)
+            and naming.LABEL_PROBE not in (p["metadata"].get("labels") or {})
+            for p in present
+        )
+        config, *gang_pods = builders.build_gang(job, spec, gang, sized.replicas)
+        if not begun:
+            with child_write("create", config):
+                self.kube.ensure(config)  # created once per gang; a retry keeps the first one (immutable)
+        todo = [p for p in gang_pods if p["metadata"]["name"] not in existing]
+        limit = self.settings.max_pod_creates_per_pass
+        self._create_pods(job, todo[:limit])
+        if len(todo) > limit:
+            done = len(gang_pods) - len(todo) + limit
+            message = f"{done} of {len(gang_pods)} pods of gang {gang} created; the next pass creates more"
+            set_condition(d.status, ConditionType.CREATED, False, Reason.GANG_CREATING, message, self.clock())
+            d.requeue_after = 0.0
+        if gang > 0 and not begun:  # the previous gang's pods are gone (a gang is created only then): so is its config
+            old = naming.config_map_name(job.name, gang - 1)
+            with child_write("delete", {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": old}}):
+                self.kube.delete_config_map(job.namespace, old)
 
     def _create_pods(self, job: builders.JobRef, pods: list[dict[str, Any]]) -> None:
         """Create pods through the operator's shared workers, this job's in turn with every other job's (one after

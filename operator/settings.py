@@ -51,6 +51,8 @@ class OperatorSettings(BaseModel):
     """Connections to the API server the client keeps open, and so the most requests in flight at once."""
     pod_create_concurrency: int = Field(default=16, ge=1)
     """Pod creates in flight at once, across all jobs, taken round-robin between the jobs that have some to do."""
+    max_pod_creates_per_pass: int = Field(default=500, ge=1)
+    """Pods one pass creates at most; a larger gang is created over several passes (Created=False/GangCreating)."""
     allow_host_path: bool = False
     """Admit jobs whose volumes or pod template use hostPath volumes (they give pods the node's files)."""
     leader_election: bool = False

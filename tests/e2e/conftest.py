@@ -65,15 +65,15 @@ class Operator:
 
 
 @contextlib.asynccontextmanager
-async def running_operator(cluster: Cluster, namespaces: list[str]) -> AsyncIterator[Operator]:
+async def running_operator(cluster: Cluster, namespaces: list[str], **overrides: object) -> AsyncIterator[Operator]:
     """The real operator: kopf in its own thread and event loop (G1), fast timers for tests."""
-    settings = OperatorSettings(
-        namespaces=namespaces,
-        resync_seconds=0.5,
-        restart_backoff_seconds=0.2,
-        max_restart_backoff_seconds=1.0,
-        api_retry_base_seconds=0.05,
-    )
+    fast: dict[str, object] = {
+        "resync_seconds": 0.5,
+        "restart_backoff_seconds": 0.2,
+        "max_restart_backoff_seconds": 1.0,
+        "api_retry_base_seconds": 0.05,
+    }
+    settings = OperatorSettings.model_validate({"namespaces": namespaces, **fast, **overrides})
     kube = Kube(cluster.configuration, retries=3, retry_base_seconds=0.05)
     metrics = OperatorMetrics()
     stop = threading.Event()
