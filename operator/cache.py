@@ -78,6 +78,8 @@ class ObjectCache:
     _all_known: bool = False
     _children: dict[tuple[str, str, str], Obj] = field(default_factory=dict)
     """The jobs' other children, by (plural, namespace, name): a Service, a ServiceAccount, a Role, a RoleBinding."""
+    _children_known: set[tuple[str, str | None]] = field(default_factory=set)
+    """(plural, namespace) listed whole (namespace None: all of them): a child absent here does not exist."""
     _gone: OrderedDict[str, float] = field(default_factory=OrderedDict)
     """uids seen DELETED in the last GONE_SECONDS: a write's answer or a LIST that raced the deletion cannot bring
     the object back (client-go avoids the race by queueing LISTs and events in one DeltaFIFO)."""
@@ -188,6 +190,12 @@ class ObjectCache:
             obj = self._children.get((plural, namespace, name))
             return copy.deepcopy(obj) if obj is not None else None
 
+    def child_absent(self, plural: str, namespace: str, name: str) -> bool:
+        """Whether the cache knows the child does not exist (its kind and namespace listed whole, and none since)."""
+        with self._mu:
+            listed = (plural, namespace) in self._children_known or (plural, None) in self._children_known
+            return listed and (plural, namespace, name) not in self._children
+
     def put_child(self, plural: str, obj: Obj) -> None:
         key = (plural, *_key(obj))
         with self._mu:
@@ -218,6 +226,7 @@ class ObjectCache:
             for k, obj in listed.items():
                 if newer(obj, self._children.get(k)):
                     self._children[k] = copy.deepcopy(obj)
+            self._children_known.add((plural, namespace))
 
     # -- a namespace listed whole ------------------------------------------------------------------------------
 

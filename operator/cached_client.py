@@ -17,6 +17,10 @@ Obj = dict[str, Any]
 Key = tuple[str, str]  # (namespace, name): a job
 
 
+def _key(md: Obj) -> Key:
+    return md["namespace"], md["name"]
+
+
 @dataclass
 class CachedClient:
     """`kube` for every request, `cache` (may be None) for what the watches have shown."""
@@ -57,7 +61,8 @@ class CachedClient:
         plural, md = self.kube.plural_of(obj), obj["metadata"]
         watched = self.cache is not None and (obj["apiVersion"], plural) in CACHED_CHILDREN
         known = self.cache.child(plural, md["namespace"], md["name"]) if watched and self.cache else None
-        answer = self.kube.apply(obj, known)
+        absent = bool(watched and known is None and self.cache and self.cache.child_absent(plural, *_key(md)))
+        answer = self.kube.apply(obj, known, absent=absent)
         if watched and self.cache is not None and answer is not None:
             self.cache.put_child(plural, answer)
 

@@ -346,12 +346,13 @@ class Kube:
                 return False
             raise
 
-    def apply(self, obj: Obj, known: Obj | None = None) -> Obj | None:
+    def apply(self, obj: Obj, known: Obj | None = None, absent: bool = False) -> Obj | None:
         """Make `obj` exist as built: the server's answer when anything was written, else None. `known` is the
-        object as the caller's cache holds it, which spares the GET (a PATCH that meets 404 creates instead)."""
+        object as the caller's cache holds it, and `absent` says the cache knows there is none: either spares the
+        GET (a PATCH that meets 404 creates instead; a create that meets 409 reads and patches)."""
         md = obj["metadata"]
         path = path_of(obj["apiVersion"], self._plural(obj), md["namespace"], md["name"])
-        current = known if known is not None else self._get_or_none(path)
+        current = known if known is not None or absent else self._get_or_none(path)
         if current is None:
             try:
                 return self.create(obj)

@@ -98,5 +98,8 @@ class Resync:
             log.warning("resync of %s/%s failed: %s", *key, e)
 
     def _run(self) -> None:
+        # The first LIST at once: passes at start-up (kopf resumes every job) then read each job's pods from the
+        # cache instead of listing them job by job.
+        self._backstop()
         while not self._stop.wait(self.interval):
             self.run_once()

@@ -142,6 +142,8 @@ def test_children_are_kept_as_watched_and_relisted() -> None:
     assert cache.child("roles", "a", "k-status") is not None and cache.child("roles", "a", "m-status") is not None
     cache.drop_child("roles", pod("m", "m-status", "25"))
     assert cache.child("roles", "a", "m-status") is None
+    assert cache.child_absent("roles", "a", "m-status") and not cache.child_absent("roles", "a", "k-status")
+    assert not cache.child_absent("roles", "b", "x") and not cache.child_absent("services", "a", "x")
 
 
 def test_nothing_brings_back_an_object_seen_deleted() -> None:

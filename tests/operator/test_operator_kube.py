@@ -110,6 +110,12 @@ def test_apply_from_a_cached_object_sends_only_the_write(server: tuple[Script, K
     script.answers = [(404, {}, {}), (201, svc, {})]  # deleted since the cache saw it
     assert kube.apply(svc, known=drifted) == svc
     assert [s[0] for s in script.seen[1:]] == ["PATCH", "POST"]
+    script.answers = [(201, svc, {})]  # the cache knows there is none: straight to the create
+    assert kube.apply(svc, absent=True) == svc
+    assert [s[0] for s in script.seen[3:]] == ["POST"]
+    script.answers = [(409, {}, {}), (200, drifted, {}), (200, svc, {})]  # created meanwhile after all
+    assert kube.apply(svc, absent=True) == svc
+    assert [s[0] for s in script.seen[4:]] == ["POST", "GET", "PATCH"]
 
 
 def test_every_kind_the_builders_make_is_declared() -> None:

@@ -64,3 +64,18 @@ def test_a_failed_listing_does_not_stop_the_round() -> None:
     r.seen(("a", "seen"), present=True)
     r.run_once()
     assert calls == [("a", "seen")]
+
+
+def test_the_first_listing_comes_at_start_not_after_an_interval() -> None:
+    listed = threading.Event()
+
+    def lister() -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+        listed.set()
+        return [], []
+
+    r = Resync(3600, lambda ns, name: None, lister=lister)
+    r.start()
+    try:
+        assert listed.wait(5)
+    finally:
+        r.stop()
