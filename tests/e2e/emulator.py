@@ -120,6 +120,8 @@ class ZeroEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         self.served: list[Served] = []
         self.faults: list[Fault] = []
         self._rv = itertools.count(1)
+        # uid -> the store's key, so a child's owners are looked up, not found by scanning every object.
+        self._uid_keys: dict[str, tuple[Any, str | None, str | None]] = {}
         self.resources.load_bundled()
         self.resources[CR] = kmock.ResourceInfo(
             kind=KIND,
@@ -163,6 +165,8 @@ class ZeroEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
             if not md.get("name") and md.get("generateName"):
                 md["name"] = md["generateName"] + uuid.uuid4().hex[:5]
             md.setdefault("uid", str(uuid.uuid4()))
+            key = (request.resource, request.namespace or md.get("namespace"), md.get("name"))
+            self._uid_keys[md["uid"]] = key
             md.setdefault("creationTimestamp", _now())
             md["resourceVersion"] = self._next_rv()
         elif request.action == kmock.action.UPDATE and request.name is not None:
@@ -206,12 +210,17 @@ class ZeroEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         elif request.action == kmock.action.CREATE and isinstance(request.data, dict):
             # A child created after its owner was deleted (a reconcile racing the deletion) is collected too.
             owners = {r.get("uid") for r in request.data.get("metadata", {}).get("ownerReferences") or []}
-            if owners and not owners & self._live_uids():
+            if owners and not any(self._live(uid) for uid in owners):
                 await self._collect_garbage(owners)
         return response
 
-    def _live_uids(self) -> set[str]:
-        return {obj.get("metadata", {}).get("uid") for obj in self._objects.values() if not obj.deleted}
+    def _live(self, uid: str | None) -> bool:
+        key = self._uid_keys.get(uid or "")
+        obj = self._objects[key] if key is not None and key in self._objects else None
+        if obj is not None and not obj.deleted and obj.get("metadata", {}).get("uid") == uid:
+            return True
+        # Not created through this emulator (put in its store directly): look for it.
+        return any(o.get("metadata", {}).get("uid") == uid for o in self._objects.values() if not o.deleted)
 
     async def _collect_garbage(self, owner_uids: set[str]) -> None:
         """What the kube-controller-manager's garbage collector does for background deletion."""
