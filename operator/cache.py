@@ -112,13 +112,16 @@ class ObjectCache:
             if not self._buried(body) and newer(body, self._jobs.get(key)):
                 self._jobs[key] = copy.deepcopy(body)
 
-    def drop_job(self, body: Obj) -> None:
+    def drop_job(self, body: Obj, whatever_version: bool = False) -> None:
         """A DELETED event: the job and its pods (the garbage collector's, now) leave the cache, unless what it
-        holds under that name is a newer job (deleted and created again)."""
+        holds under that name is a newer job (deleted and created again). `whatever_version`: the server said 404
+        for this uid, so a copy of it at a later resourceVersion goes too."""
         key = _key(body)
         with self._mu:
             self._bury(body)
-            if not _same_or_older(body, self._jobs.get(key)):
+            held = self._jobs.get(key)
+            uid, held_uid = ((o or {}).get("metadata", {}).get("uid") for o in (body, held))
+            if not (whatever_version and uid is not None and uid == held_uid) and not _same_or_older(body, held):
                 return
             self._jobs.pop(key, None)
             self._pods.pop(key, None)
@@ -215,6 +218,8 @@ class ObjectCache:
             owned = [k for k, o in self._children.items() if k[1] == job[0] and job_of(o) == job]
             for k in owned:
                 del self._children[k]
+            # Nor does it take the absence of a child from here: the namespace's kinds are listed again first.
+            self._children_known = {(p, ns) for p, ns in self._children_known if ns is not None and ns != job[0]}
 
     def relisted_children(self, plural: str, namespace: str | None, listing: Listing) -> None:
         """A LIST of one kind of child: what it no longer shows (and no watch event kept) is gone."""

@@ -40,7 +40,7 @@ class CachedClient:
     def gone(self, body: Obj) -> None:
         """The server answered 404 for this job: it goes from the cache, uid and all."""
         if self.cache is not None:
-            self.cache.drop_job(body)
+            self.cache.drop_job(body, whatever_version=True)
 
     def pods(self, namespace: str, name: str) -> list[Obj]:
         """The job's pods from the cache once it holds their complete set, else from a LIST (which completes it)."""

@@ -32,7 +32,15 @@ from zerotrain.operator.kube import Kube, KubeError, path_of
 from zerotrain.operator.metrics import JobView, OperatorMetrics
 from zerotrain.operator.observe import observe_pods
 from zerotrain.operator.settings import OperatorSettings
-from zerotrain.operator.status import TERMINAL, Backoff, Decision, compute_status, invalid, transitions
+from zerotrain.operator.status import (
+    TERMINAL,
+    Backoff,
+    Decision,
+    compute_status,
+    gang_created_message,
+    invalid,
+    transitions,
+)
 from zerotrain.spec import ZeroTrainingJobSpec
 from zerotrain.zero_config import Stage
 
@@ -90,6 +98,8 @@ class _KeyState:
     running: bool = False
     dirty: bool = False
     timer: threading.Timer | None = None
+    errors: int = 0
+    """Consecutive passes that raised: the back-off of a handed-off pass's retry."""
 
 
 @dataclass
@@ -143,29 +153,40 @@ class Reconciler:
 
     def _passes(self, key: Key, st: _KeyState, hand_off: bool) -> PassOutcome:
         """Passes of the job until none was asked for during the last one (`st.running` is ours until then)."""
-        try:
-            while True:
-                st.dirty = False
+        while True:
+            st.dirty = False
+            try:
                 outcome = self._timed(key)
+            except BaseException:
                 with self._mu:
-                    if not st.dirty:
-                        st.running = False
-                        break
-                    if hand_off:
-                        self._reruns.submit(self._rerun, key, st)
-                        return outcome
-        except BaseException:
+                    st.running = False
+                    st.errors += 1
+                raise
             with self._mu:
-                st.running = False
-            raise
+                st.errors = 0
+                if st.dirty and hand_off:
+                    # To the back of the rerun queue: a job whose events keep coming gets one pass per turn, so four
+                    # busy jobs cannot hold every rerun thread while the others' passes wait.
+                    self._reruns.submit(self._rerun, key, st)
+                    return outcome
+                if not st.dirty:
+                    st.running = False
+                    # Only the state this loop owns: a job re-created under the same name has a fresh one by now.
+                    if outcome.result == Result.GONE and self._states.get(key) is st:
+                        del self._states[key]
+                        if st.timer is not None:
+                            st.timer.cancel()
+                    break
         self._wake_later(key, outcome.requeue_after)
         return outcome
 
     def _rerun(self, key: Key, st: _KeyState) -> None:
         try:
-            self._passes(key, st, hand_off=False)
-        except Exception:  # the resync or the next event tries again
+            self._passes(key, st, hand_off=True)
+        except Exception:
             log.exception("reconcile of %s/%s failed", *key)
+            # Nobody else retries a handed-off pass before the resync: look again with back-off.
+            self._wake_later(key, min(self.backoff.delay(st.errors), self.settings.resync_seconds / 2))
 
     def close(self) -> None:
         with self._mu:
@@ -204,9 +225,6 @@ class Reconciler:
             self.metrics.observe_reconcile(Result.ERROR.value, time.perf_counter() - start)
             raise
         self.metrics.observe_reconcile(outcome.result.value, time.perf_counter() - start)
-        if outcome.result == Result.GONE:
-            with self._mu:
-                self._states.pop(key, None)
         return outcome
 
     def _once(self, namespace: str, name: str) -> PassOutcome:
@@ -405,6 +423,11 @@ class Reconciler:
         if not begun:
             with child_write("create", config):
                 self.kube.ensure(config)  # created once per gang; a retry keeps the first one (immutable)
+            if gang > 0:  # the previous gang's pods are gone (a gang is created only then): so goes its config, now,
+                # before a pod exists, as a pass that fails creating pods leaves the gang begun
+                old = naming.config_map_name(job.name, gang - 1)
+                with child_write("delete", {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": old}}):
+                    self.kube.delete_config_map(job.namespace, old)
         todo = [p for p in gang_pods if p["metadata"]["name"] not in existing]
         limit = self.settings.max_pod_creates_per_pass
         self._create_pods(job, todo[:limit])
@@ -413,10 +436,9 @@ class Reconciler:
             message = f"{done} of {len(gang_pods)} pods of gang {gang} created; the next pass creates more"
             set_condition(d.status, ConditionType.CREATED, False, Reason.GANG_CREATING, message, self.clock())
             d.requeue_after = 0.0
-        if gang > 0 and not begun:  # the previous gang's pods are gone (a gang is created only then): so is its config
-            old = naming.config_map_name(job.name, gang - 1)
-            with child_write("delete", {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": old}}):
-                self.kube.delete_config_map(job.namespace, old)
+        elif not is_true(d.status, ConditionType.CREATED, Reason.GANG_CREATED):
+            msg = gang_created_message(d.status)
+            set_condition(d.status, ConditionType.CREATED, True, Reason.GANG_CREATED, msg, self.clock())
 
     def _create_pods(self, job: builders.JobRef, pods: list[dict[str, Any]]) -> None:
         """Create pods through the operator's shared workers, this job's in turn with every other job's (one after

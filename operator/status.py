@@ -165,8 +165,16 @@ def _create(d: Decision, observed: Sequence[ObservedPod], stale: list[ObservedPo
     st.start_time = st.start_time or now
     if st.phase != Phase.RESTARTING:
         st.phase = Phase.PENDING
-    set_condition(st, ConditionType.CREATED, True, Reason.GANG_CREATED, f"gang {st.restarts.total} created", now)
+    # A gang created over several passes stays Created=False/GangCreating, its transition time that of the first of
+    # them, until the pass that creates its last pods says so (reconcile knows how many one pass creates).
+    created = get_condition(st, ConditionType.CREATED)
+    if created is None or created.reason != Reason.GANG_CREATING:
+        set_condition(st, ConditionType.CREATED, True, Reason.GANG_CREATED, gang_created_message(st), now)
     return d
+
+
+def gang_created_message(st: ZeroTrainingJobStatus) -> str:
+    return f"gang {st.restarts.total} created"
 
 
 def _judge(

@@ -163,3 +163,27 @@ def test_nothing_brings_back_an_object_seen_deleted() -> None:
     assert present == [] and cache.job(("a", "k")) is None
     cache.put_job({**job("k", "40"), "metadata": {**job("k", "40")["metadata"], "uid": "k2"}})  # created again
     assert cache.job(("a", "k")) is not None
+
+
+def test_a_refused_write_makes_the_namespace_children_unknown_not_absent() -> None:
+    """After a refusal the next pass asks the server (GET) instead of trusting an absence here and POSTing again."""
+    cache = ObjectCache()
+    cache.relisted_children("roles", "a", Listing([], "10"))
+    cache.relisted_children("roles", "b", Listing([], "10"))
+    assert cache.child_absent("roles", "a", "j-status")
+    cache.forget_children(("a", "j"))
+    assert not cache.child_absent("roles", "a", "j-status")
+    assert cache.child_absent("roles", "b", "k-status")  # another namespace's listing still stands
+
+
+def test_a_job_the_server_says_is_gone_leaves_even_when_a_later_version_is_held() -> None:
+    cache = ObjectCache()
+    held = job("j", "9")
+    held["metadata"]["uid"] = "u1"
+    cache.put_job(held)
+    answered = job("j", "7")  # the body the pass read, older than the watch event since
+    answered["metadata"]["uid"] = "u1"
+    cache.drop_job(answered)
+    assert cache.job(("a", "j")) is not None  # a DELETED event older than what is held: kept
+    cache.drop_job(answered, whatever_version=True)
+    assert cache.job(("a", "j")) is None

@@ -41,6 +41,21 @@ def test_first_pass_creates_the_gang_and_second_changes_nothing() -> None:
     assert again.status.model_dump(exclude={"ranks"}) == d.status.model_dump(exclude={"ranks"})
 
 
+def test_a_gang_created_over_several_passes_keeps_its_creating_condition_and_its_time() -> None:
+    """Between the passes that create a large gang (Created=False/GangCreating, set by reconcile) the decision leaves
+    the condition as it is: flipping it True each pass would move its lastTransitionTime every pass."""
+    first = compute_status(spec(), [], None, NOW, BACKOFF).status
+    c = get_condition(first, ConditionType.CREATED)
+    assert c is not None
+    c.status, c.reason, c.last_transition_time = "False", Reason.GANG_CREATING, NOW
+    later = NOW + timedelta(seconds=3)
+    d = compute_status(spec(), [pod(0, PodPhase.PENDING)], first, later, BACKOFF)
+    assert d.create_gang
+    again = get_condition(d.status, ConditionType.CREATED)
+    assert again is not None
+    assert (again.status, again.reason, again.last_transition_time) == ("False", Reason.GANG_CREATING, NOW)
+
+
 @pytest.mark.parametrize(
     ("pods", "phase", "failures", "cause", "deleted"),
     [
