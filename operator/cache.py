@@ -45,11 +45,15 @@ def newer(candidate: Obj, held: Obj | None) -> bool:
     return a is None or b is None or a >= b
 
 
+def _uid(obj: Obj | None) -> str | None:
+    return ((obj or {}).get("metadata") or {}).get("uid")
+
+
 def _same_or_older(gone: Obj, held: Obj | None) -> bool:
     """Whether a DELETED object is the one held (same uid, where both have one) and not older than it."""
     if held is None:
         return True
-    uid, held_uid = (gone.get("metadata") or {}).get("uid"), (held.get("metadata") or {}).get("uid")
+    uid, held_uid = _uid(gone), _uid(held)
     return (uid is None or held_uid is None or uid == held_uid) and newer(gone, held)
 
 
@@ -120,8 +124,9 @@ class ObjectCache:
         with self._mu:
             self._bury(body)
             held = self._jobs.get(key)
-            uid, held_uid = ((o or {}).get("metadata", {}).get("uid") for o in (body, held))
-            if not (whatever_version and uid is not None and uid == held_uid) and not _same_or_older(body, held):
+            if not (whatever_version and _uid(body) is not None and _uid(body) == _uid(held)) and not _same_or_older(
+                body, held
+            ):
                 return
             self._jobs.pop(key, None)
             self._pods.pop(key, None)
@@ -171,7 +176,7 @@ class ObjectCache:
             current = held.get(name)
             if current is None:
                 return
-            same = (answer.get("metadata") or {}).get("uid") == (current.get("metadata") or {}).get("uid")
+            same = _uid(answer) == _uid(current)
             if (answer.get("metadata") or {}).get("deletionTimestamp") and answer.get("kind") == "Pod":
                 if same and not self._buried(answer) and newer(answer, current):
                     held[name] = copy.deepcopy(answer)
