@@ -19,6 +19,7 @@ from zerotrain.operator.handlers import make_registry
 from zerotrain.operator.kube import Kube
 from zerotrain.operator.leader import LeaderElector, LeaseTimings
 from zerotrain.operator.metrics import OperatorMetrics
+from zerotrain.operator.pod_watch import PodWatch
 from zerotrain.operator.rate_limit import RequestBudget
 from zerotrain.operator.reconcile import Reconciler
 from zerotrain.operator.resync import Resync
@@ -35,7 +36,8 @@ async def operate(
     liveness: bool = True,
 ) -> None:
     """Run the operator until `stop_flag` is set (or forever); the caller owns and closes `kube`."""
-    reconciler = Reconciler(kube=kube, settings=settings, metrics=metrics or OperatorMetrics(), cache=ObjectCache())
+    cache = ObjectCache()
+    reconciler = Reconciler(kube=kube, settings=settings, metrics=metrics or OperatorMetrics(), cache=cache)
     kube.observer = reconciler.metrics
     resync = Resync(
         settings.resync_seconds,
@@ -44,6 +46,13 @@ async def operate(
         relist_seconds=settings.relist_seconds,
     )
     endpoint = f"http://{settings.bind_address}:{settings.health_port}/healthz" if liveness else None
+    # Watches hold a connection for minutes: a client of their own, so they take none of the budget's pool.
+    watch_kube = kube.unbudgeted()
+    watch_kube.observer = reconciler.metrics
+    scopes: list[str | None] = list(settings.namespaces) or [None]
+    pod_watches = [PodWatch(watch_kube, cache, namespace, reconciler.ask) for namespace in scopes]
+    for w in pod_watches:
+        w.start()
     resync.start()
     try:
         await kopf.operator(
@@ -56,6 +65,9 @@ async def operate(
         )
     finally:
         resync.stop()
+        for w in pod_watches:
+            w.stop()
+        watch_kube.close()
         reconciler.close()
 
 

@@ -1,9 +1,10 @@
-"""What the operator knows of its jobs and their pods, fed by the watch streams kopf already holds open.
+"""What the operator knows of its jobs and their pods, fed by watch streams (kopf's for jobs and the other
+children, operator.pod_watch's for pods).
 
 A steady job's pass reads its body and its pods from here and sends nothing; only a key the cache has not seen
 yet is read from the API server (and kept). Three things keep it true:
 
-- every watch event (kopf's job and pod streams, resourceVersion-resumed and re-listed on 410 Gone by kopf)
+- every watch event (resourceVersion-resumed, re-listed on 410 Gone)
   replaces the object it names, or removes it on DELETED;
 - the operator's own writes go in as the server answered them (a status patch's job, a created pod), so the pass
   right after a write does not act on what it has just changed; an answer older than what a watch event already
@@ -141,7 +142,9 @@ class ObjectCache:
                 return None
             return [copy.deepcopy(p) for _, p in sorted(self._pods.get(key, {}).items())]
 
-    def put_pod(self, pod: Obj) -> None:
+    def put_pod(self, pod: Obj, handed_over: bool = False) -> None:
+        """A pod as a watch event or a write's answer showed it. `handed_over`: the caller made it (freshly
+        decoded) and never touches it again, so it is kept as it is, not copied (a watch event's pod)."""
         job = job_of(pod)
         if job is None:
             return
@@ -151,7 +154,7 @@ class ObjectCache:
             held = self._pods.setdefault(job, {})
             name = _key(pod)[1]
             if newer(pod, held.get(name)):
-                held[name] = copy.deepcopy(pod)
+                held[name] = pod if handed_over else copy.deepcopy(pod)
 
     def drop_pod(self, pod: Obj) -> None:
         job = job_of(pod)
@@ -189,6 +192,26 @@ class ObjectCache:
             fresh = {_key(p)[1]: p for p in pods.items if not self._buried(p)}
             self._replace({key: fresh}, {key}, pods.resource_version)
             self._pods_known.add(key)
+
+    def pods_listed(self, namespace: str | None, pods: Listing) -> list[Key]:
+        """A LIST of every operator pod of `namespace` (all: None), which a pod watch follows from its
+        resourceVersion: the namespace's pod sets are complete from now on. Returns the jobs whose pods it held or
+        listed."""
+        with self._mu:
+            return self._listed_pods(namespace, pods)
+
+    def _listed_pods(self, namespace: str | None, pods: Listing) -> list[Key]:
+        by_job: dict[Key, dict[str, Obj]] = {}
+        for pod in pods.items:
+            if (job := job_of(pod)) is not None and not self._buried(pod):
+                by_job.setdefault(job, {})[_key(pod)[1]] = pod
+        scope = {k for k in self._pods if namespace is None or k[0] == namespace} | by_job.keys()
+        self._replace(by_job, scope, pods.resource_version)
+        if namespace is None:
+            self._all_known = True
+        else:
+            self._namespaces_known.add(namespace)
+        return sorted(scope)
 
     # -- other children ------------------------------------------------------------------------------------
 
@@ -257,15 +280,7 @@ class ObjectCache:
             for k, body in listed.items():
                 if newer(body, self._jobs.get(k)):
                     self._jobs[k] = copy.deepcopy(body)
-            by_job: dict[Key, dict[str, Obj]] = {}
-            for pod in pods.items:
-                if (job := job_of(pod)) is not None and not self._buried(pod):
-                    by_job.setdefault(job, {})[_key(pod)[1]] = pod
-            self._replace(by_job, {k for k in self._pods if inside(k)} | by_job.keys(), pods.resource_version)
-            if namespace is None:
-                self._all_known = True
-            else:
-                self._namespaces_known.add(namespace)
+            self._listed_pods(namespace, pods)
             return sorted(listed), gone
 
     def _replace(self, listed: dict[Key, dict[str, Obj]], scope: set[Key], list_rv: str | None) -> None:

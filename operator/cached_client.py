@@ -69,7 +69,7 @@ class CachedClient:
     def create_pod(self, pod: Obj) -> None:
         created = self.kube.create(pod)
         if self.cache is not None:
-            self.cache.put_pod(created)
+            self.cache.put_pod(created, handed_over=True)  # the server's answer, decoded for this call alone
 
     def delete_pod(self, namespace: str, job: str, name: str) -> None:
         answer = self.kube.delete_pod(namespace, name)

@@ -28,9 +28,8 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # prunes (and which would race the operator's own status writes); annotations hold it instead.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage()
     settings.watching.server_timeout = 300
-    # Watch only our pods, filtered by the API server: in a busy namespace (or cluster-wide) the operator would
-    # otherwise receive and drop every other pod's events.
-    settings.watching.label_selectors["", "v1", "pods"] = naming.CHILD_SELECTOR
+    # Watch only our children, filtered by the API server: in a busy namespace (or cluster-wide) the operator would
+    # otherwise receive and drop every other object's events. (Pods are watched by operator.pod_watch, not kopf.)
     for api_version, plural in CACHED_CHILDREN:
         group, version = _group_version(api_version)
         settings.watching.label_selectors[group, version, plural] = naming.CHILD_SELECTOR
@@ -107,24 +106,6 @@ def make_registry(reconciler: Reconciler, resync: Resync | None = None) -> kopf.
         # The periodic resync covers exactly the jobs the watch has shown (type None: the initial listing).
         if resync is not None:
             resync.seen((namespace, name), present=type != "DELETED")
-
-    @kopf.on.event("", "v1", "pods", labels={naming.LABEL_JOB: kopf.PRESENT}, registry=registry)
-    async def on_pod_seen(type: str | None, event: Mapping[str, Any], **_: Any) -> None:
-        if cache is not None:
-            if type == "DELETED":
-                cache.drop_pod(dict(event["object"]))
-            else:
-                cache.put_pod(dict(event["object"]))
-
-    # Registered after on_pod_seen: kopf runs one cause's handlers in order, so the pass sees the event.
-    @kopf.on.event("", "v1", "pods", labels={naming.LABEL_JOB: kopf.PRESENT}, registry=registry)
-    def on_pod(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
-        if namespace is None:
-            return
-        try:
-            reconciler.reconcile(namespace, labels[naming.LABEL_JOB], hand_off=True)
-        except KubeError as e:  # event handlers are not retried; the resync catches up
-            log.warning("reconcile after a pod event failed: %s", e)
 
     if cache is not None:
         for api_version, plural in CACHED_CHILDREN:

@@ -16,7 +16,9 @@ import contextlib
 import copy
 import json
 import logging
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlencode
@@ -60,7 +62,7 @@ API_CALLS: frozenset[ApiCall] = frozenset(
     # Never requested, but checked: OwnerReferencesPermissionEnforcement (OpenShift, hardened clusters) refuses a
     # child whose ownerReference sets blockOwnerDeletion unless its creator may update the owner's finalizers.
     | _calls(GROUP, f"{PLURAL}/finalizers", "update")
-    # kopf watches the job's pods to reconcile on every pod change; the operator creates and deletes them.
+    # The operator watches the jobs' pods (operator.pod_watch) to reconcile on every pod change; the operator creates and deletes them.
     | _calls("", "pods", "list", "watch", "create", "delete")
     # Services, ServiceAccounts, Roles and RoleBindings are watched (list+watch) into the operator's cache.
     | _calls("", "services", "get", "list", "watch", "create", "patch")
@@ -181,6 +183,8 @@ class Kube:
         if budget is not None:  # one pooled connection per request in flight: none opened only to be discarded
             config.connection_pool_maxsize = budget.max_in_flight
         self._api = kubernetes.client.ApiClient(config)
+        self._mu = threading.Lock()
+        self._watches: set[urllib3.BaseHTTPResponse] = set()
         self.set_user_agent(f"{naming.MANAGER}/{__version__}")
 
     def unbudgeted(self) -> Kube:
@@ -282,6 +286,45 @@ class Kube:
         after = resp.headers.get("Retry-After") if resp.headers else None
         retry_after = float(after) if after and after.replace(".", "", 1).isdigit() else None
         return resp.status, resp.reason or "", data if isinstance(data, dict) else {"items": data}, retry_after
+
+    def watch(self, path: str, query: dict[str, str], timeout_seconds: int) -> Iterator[tuple[str, Obj]]:
+        """The (type, object) events of one watch request, decoded, until the server ends the stream (after
+        `timeout_seconds`, or sooner) or `stop_watches` cuts it; KubeError when the server refuses the watch."""
+        q = {**query, "watch": "true", "allowWatchBookmarks": "true", "timeoutSeconds": str(timeout_seconds)}
+        _, url, headers, _, _ = self._api.param_serialize(
+            "GET", f"{path}?{urlencode(q)}", header_params={"Accept": "application/json"}, auth_settings=["BearerToken"]
+        )
+        # No read timeout shorter than the server's: a quiet watch is not a dead one.
+        resp = self._api.call_api("GET", url, header_params=headers, _request_timeout=(10, timeout_seconds + 30))
+        if self.observer is not None:
+            self.observer.api_request("WATCH", resource_of(path), resp.status, 0.0)
+        stream: urllib3.BaseHTTPResponse = resp.response
+        if resp.status != 200:
+            data = json.loads(resp.read() or b"{}")
+            raise KubeError(resp.status, resp.reason or "", str(data.get("message", data)), "GET")
+        with self._mu:
+            self._watches.add(stream)
+        try:
+            pending = b""
+            for chunk in stream.stream(amt=None, decode_content=False):
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        event = json.loads(line)
+                        yield event.get("type", ""), event.get("object") or {}
+        finally:
+            with self._mu:
+                self._watches.discard(stream)
+            stream.release_conn()
+
+    def stop_watches(self) -> None:
+        """End every watch in progress (from another thread): its iterator stops or raises."""
+        with self._mu:
+            streams = list(self._watches)
+        for stream in streams:
+            with contextlib.suppress(Exception):
+                stream.shutdown()
 
     # -- jobs ------------------------------------------------------------------------------------------------
 

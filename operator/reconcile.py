@@ -151,6 +151,19 @@ class Reconciler:
             st.running = True
         return self._passes(key, st, hand_off)
 
+    def ask(self, job: Key) -> None:
+        """A pass is wanted (a pod event): it runs on the operator's threads, or once more after the one running;
+        the caller never waits for it."""
+        with self._mu:
+            if self._closed:
+                return
+            st = self._states.setdefault(job, _KeyState())
+            if st.running:
+                st.dirty = True
+                return
+            st.running = True
+            self._reruns.submit(self._rerun, job, st)
+
     def _passes(self, key: Key, st: _KeyState, hand_off: bool) -> PassOutcome:
         """Passes of the job until none was asked for during the last one (`st.running` is ours until then)."""
         while True:

@@ -1,0 +1,130 @@
+"""The operator's pod watch, against a scripted server: LIST, then WATCH from the list's version, resumed from the
+last version seen, listed again on 410 Gone, backed off on a refusal. (The e2e tests run it against the emulator.)"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, cast
+
+from zerotrain.operator import naming
+from zerotrain.operator.cache import Key, ObjectCache
+from zerotrain.operator.kube import Kube, KubeError, Listing
+from zerotrain.operator.pod_watch import PodWatch
+
+Obj = dict[str, Any]
+
+
+def pod(job: str, name: str, rv: str, phase: str = "Running") -> Obj:
+    labels = {naming.LABEL_JOB: job, naming.LABEL_MANAGED_BY: naming.MANAGER}
+    md = {"namespace": "a", "name": name, "resourceVersion": rv, "labels": labels}
+    return {"kind": "Pod", "metadata": md, "status": {"phase": phase}}
+
+
+def until(predicate: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+Script = list[list[tuple[str, Obj]] | KubeError]
+
+
+class ScriptedServer:
+    """Answers each LIST from `lists` and each WATCH from `watches` in turn (an exception entry is raised); once
+    the script is spent, a watch waits until stopped, as a quiet one does."""
+
+    def __init__(self, lists: list[Listing], watches: Script) -> None:
+        self.lists, self.watches = lists, watches
+        self.asked: list[str | None] = []
+        """The resourceVersion each WATCH started from."""
+        self.listed = 0
+        self._quiet = threading.Event()
+
+    def list_operator_pods(self, namespace: str | None) -> Listing:
+        self.listed += 1
+        return self.lists.pop(0)
+
+    def watch(self, path: str, query: dict[str, str], timeout_seconds: int) -> Iterator[tuple[str, Obj]]:
+        self.asked.append(query.get("resourceVersion"))
+        if not self.watches:
+            self._quiet.wait(10)
+            return
+        step = self.watches.pop(0)
+        if isinstance(step, KubeError):
+            raise step
+        yield from step
+
+    def stop_watches(self) -> None:
+        self._quiet.set()
+
+
+def started(server: ScriptedServer, changed: Callable[[Key], None]) -> tuple[PodWatch, ObjectCache]:
+    cache = ObjectCache()
+    watch = PodWatch(cast(Kube, server), cache, "a", changed, max_backoff_seconds=0.05)
+    watch.start()
+    return watch, cache
+
+
+def names(cache: ObjectCache, job: str) -> list[str]:
+    return [p["metadata"]["name"] for p in cache.pods(("a", job)) or []]
+
+
+def test_it_follows_the_list_from_its_version_and_resumes_from_the_last_event() -> None:
+    server = ScriptedServer(
+        [Listing([pod("j", "j-0", "10")], "10")],
+        [
+            [("ADDED", pod("j", "j-1", "11")), ("BOOKMARK", {"metadata": {"resourceVersion": "15"}})],
+            [("DELETED", pod("j", "j-0", "16")), ("MODIFIED", pod("j", "j-1", "17", phase="Failed"))],
+        ],
+    )
+    seen: list[Key] = []
+    watch, cache = started(server, seen.append)
+    try:
+        until(lambda: len(server.asked) == 3, timeout=5)
+    finally:
+        watch.stop()
+    assert server.asked == ["10", "15", "17"]  # the list's version, then the bookmark's, then the last event's
+    assert names(cache, "j") == ["j-1"] and (cache.pods(("a", "j")) or [{}])[0]["status"]["phase"] == "Failed"
+    assert seen == [("a", "j")] * 3 and server.listed == 1  # the first list asks for no pass: kopf resumes jobs
+
+
+def test_410_gone_lists_again_and_asks_for_a_pass_of_every_job_it_covers() -> None:
+    gone = {"code": 410, "reason": "Expired", "message": "too old resource version"}
+    server = ScriptedServer(
+        [Listing([pod("j", "j-0", "10")], "10"), Listing([pod("k", "k-0", "30")], "30")],
+        [[("ERROR", gone)]],
+    )
+    seen: list[Key] = []
+    watch, cache = started(server, seen.append)
+    try:
+        until(lambda: len(server.asked) == 2, timeout=5)
+    finally:
+        watch.stop()
+    assert server.listed == 2 and server.asked == ["10", "30"]
+    assert names(cache, "j") == [] and names(cache, "k") == ["k-0"]  # j-0 went while the watch was gone
+    assert sorted(seen) == [("a", "j"), ("a", "k")]
+
+
+def test_a_refused_watch_is_retried_after_a_back_off_from_the_same_version() -> None:
+    refused = KubeError(403, "Forbidden", 'pods is forbidden: cannot watch resource "pods"', "GET")
+    server = ScriptedServer([Listing([], "10")], [refused, refused, [("ADDED", pod("j", "j-0", "12"))]])
+    watch, cache = started(server, lambda _: None)
+    t0 = time.monotonic()
+    try:
+        until(lambda: len(server.asked) == 4, timeout=5)
+    finally:
+        watch.stop()
+    assert server.asked == ["10", "10", "10", "12"] and server.listed == 1
+    assert names(cache, "j") == ["j-0"] and time.monotonic() - t0 >= 0.05
+
+
+def test_stop_ends_a_quiet_watch() -> None:
+    server = ScriptedServer([Listing([], "10")], [])
+    watch, _ = started(server, lambda _: None)
+    until(lambda: server.asked == ["10"], timeout=5)
+    t0 = time.monotonic()
+    watch.stop()
+    assert time.monotonic() - t0 < 2 and not watch._thread.is_alive()
