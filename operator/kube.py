@@ -62,7 +62,7 @@ API_CALLS: frozenset[ApiCall] = frozenset(
     # Never requested, but checked: OwnerReferencesPermissionEnforcement (OpenShift, hardened clusters) refuses a
     # child whose ownerReference sets blockOwnerDeletion unless its creator may update the owner's finalizers.
     | _calls(GROUP, f"{PLURAL}/finalizers", "update")
-    # The operator watches the jobs' pods (operator.pod_watch) to reconcile on every pod change; the operator creates and deletes them.
+    # The operator watches the jobs' pods (operator.pod_watch) to reconcile on each change; it creates and deletes them.
     | _calls("", "pods", "list", "watch", "create", "delete")
     # Services, ServiceAccounts, Roles and RoleBindings are watched (list+watch) into the operator's cache.
     | _calls("", "services", "get", "list", "watch", "create", "patch")
@@ -182,6 +182,11 @@ class Kube:
         """Told of each request sent (the operator's metrics); None: nobody."""
         if budget is not None:  # one pooled connection per request in flight: none opened only to be discarded
             config.connection_pool_maxsize = budget.max_in_flight
+        # urllib3 would retry a GET's 429 with Retry-After itself, unseen by the metrics and the back-off here:
+        # it still reconnects a dropped connection (a GET's, or any request's that was not sent), never on a status.
+        config.retries = urllib3.util.Retry(
+            total=3, redirect=0, status=0, respect_retry_after_header=False, raise_on_status=False
+        )
         self._api = kubernetes.client.ApiClient(config)
         self._mu = threading.Lock()
         self._watches: set[urllib3.BaseHTTPResponse] = set()
