@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zerotrain.operator.cache import ObjectCache
-from zerotrain.operator.kube import CACHED_CHILDREN, Kube
+from zerotrain.operator.kube import CACHED_CHILDREN, Kube, KubeError
 
 Obj = dict[str, Any]
 Key = tuple[str, str]  # (namespace, name): a job
@@ -67,7 +67,12 @@ class CachedClient:
             self.cache.put_child(plural, answer)
 
     def create_pod(self, pod: Obj) -> None:
-        created = self.kube.create(pod)
+        try:
+            created = self.kube.create(pod)
+        except KubeError as e:
+            if e.status == 409 and e.retried:
+                return  # an attempt that timed out or failed in transit created it (the watch brings it)
+            raise
         if self.cache is not None:
             self.cache.put_pod(created, handed_over=True)  # the server's answer, decoded for this call alone
 

@@ -119,13 +119,15 @@ class Listing:
 class KubeError(Exception):
     """An API answer that is not 2xx (after retries)."""
 
-    def __init__(self, status: int, reason: str, message: str, method: str = "") -> None:
+    def __init__(self, status: int, reason: str, message: str, method: str = "", retried: bool = False) -> None:
         super().__init__(f"{status} {reason}: {message}")
         self.status = status
         self.reason = reason
         self.message = message
         self.method = method
         """The HTTP method refused (an apply is a GET, then a POST or a PATCH)."""
+        self.retried = retried
+        """The answer came to a retry: an earlier attempt may have done the work (a create that timed out)."""
 
 
 def path_of(api_version: str, plural: str, namespace: str | None, name: str | None = None, sub: str = "") -> str:
@@ -260,7 +262,7 @@ class Kube:
             # A create that meets an existing object is an answer, not a transient conflict.
             retryable = status in _RETRYABLE and not (method == "POST" and status == 409)
             if not retryable or attempt == retries:
-                raise KubeError(status, reason, str(data.get("message", data)), method)
+                raise KubeError(status, reason, str(data.get("message", data)), method, retried=attempt > 0)
             wait = retry_after if retry_after is not None else delay
             log.warning("%s %s: %s %s; retry %d in %.2fs", method, path, status, reason, attempt + 1, wait)
             time.sleep(wait)

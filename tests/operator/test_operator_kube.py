@@ -14,6 +14,7 @@ import pytest
 from zerotrain.manifest import parse_spec
 from zerotrain.operator import builders
 from zerotrain.operator.builders import JobRef
+from zerotrain.operator.cached_client import CachedClient
 from zerotrain.operator.kube import API_CALLS, PLURALS, ApiCall, Kube, KubeError, is_subset, resource_of
 
 
@@ -176,3 +177,16 @@ def test_every_request_is_told_to_the_observer(server: tuple[Script, Kube]) -> N
     script.answers = [(503, {"message": "busy"}, {}), (429, {}, {"Retry-After": "0"}), (200, {}, {})]
     kube.request("GET", "/api/v1/namespaces/a/pods")
     assert seen == [("GET", "pods", 503), ("GET", "pods", 429), ("GET", "pods", 200)]
+
+
+def test_a_create_retried_into_409_was_done_by_the_attempt_that_failed(server: tuple[Script, Kube]) -> None:
+    script, kube = server
+    client = CachedClient(kube, None)
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "j-worker-0", "namespace": "a"}}
+    script.answers = [(503, {"message": "timed out"}, {}), (409, {"message": "already exists"}, {})]
+    client.create_pod(pod)  # the first attempt's outcome was unknown: the pod it made is ours
+    assert [m for m, _, _ in script.seen] == ["POST", "POST"]
+    script.answers = [(409, {"message": "already exists"}, {})]
+    with pytest.raises(KubeError) as e:  # at the first attempt the pod was someone's before us
+        client.create_pod(pod)
+    assert e.value.status == 409 and not e.value.retried
