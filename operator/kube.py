@@ -164,6 +164,16 @@ def is_subset(desired: Any, actual: Any) -> bool:
     return bool(desired == actual)
 
 
+def _decoded(raw: bytes) -> Obj:
+    """An answer's body as a dict: a JSON list as its items, text that is not JSON (a proxy's "404 page not
+    found") as the message."""
+    try:
+        data = json.loads(raw) if raw else {}
+    except ValueError:
+        return {"message": raw.decode(errors="replace")[:500]}
+    return data if isinstance(data, dict) else {"items": data}
+
+
 class Kube:
     """A thread-safe API client (one per operator run; close it, or keep-alive sockets linger)."""
 
@@ -286,13 +296,9 @@ class Kube:
             raise
         if self.observer is not None:
             self.observer.api_request(method, resource_of(path), resp.status, waited)
-        try:
-            data = json.loads(raw) if raw else {}
-        except ValueError:
-            data = {"message": raw.decode(errors="replace")[:500]}
         after = resp.headers.get("Retry-After") if resp.headers else None
         retry_after = float(after) if after and after.replace(".", "", 1).isdigit() else None
-        return resp.status, resp.reason or "", data if isinstance(data, dict) else {"items": data}, retry_after
+        return resp.status, resp.reason or "", _decoded(raw), retry_after
 
     def watch(self, path: str, query: dict[str, str], timeout_seconds: int) -> Iterator[tuple[str, Obj]]:
         """The (type, object) events of one watch request, decoded, until the server ends the stream (after
@@ -307,7 +313,7 @@ class Kube:
             self.observer.api_request("WATCH", resource_of(path), resp.status, 0.0)
         stream: urllib3.BaseHTTPResponse = resp.response
         if resp.status != 200:
-            data = json.loads(resp.read() or b"{}")
+            data = _decoded(resp.read())
             raise KubeError(resp.status, resp.reason or "", str(data.get("message", data)), "GET")
         with self._mu:
             self._watches.add(stream)
