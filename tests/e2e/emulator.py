@@ -1,8 +1,10 @@
 """KMock's KubernetesEmulator with the gaps kopf trips over closed (see shared/notes/kmock-emulator.md):
 uids, resourceVersions (and 409 on a stale one), label selectors on list and watch, generateName, 422 on a
-failed JSON-patch test, plus owner-reference garbage collection and a record of the API calls served.
+failed JSON-patch test, plus owner-reference garbage collection and a record of the API calls served, and a
+request naming one object served by looking it up (kmock compares it with every object it ever stored).
 
-Relies on kmock 0.8 internals (`_handle`, `_serve_list`, `_serve_watch`, `_objects`, `_buses`); kmock is
+Relies on kmock 0.8 internals (`_handle`, `_serve_list`, `_serve_watch`, `_objects`, `_buses`,
+`_KubernetesEmulator__get_obj`); kmock is
 pinned to 0.8 in pyproject.toml for that reason.
 """
 
@@ -129,6 +131,16 @@ class ZeroEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
             verbs={"list", "watch", "get", "patch", "create", "delete"},
             subresources={"status"},
         )
+
+    def _KubernetesEmulator__get_obj(self, request: kmock.Request, strict: bool) -> Any:
+        """kmock's lookup of the one object a GET, PATCH, PUT or DELETE names: it scanned the whole store (every
+        object ever created, the deleted too), which made each such request cost the store's size; the store is
+        keyed by (resource, namespace, name), and strict matching is exactly that key's equality."""
+        if strict and request.resource is not None and request.name is not None:
+            key = (request.resource, request.namespace, request.name)
+            # kmock's ObjectsArray has no .get
+            return self._objects[key] if key in self._objects else None  # noqa: SIM401
+        return super()._KubernetesEmulator__get_obj(request, strict)
 
     def _next_rv(self) -> str:
         return str(next(self._rv))
