@@ -359,7 +359,7 @@ def build_probe(job: JobRef, spec: ZeroTrainingJobSpec, gang: int, index: int) -
 
 
 def build_supporting(job: JobRef, spec: ZeroTrainingJobSpec) -> list[Obj]:
-    """Everything but the pods, in the order they must exist before the pods start."""
+    """Everything but the gang, all of which must exist before its pods are created (in no order among themselves)."""
     objs = [*build_rbac(job, spec), build_service(job)]
     if (group := build_pod_group(job, spec)) is not None:
         objs.append(group)

@@ -400,9 +400,7 @@ class Reconciler:
         # Service, ConfigMap and RBAC follow the spec: applied when it changes and before every gang starts,
         # not on each of the many pod events in between.
         if apply_supporting and d.status.phase not in TERMINAL and d.status.phase != Phase.SUSPENDED:
-            for obj in builders.build_supporting(job, sized):
-                with child_write("apply", obj):
-                    self.client.apply(obj)
+            self._apply_supporting(job, builders.build_supporting(job, sized))
         for pod_name in d.delete_pods:
             with child_write("delete", {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod_name}}):
                 self.client.delete_pod(job.namespace, job.name, pod_name)
@@ -452,6 +450,19 @@ class Reconciler:
         elif not is_true(d.status, ConditionType.CREATED, Reason.GANG_CREATED):
             msg = gang_created_message(d.status)
             set_condition(d.status, ConditionType.CREATED, True, Reason.GANG_CREATED, msg, self.clock())
+
+    def _apply_supporting(self, job: builders.JobRef, objs: list[dict[str, Any]]) -> None:
+        """Apply the job's ServiceAccount, RBAC, Service and PodGroup at once, through the workers the pod creates
+        use: none needs another to exist (a RoleBinding may name a Role not created yet), and one after another
+        they made a new job's first pass several round trips longer than its pods'. All are applied before any pod
+        is created: a real server refuses a pod whose ServiceAccount does not exist."""
+
+        def apply(obj: dict[str, Any]) -> None:
+            with child_write("apply", obj):
+                self.client.apply(obj)
+
+        for future in self._creates.map((job.namespace, job.name), apply, objs):
+            future.result()  # the first refusal, in the builders' order, is the one the status reports
 
     def _create_pods(self, job: builders.JobRef, pods: list[dict[str, Any]]) -> None:
         """Create pods through the operator's shared workers, this job's in turn with every other job's (one after

@@ -1,0 +1,74 @@
+"""A job's ServiceAccount, RBAC and Service are applied at once (on the pod-create workers), not one round trip after
+another, and the refusal reported is the first in the builders' order whatever order the answers came in."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import kubernetes
+import pytest
+
+from zerotrain.manifest import parse_spec
+from zerotrain.operator import builders
+from zerotrain.operator.api_failure import ChildWriteError
+from zerotrain.operator.kube import Kube, KubeError
+from zerotrain.operator.reconcile import Reconciler
+from zerotrain.operator.settings import OperatorSettings
+
+JOB = builders.JobRef("llm", "team-a", "uid-1")
+
+
+def supporting() -> list[dict[str, Any]]:
+    return builders.build_supporting(JOB, parse_spec({"image": "img:1", "entrypoint": "pkg.mod:build"}))
+
+
+def reconciler() -> Reconciler:
+    cfg = kubernetes.client.Configuration()
+    cfg.host = "http://127.0.0.1:1"  # never called: the client's apply is a stand-in
+    return Reconciler(kube=Kube(cfg), settings=OperatorSettings())
+
+
+def test_the_supporting_objects_are_all_in_flight_at_once() -> None:
+    objs = supporting()
+    assert len(objs) >= 4  # ServiceAccount, Role, RoleBinding, Service
+    arrived = threading.Barrier(len(objs), timeout=5)  # one after another, the first would wait here alone
+    applied: list[str] = []
+    r = reconciler()
+
+    def apply(obj: dict[str, Any]) -> None:
+        arrived.wait()
+        applied.append(obj["kind"])
+
+    r.client.apply = apply  # type: ignore[method-assign]
+    try:
+        r._apply_supporting(JOB, objs)
+    finally:
+        r.close()
+    assert sorted(applied) == sorted(o["kind"] for o in objs)
+
+
+def test_the_first_refusal_in_order_is_reported_after_every_write_was_tried() -> None:
+    objs = supporting()
+    first, last = objs[0], objs[-1]
+    last_refused = threading.Event()
+    tried: list[str] = []
+    r = reconciler()
+
+    def apply(obj: dict[str, Any]) -> None:
+        tried.append(obj["kind"])
+        if obj is last:
+            last_refused.set()
+            raise KubeError(403, "Forbidden", "services is forbidden")
+        if obj is first:
+            last_refused.wait(5)  # answered after the later refusal
+            raise KubeError(403, "Forbidden", "serviceaccounts is forbidden")
+
+    r.client.apply = apply  # type: ignore[method-assign]
+    try:
+        with pytest.raises(ChildWriteError) as e:
+            r._apply_supporting(JOB, objs)
+    finally:
+        r.close()
+    assert (e.value.kind, e.value.name) == (first["kind"], first["metadata"]["name"])
+    assert sorted(tried) == sorted(o["kind"] for o in objs)
