@@ -19,9 +19,9 @@ from zerotrain.operator.handlers import make_registry
 from zerotrain.operator.kube import Kube
 from zerotrain.operator.leader import LeaderElector, LeaseTimings
 from zerotrain.operator.metrics import OperatorMetrics
-from zerotrain.operator.pod_watch import PodWatch
 from zerotrain.operator.rate_limit import RequestBudget
 from zerotrain.operator.reconcile import Reconciler
+from zerotrain.operator.reflector import reflectors, stop_all
 from zerotrain.operator.resync import Resync
 from zerotrain.operator.settings import OperatorSettings
 
@@ -50,8 +50,8 @@ async def operate(
     watch_kube = kube.unbudgeted()
     watch_kube.observer = reconciler.metrics
     scopes: list[str | None] = list(settings.namespaces) or [None]
-    pod_watches = [PodWatch(watch_kube, cache, namespace, reconciler.ask) for namespace in scopes]
-    for w in pod_watches:
+    watches = reflectors(watch_kube, cache, scopes, reconciler.ask)
+    for w in watches:
         w.start()
     resync.start()
     try:
@@ -65,8 +65,7 @@ async def operate(
         )
     finally:
         resync.stop()
-        for w in pod_watches:
-            w.stop()
+        stop_all(watches)
         watch_kube.close()
         reconciler.close()
 

@@ -1,5 +1,5 @@
-"""What the operator knows of its jobs and their pods, fed by watch streams (kopf's for jobs and the other
-children, operator.pod_watch's for pods).
+"""What the operator knows of its jobs and their pods, fed by watch streams (kopf's for jobs, operator.reflector's
+for pods and the other children).
 
 A steady job's pass reads its body and its pods from here and sends nothing; only a key the cache has not seen
 yet is read from the API server (and kept). Three things keep it true:
@@ -227,11 +227,12 @@ class ObjectCache:
             listed = (plural, namespace) in self._children_known or (plural, None) in self._children_known
             return listed and (plural, namespace, name) not in self._children
 
-    def put_child(self, plural: str, obj: Obj) -> None:
+    def put_child(self, plural: str, obj: Obj, handed_over: bool = False) -> None:
+        """A child as a watch event or a write's answer showed it (`handed_over`: as put_pod's)."""
         key = (plural, *_key(obj))
         with self._mu:
             if not self._buried(obj) and newer(obj, self._children.get(key)):
-                self._children[key] = copy.deepcopy(obj)
+                self._children[key] = obj if handed_over else copy.deepcopy(obj)
 
     def drop_child(self, plural: str, obj: Obj) -> None:
         key = (plural, *_key(obj))

@@ -8,9 +8,7 @@ from typing import Any
 
 import kopf
 
-from zerotrain.operator import naming
-from zerotrain.operator.cache import ObjectCache
-from zerotrain.operator.kube import CACHED_CHILDREN, KubeError
+from zerotrain.operator.kube import KubeError
 from zerotrain.operator.reconcile import Reconciler, Result
 from zerotrain.operator.resync import Resync
 from zerotrain.spec import GROUP, PLURAL, VERSION
@@ -28,29 +26,8 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # prunes (and which would race the operator's own status writes); annotations hold it instead.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage()
     settings.watching.server_timeout = 300
-    # Watch only our children, filtered by the API server: in a busy namespace (or cluster-wide) the operator would
-    # otherwise receive and drop every other object's events. (Pods are watched by operator.pod_watch, not kopf.)
-    for api_version, plural in CACHED_CHILDREN:
-        group, version = _group_version(api_version)
-        settings.watching.label_selectors[group, version, plural] = naming.CHILD_SELECTOR
+    # kopf watches only the jobs: the pods and the cached children are followed by operator.reflector.
     settings.networking.request_timeout = 60
-
-
-def _group_version(api_version: str) -> tuple[str, str]:
-    group, _, version = api_version.rpartition("/")
-    return group, version
-
-
-def _watch_into(registry: kopf.OperatorRegistry, cache: ObjectCache, api_version: str, plural: str) -> None:
-    """Keep the cache's copy of the operator's children of one kind as their watch shows them."""
-    group, version = _group_version(api_version)
-
-    @kopf.on.event(group, version, plural, labels={naming.LABEL_JOB: kopf.PRESENT}, registry=registry)
-    async def on_child(type: str | None, event: Mapping[str, Any], **_: Any) -> None:
-        if type == "DELETED":
-            cache.drop_child(plural, dict(event["object"]))
-        else:
-            cache.put_child(plural, dict(event["object"]))
 
 
 def make_registry(reconciler: Reconciler, resync: Resync | None = None) -> kopf.OperatorRegistry:
@@ -106,10 +83,6 @@ def make_registry(reconciler: Reconciler, resync: Resync | None = None) -> kopf.
         # The periodic resync covers exactly the jobs the watch has shown (type None: the initial listing).
         if resync is not None:
             resync.seen((namespace, name), present=type != "DELETED")
-
-    if cache is not None:
-        for api_version, plural in CACHED_CHILDREN:
-            _watch_into(registry, cache, api_version, plural)
 
     @kopf.on.delete(*resource, optional=True, registry=registry)
     def on_delete(namespace: str | None, name: str, **_: Any) -> None:

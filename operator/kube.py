@@ -62,9 +62,9 @@ API_CALLS: frozenset[ApiCall] = frozenset(
     # Never requested, but checked: OwnerReferencesPermissionEnforcement (OpenShift, hardened clusters) refuses a
     # child whose ownerReference sets blockOwnerDeletion unless its creator may update the owner's finalizers.
     | _calls(GROUP, f"{PLURAL}/finalizers", "update")
-    # The operator watches the jobs' pods (operator.pod_watch) to reconcile on each change; it creates and deletes them.
+    # The operator watches the jobs' pods (operator.reflector) to reconcile on each change; it creates and deletes them.
     | _calls("", "pods", "list", "watch", "create", "delete")
-    # Services, ServiceAccounts, Roles and RoleBindings are watched (list+watch) into the operator's cache.
+    # Services, ServiceAccounts, Roles and RoleBindings are watched (list+watch, operator.reflector) into its cache.
     | _calls("", "services", "get", "list", "watch", "create", "patch")
     # One immutable ConfigMap per gang: created with the gang, the previous gang's deleted.
     | _calls("", "configmaps", "get", "create", "patch", "delete")

@@ -1,13 +1,16 @@
-"""The operator's pods, listed once and then followed by a watch from the LIST's resourceVersion, into the cache.
+"""The operator's pods and cached children, each kind listed once and then followed by a watch from the LIST's
+resourceVersion, into the cache.
 
-client-go's reflector, for one kind: LIST, WATCH from the list's resourceVersion (bookmarks keep it current),
-resume from the last version seen when the server ends the stream, LIST again on 410 Gone, back off on errors. Each
-event replaces or removes the pod in the cache and asks for a pass of its job.
+client-go's reflector: LIST, WATCH from the list's resourceVersion (bookmarks keep it current), resume from the last
+version seen when the server ends the stream, LIST again on 410 Gone, back off on errors. A pod event replaces or
+removes the pod in the cache and asks for a pass of its job; a child event (ServiceAccount, Role, RoleBinding,
+Service) only updates the cache, which the next pass compares its applies with.
 
-It is not kopf's pod watch because a gang start is thousands of pod events in a few seconds, and kopf spends about
+These are not kopf's watches because a gang start is thousands of pod events in a few seconds, and kopf spends about
 half a millisecond of the process's one interpreter on each (its causes, progress storage, a handler task per
 object): as much again as the create that caused the event, so the operator created pods at half a plain client's
-pace. Here an event costs a JSON decode and a dict store.
+pace; and each new job's children were five more such events. Here an event costs a JSON decode and a dict store.
+kopf still watches the jobs, whose handlers it runs.
 """
 
 from __future__ import annotations
@@ -15,45 +18,117 @@ from __future__ import annotations
 import logging
 import random
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import urllib3
 
 from zerotrain.operator import naming
 from zerotrain.operator.cache import Key, ObjectCache, job_of
-from zerotrain.operator.kube import Kube, KubeError, path_of
+from zerotrain.operator.kube import CACHED_CHILDREN, Kube, KubeError, Listing, Obj, path_of
 
 log = logging.getLogger(__name__)
 GONE = 410
+POD_KIND = ("v1", "pods")
 
 
-class PodWatch:
-    """One thread following the operator's pods in `namespace` (every namespace: None) into `cache`; `changed`
-    is told the job of every pod event (it must not block: the next event waits for it)."""
+class Sink(Protocol):
+    """Where a reflector puts what it sees of one kind in one scope. Neither call may block: the next event waits."""
+
+    def listed(self, listing: Listing, relist: bool) -> None:
+        """A LIST of the kind: the whole set (`relist`: not the first, so the watch missed events)."""
+
+    def event(self, type: str, obj: Obj) -> None:
+        """One watch event (ADDED, MODIFIED, DELETED) with the object freshly decoded, the sink's to keep."""
+
+
+class PodSink:
+    """Pods go into the cache; each event, and each job a relist covers, asks for a pass of the pod's job."""
+
+    def __init__(self, cache: ObjectCache, namespace: str | None, changed: Callable[[Key], None]) -> None:
+        self.cache, self.namespace, self.changed = cache, namespace, changed
+
+    def listed(self, listing: Listing, relist: bool) -> None:
+        jobs = self.cache.pods_listed(self.namespace, listing)
+        if relist:  # the watch missed events: every job it covers takes a look (the first time kopf's resume does)
+            for job in jobs:
+                self.changed(job)
+
+    def event(self, type: str, obj: Obj) -> None:
+        if type == "DELETED":
+            self.cache.drop_pod(obj)
+        else:
+            self.cache.put_pod(obj, handed_over=True)
+        if (job := job_of(obj)) is not None:
+            self.changed(job)
+
+
+class ChildSink:
+    """Children of one kind go into the cache, nothing more (a pass is not wanted for each)."""
+
+    def __init__(self, cache: ObjectCache, plural: str, namespace: str | None) -> None:
+        self.cache, self.plural, self.namespace = cache, plural, namespace
+
+    def listed(self, listing: Listing, relist: bool) -> None:
+        self.cache.relisted_children(self.plural, self.namespace, listing)
+
+    def event(self, type: str, obj: Obj) -> None:
+        if type == "DELETED":
+            self.cache.drop_child(self.plural, obj)
+        else:
+            self.cache.put_child(self.plural, obj, handed_over=True)
+
+
+def reflectors(
+    kube: Kube, cache: ObjectCache, scopes: Sequence[str | None], changed: Callable[[Key], None]
+) -> list[Reflector]:
+    """The operator's reflectors: its pods and each cached kind of child, in every watched namespace (or all)."""
+    out = []
+    for namespace in scopes:
+        out.append(Reflector(kube, POD_KIND, namespace, PodSink(cache, namespace, changed)))
+        out += [Reflector(kube, kind, namespace, ChildSink(cache, kind[1], namespace)) for kind in CACHED_CHILDREN]
+    return out
+
+
+def stop_all(running: Sequence[Reflector]) -> None:
+    """Stop reflectors that share one client: every one is told first, so cutting the client's streams ends each
+    for good instead of having the others reconnect."""
+    for r in running:
+        r.tell_stop()
+    for r in running:
+        r.stop()
+
+
+class Reflector:
+    """One thread following the operator's objects of `kind` (apiVersion, plural) in `namespace` (every namespace:
+    None) into `sink`."""
 
     def __init__(
         self,
         kube: Kube,
-        cache: ObjectCache,
+        kind: tuple[str, str],
         namespace: str | None,
-        changed: Callable[[Key], None],
+        sink: Sink,
         timeout_seconds: int = 300,
         max_backoff_seconds: float = 30.0,
     ) -> None:
         self.kube = kube
-        self.cache = cache
+        self.kind = kind
         self.namespace = namespace
-        self.changed = changed
+        self.sink = sink
         self.timeout_seconds = timeout_seconds
         self.max_backoff_seconds = max_backoff_seconds
         self.synced = threading.Event()
-        """Set once the first LIST is in the cache (the namespace's pod sets are complete from then on)."""
+        """Set once the first LIST is in the sink (the kind's set in the namespace is complete from then on)."""
         self._stop = threading.Event()
         where = namespace or "all-namespaces"
-        self._thread = threading.Thread(target=self._run, name=f"zerotrain-pod-watch-{where}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"zerotrain-watch-{kind[1]}-{where}", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
+
+    def tell_stop(self) -> None:
+        self._stop.set()
 
     def stop(self) -> None:
         self._stop.set()
@@ -80,16 +155,14 @@ class PodWatch:
                     continue
                 failures += 1
                 delay = min(self.max_backoff_seconds, 0.5 * 2**failures) * random.uniform(0.8, 1.2)
-                log.warning("pod watch (%s): %s; again in %.1fs", self.namespace or "all namespaces", e, delay)
+                where = self.namespace or "all namespaces"
+                log.warning("%s watch (%s): %s; again in %.1fs", self.kind[1], where, e, delay)
                 self._stop.wait(delay)
 
     def _list(self, relist: bool) -> str | None:
-        listing = self.kube.list_operator_pods(self.namespace)
-        jobs = self.cache.pods_listed(self.namespace, listing)
+        listing = self.kube.list_owned(self.kind, self.namespace)
+        self.sink.listed(listing, relist)
         self.synced.set()
-        if relist:  # the watch missed events: every job it covers takes a look (the first time kopf's resume does)
-            for job in jobs:
-                self.changed(job)
         return listing.resource_version
 
     def _follow(self, version: str | None) -> str | None:
@@ -97,17 +170,11 @@ class PodWatch:
         query = {"labelSelector": naming.CHILD_SELECTOR}
         if version is not None:
             query["resourceVersion"] = version
-        path = path_of("v1", "pods", self.namespace)
-        for kind, pod in self.kube.watch(path, query, self.timeout_seconds):
-            if kind == "ERROR":
-                raise KubeError(int(pod.get("code") or 500), pod.get("reason", ""), pod.get("message", ""), "GET")
-            version = (pod.get("metadata") or {}).get("resourceVersion") or version
-            if kind == "BOOKMARK":
-                continue
-            if kind == "DELETED":
-                self.cache.drop_pod(pod)
-            else:
-                self.cache.put_pod(pod, handed_over=True)
-            if (job := job_of(pod)) is not None:
-                self.changed(job)
+        path = path_of(*self.kind, self.namespace)
+        for type, obj in self.kube.watch(path, query, self.timeout_seconds):
+            if type == "ERROR":
+                raise KubeError(int(obj.get("code") or 500), obj.get("reason", ""), obj.get("message", ""), "GET")
+            version = (obj.get("metadata") or {}).get("resourceVersion") or version
+            if type != "BOOKMARK":
+                self.sink.event(type, obj)
         return version

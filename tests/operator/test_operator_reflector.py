@@ -1,5 +1,6 @@
-"""The operator's pod watch, against a scripted server: LIST, then WATCH from the list's version, resumed from the
-last version seen, listed again on 410 Gone, backed off on a refusal. (The e2e tests run it against the emulator.)"""
+"""The operator's reflectors, against a scripted server: LIST, then WATCH from the list's version, resumed from the
+last version seen, listed again on 410 Gone, backed off on a refusal; pods ask for passes, children only fill the
+cache; reflectors sharing a client stop together. (The e2e tests run them against the emulator.)"""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any, cast
 from zerotrain.operator import naming
 from zerotrain.operator.cache import Key, ObjectCache
 from zerotrain.operator.kube import Kube, KubeError, Listing
-from zerotrain.operator.pod_watch import PodWatch
+from zerotrain.operator.reflector import POD_KIND, ChildSink, PodSink, Reflector, stop_all
 
 Obj = dict[str, Any]
 
@@ -43,7 +44,7 @@ class ScriptedServer:
         self.listed = 0
         self._quiet = threading.Event()
 
-    def list_operator_pods(self, namespace: str | None) -> Listing:
+    def list_owned(self, kind: tuple[str, str], namespace: str | None) -> Listing:
         self.listed += 1
         return self.lists.pop(0)
 
@@ -61,9 +62,9 @@ class ScriptedServer:
         self._quiet.set()
 
 
-def started(server: ScriptedServer, changed: Callable[[Key], None]) -> tuple[PodWatch, ObjectCache]:
+def started(server: ScriptedServer, changed: Callable[[Key], None]) -> tuple[Reflector, ObjectCache]:
     cache = ObjectCache()
-    watch = PodWatch(cast(Kube, server), cache, "a", changed, max_backoff_seconds=0.05)
+    watch = Reflector(cast(Kube, server), POD_KIND, "a", PodSink(cache, "a", changed), max_backoff_seconds=0.05)
     watch.start()
     return watch, cache
 
@@ -128,3 +129,45 @@ def test_stop_ends_a_quiet_watch() -> None:
     t0 = time.monotonic()
     watch.stop()
     assert time.monotonic() - t0 < 2 and not watch._thread.is_alive()
+
+
+def service(name: str, rv: str) -> Obj:
+    labels = {naming.LABEL_JOB: name, naming.LABEL_MANAGED_BY: naming.MANAGER}
+    return {"kind": "Service", "metadata": {"namespace": "a", "name": name, "resourceVersion": rv, "labels": labels}}
+
+
+def test_children_fill_the_cache_and_a_relist_drops_what_went_unseen() -> None:
+    gone = {"code": 410, "reason": "Expired", "message": "too old resource version"}
+    server = ScriptedServer(
+        [Listing([service("j", "10"), service("k", "11")], "11"), Listing([service("l", "30")], "30")],
+        [[("ADDED", service("m", "12")), ("DELETED", service("j", "13"))], [("ERROR", gone)]],
+    )
+    cache = ObjectCache()
+    kind = ("v1", "services")
+    watch = Reflector(cast(Kube, server), kind, "a", ChildSink(cache, "services", "a"), max_backoff_seconds=0.05)
+    watch.start()
+    try:
+        until(lambda: server.listed == 2 and len(server.asked) == 3, timeout=5)
+    finally:
+        watch.stop()
+    assert server.asked == ["11", "13", "30"]
+    held = [n for n in "jklm" if cache.child("services", "a", n) is not None]
+    assert held == ["l"]  # k and m went while the watch was gone; j was deleted
+    assert cache.child_absent("services", "a", "k") and not cache.child_absent("services", "b", "k")
+
+
+def test_reflectors_on_one_client_all_stop_promptly_and_none_watches_again() -> None:
+    server = ScriptedServer([Listing([], "10"), Listing([], "20")], [])
+    cache = ObjectCache()
+    watches = [
+        Reflector(cast(Kube, server), POD_KIND, "a", PodSink(cache, "a", lambda _: None)),
+        Reflector(cast(Kube, server), ("v1", "services"), "a", ChildSink(cache, "services", "a")),
+    ]
+    for w in watches:
+        w.start()
+    until(lambda: len(server.asked) == 2, timeout=5)
+    t0 = time.monotonic()
+    stop_all(watches)
+    # Every one was told before the shared client's streams were cut: none started another watch.
+    assert len(server.asked) == 2 and time.monotonic() - t0 < 2
+    assert not any(w._thread.is_alive() for w in watches)

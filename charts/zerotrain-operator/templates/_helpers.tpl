@@ -95,7 +95,7 @@ when the two differ): no wildcards, no verb or resource it does not use.
 - apiGroups: ["zerotrain.dev"]
   resources: ["zerotrainingjobs/finalizers"]
   verbs: ["update"]
-# The ranks: the operator watches the jobs' pods (operator/pod_watch.py), the operator creates a gang and deletes it to restart or suspend.
+# The ranks: the operator watches the jobs' pods (operator/reflector.py), the operator creates a gang and deletes it to restart or suspend.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list", "watch", "create", "delete"]
