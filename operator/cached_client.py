@@ -51,8 +51,8 @@ class CachedClient:
             self.cache.known_pods((namespace, name), listing)
         return listing.items
 
-    def patch_job_status(self, namespace: str, name: str, patch: Obj) -> None:
-        stored = self.kube.patch_job_status(namespace, name, patch)
+    def patch_job_status(self, namespace: str, name: str, ops: list[Obj]) -> None:
+        stored = self.kube.patch_job_status(namespace, name, ops)
         if self.cache is not None and (stored.get("metadata") or {}).get("name") == name:
             self.cache.put_job(stored)  # the next pass starts from what this one wrote, not from before it
 

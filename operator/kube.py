@@ -104,6 +104,7 @@ PLURALS = {
 }
 _RETRYABLE = {409, 429, 500, 502, 503, 504}
 _MERGE = "application/merge-patch+json"
+_JSON_PATCH = "application/json-patch+json"
 # Fields an apply may change; metadata other than labels and ownerReferences belongs to the server.
 _APPLIED_KEYS = ("spec", "data", "rules", "roleRef", "subjects")
 
@@ -361,11 +362,10 @@ class Kube:
                 return None
             raise
 
-    def patch_job_status(self, namespace: str, name: str, status: Obj) -> Obj:
-        """The job as the server stored it after the patch."""
-        return self.request(
-            "PATCH", path_of(f"{GROUP}/{VERSION}", PLURAL, namespace, name, "status"), {"status": status}, _MERGE
-        )
+    def patch_job_status(self, namespace: str, name: str, ops: list[Obj]) -> Obj:
+        """Apply a JSON patch (RFC 6902) to the job's status subresource; the job as the server stored it."""
+        path = path_of(f"{GROUP}/{VERSION}", PLURAL, namespace, name, "status")
+        return self.request("PATCH", path, ops, _JSON_PATCH)
 
     def delete_job(self, namespace: str, name: str) -> None:
         self._delete(path_of(f"{GROUP}/{VERSION}", PLURAL, namespace, name), "Background")

@@ -93,6 +93,24 @@ def status_patch(previous: ZeroTrainingJobStatus | None, new: ZeroTrainingJobSta
     return {**{k: None for k in before if k not in after}, **after}
 
 
+def status_ops(uid: str | None, held: object, patch: dict[str, Any]) -> list[dict[str, Any]]:
+    """`patch` (status_patch's) as a JSON patch onto `held`, the status the pass read, applied only to the job the
+    pass read: its first op tests the uid, so a job deleted and created again under the same name meanwhile is
+    refused (422) instead of taking the old one's status. (A uid in a merge patch is no such precondition on a
+    status subresource: the server keeps the stored metadata, whatever the patch says.) The runtime's fields are
+    left as they are, except on the first write, which sets the whole status before any rank has run."""
+    ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/uid", "value": uid}] if uid else []
+    if not isinstance(held, dict):  # no status yet: a member of it cannot be added
+        return [*ops, {"op": "add", "path": "/status", "value": {k: v for k, v in patch.items() if v is not None}}]
+    for k, v in patch.items():
+        path = "/status/" + k.replace("~", "~0").replace("/", "~1")
+        if v is not None:
+            ops.append({"op": "add", "path": path, "value": v})  # add replaces a member that exists
+        elif k in held:
+            ops.append({"op": "remove", "path": path})
+    return ops
+
+
 @dataclass
 class _KeyState:
     running: bool = False
@@ -451,6 +469,12 @@ class Reconciler:
             msg = gang_created_message(d.status)
             set_condition(d.status, ConditionType.CREATED, True, Reason.GANG_CREATED, msg, self.clock())
 
+    def _replaced(self, md: dict[str, Any]) -> bool:
+        """Whether the job this pass read is gone, perhaps with another of its name in its place (the uid test of a
+        status write failed), rather than its status refused for what it said."""
+        now = self.kube.get_job(md["namespace"], md["name"])
+        return now is None or (now.get("metadata") or {}).get("uid") != md.get("uid")
+
     def _apply_supporting(self, job: builders.JobRef, objs: list[dict[str, Any]]) -> None:
         """Apply the job's ServiceAccount, RBAC, Service and PodGroup at once, through the workers the pod creates
         use: none needs another to exist (a RoleBinding may name a Role not created yet), and one after another
@@ -484,9 +508,10 @@ class Reconciler:
         if patch is None:
             return
         try:
-            self.client.patch_job_status(md["namespace"], md["name"], patch)
+            ops = status_ops(md.get("uid"), body.get("status"), patch)
+            self.client.patch_job_status(md["namespace"], md["name"], ops)
         except KubeError as e:
-            if e.status != 404:
+            if e.status != 404 and not (e.status in (409, 422) and self._replaced(md)):
                 raise
             # Deleted while this pass ran (its delete handler may have forgotten it already): the series this pass
             # just set would otherwise outlive the job, and the cache's copy would keep a pass acting on it.
