@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from zerotrain.operator.api_calls import CACHED_CHILDREN
 from zerotrain.operator.cache import ObjectCache
-from zerotrain.operator.kube import CACHED_CHILDREN, Kube, KubeError
+from zerotrain.operator.kube import Kube, KubeError
 
 Obj = dict[str, Any]
 Key = tuple[str, str]  # (namespace, name): a job

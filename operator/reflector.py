@@ -24,8 +24,9 @@ from typing import Protocol
 import urllib3
 
 from zerotrain.operator import naming
+from zerotrain.operator.api_calls import CACHED_CHILDREN
 from zerotrain.operator.cache import Key, ObjectCache, job_of
-from zerotrain.operator.kube import CACHED_CHILDREN, Kube, KubeError, Listing, Obj, path_of
+from zerotrain.operator.kube import Kube, KubeError, Listing, Obj, path_of
 
 log = logging.getLogger(__name__)
 GONE = 410

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 import kmock
 import pytest
 
+from zerotrain.operator.api_calls import API_CALLS, LEADER_CALLS
 from zerotrain.operator.app import operate
-from zerotrain.operator.kube import API_CALLS, LEADER_CALLS, Kube
+from zerotrain.operator.kube import Kube
 from zerotrain.operator.metrics import OperatorMetrics
 from zerotrain.operator.settings import OperatorSettings
 
@@ -46,7 +47,7 @@ async def cluster() -> AsyncIterator[Cluster]:
         undeclared = sorted(
             {f"{s.call} ({s.method} {s.path})" for s in served if s.call not in API_CALLS | LEADER_CALLS}
         )
-        assert not undeclared, f"operator made API calls missing from kube.API_CALLS: {undeclared}"
+        assert not undeclared, f"operator made API calls missing from api_calls.API_CALLS: {undeclared}"
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""kube.py against a scripted HTTP server: retries on conflict/throttling/5xx, apply semantics, API_CALLS."""
+"""kube.py against a scripted HTTP server: retries on conflict/throttling/5xx, apply semantics; API_CALLS."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ import pytest
 
 from zerotrain.manifest import parse_spec
 from zerotrain.operator import builders
+from zerotrain.operator.api_calls import API_CALLS, PLURALS, ApiCall
 from zerotrain.operator.builders import JobRef
 from zerotrain.operator.cached_client import CachedClient
-from zerotrain.operator.kube import API_CALLS, PLURALS, ApiCall, Kube, KubeError, is_subset, resource_of
+from zerotrain.operator.kube import Kube, KubeError, is_subset, resource_of
 
 
 class Script:

@@ -77,7 +77,7 @@ matchExpressions:
 
 {{/*
 The RBAC rules of the operator, shared by the ClusterRole (cluster scope) and the per-namespace Roles (namespaced
-scope). They grant exactly the API calls the operator makes (zerotrain.operator.kube.API_CALLS; the chart tests fail
+scope). They grant exactly the API calls the operator makes (zerotrain.operator.api_calls.API_CALLS; the chart tests fail
 when the two differ): no wildcards, no verb or resource it does not use.
 */}}
 {{- define "zerotrain-operator.rules" -}}
