@@ -1,12 +1,16 @@
-"""The operator at scale: 100 concurrent jobs (2 pods each), then one 1,024-rank job (128 pods × 8 ranks), against
-the KMock emulator run in its own process (in-process, the emulator and not the operator is the bottleneck; see
-shared/notes/real-apiserver.md), with a thread playing kubelet (every new pod Running).
+"""The operator at scale: `--jobs` jobs (2 pods each) applied at once, then one 1,024-rank job (128 pods × 8 ranks),
+against the KMock emulator run in its own process (in-process, the emulator and not the operator is the bottleneck;
+see shared/notes/real-apiserver.md), with a thread playing kubelet (every new pod Running) once every pod exists.
 
-Printed: reconcile pass latency p50/p99 (wall time, which includes the emulator's answers, and the operator thread's
-own CPU time per pass, which does not), the API requests the operator sends per job per resync pass once every job
-is steady (and how many of them are writes: the goal is none), and how long until every pod exists and runs.
+Printed: how long until every pod exists (the operator's last pod create answered) and runs, and the operator
+process's CPU per job until then; reconcile pass latency p50/p99 (wall time, which includes the emulator's answers,
+and the pass thread's own CPU time, which does not); the API requests the operator sends per job per resync pass once
+every job is steady (and how many are writes: the goal is none); operator memory per job; what the emulator served
+per job, by client (kopf's own requests included). Beside them, on fresh emulator processes, a plain client (as many
+threads as the operator has pod creates in flight, a pool twice that; no watch, cache or kopf): the same number of
+pods alone, then exactly the writes the operator sent per job, each job's in order.
 
-    python bench/bench_operator_scale.py --jobs 100 --wide-replicas 128 --resync 5
+    python bench/bench_operator_scale.py --jobs 1000 --wide-replicas 128 --resync 5
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import concurrent.futures
 import contextlib
 import copy
 import json
@@ -23,17 +28,20 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from e2e.kubelet import set_pod_phase  # noqa: E402
 from e2e.test_operator_e2e import JOBS, job_manifest  # noqa: E402
 
+from zerotrain.operator import naming  # noqa: E402
 from zerotrain.operator.app import operate  # noqa: E402
-from zerotrain.operator.kube import Kube, KubeError, path_of  # noqa: E402
+from zerotrain.operator.kube import Kube, KubeError, path_of, resource_of  # noqa: E402
 from zerotrain.operator.metrics import OperatorMetrics  # noqa: E402
 from zerotrain.operator.rate_limit import RequestBudget  # noqa: E402
 from zerotrain.operator.reconcile import Reconciler  # noqa: E402
@@ -52,6 +60,11 @@ def serve_emulator() -> None:
         async with ZeroEmulator() as emu, kmock.Server(emu):
             print(str(emu.url).rstrip("/"), flush=True)
             await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+            # What it served, by client (kopf's own requests bypass the operator's counted client) and call.
+            served = collections.Counter(
+                f"{s.user_agent.split('/')[0]} {s.call.verb} {s.call.resource}" for s in emu.served
+            )
+            print(json.dumps(served), flush=True)
 
     asyncio.run(run())
 
@@ -85,17 +98,23 @@ class TimedMetrics(OperatorMetrics):
 
 
 class CountingKube(Kube):
-    """The operator's client, counting requests by method."""
+    """The operator's client, counting requests by method and noting when each pod create was answered."""
 
-    counts: collections.Counter[str]
+    counts: collections.Counter[tuple[str, str]]
+    pods_answered: list[float]
 
     def request(self, method: str, path: str, *args: Any, **kwargs: Any) -> Any:
-        self.counts[method] += 1
-        return super().request(method, path, *args, **kwargs)
+        self.counts[method, resource_of(path)] += 1
+        out = super().request(method, path, *args, **kwargs)
+        if method == "POST" and path.endswith("/pods"):
+            self.pods_answered.append(time.monotonic())
+        return out
 
 
-def kubelet(client: Kube, stop: threading.Event) -> None:
-    """Every Pending pod of any job becomes Running."""
+def kubelet(client: Kube, stop: threading.Event, go: threading.Event) -> None:
+    """Every Pending pod of any job becomes Running, once `go` is set (until then the pods' creation has the
+    emulator to itself, as the plain client's has)."""
+    go.wait()
     while not stop.wait(1.0):
         items = client.request("GET", path_of("v1", "pods", NS)).get("items") or []
         for pod in items:
@@ -132,6 +151,9 @@ def main() -> None:
     parser.add_argument("--wide-replicas", type=int, default=128, help="0: skip the wide job")
     parser.add_argument("--resync", type=float, default=5.0)
     parser.add_argument("--steady-passes", type=int, default=3)
+    parser.add_argument(
+        "--api-qps", type=float, default=OperatorSettings().api_qps, help="the operator's client-side limit (0: none)"
+    )
     parser.add_argument("--serve-emulator", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_emulator:
@@ -140,14 +162,18 @@ def main() -> None:
     emu = subprocess.Popen(
         [sys.executable, __file__, "--serve-emulator"], stdin=subprocess.PIPE, stdout=subprocess.PIPE
     )
+    assert emu.stdout is not None
     try:
-        assert emu.stdout is not None
         url = emu.stdout.readline().decode().strip()
         report = run(url, args)
     finally:
         if emu.stdin:
             emu.stdin.close()
+        served = emu.stdout.read()
         emu.wait(timeout=30)
+    if args.jobs and served.strip():
+        per_job = {k: round(v / args.jobs, 2) for k, v in sorted(json.loads(served).items())}
+        report["served_per_job"] = per_job  # the wide job's included when it ran
     print(json.dumps(report))
 
 
@@ -164,11 +190,15 @@ def run(url: str, args: argparse.Namespace) -> dict[str, Any]:
 
     cfg = kubernetes.client.Configuration()
     cfg.host = url
-    settings = OperatorSettings(namespaces=[NS], resync_seconds=args.resync, restart_backoff_seconds=1)
+    settings = OperatorSettings(
+        namespaces=[NS], resync_seconds=args.resync, restart_backoff_seconds=1, api_qps=args.api_qps
+    )
     budget = RequestBudget(settings.api_qps, settings.api_burst, settings.api_connections)
     op_kube = CountingKube(copy.copy(cfg), retries=5, retry_base_seconds=0.05, budget=budget)
-    op_kube.counts = collections.Counter()
-    client = Kube(cfg, retries=5, retry_base_seconds=0.05)
+    op_kube.counts, op_kube.pods_answered = collections.Counter(), []
+    client_cfg = copy.copy(cfg)
+    client_cfg.connection_pool_maxsize = 2 * settings.pod_create_concurrency  # the bench submits jobs in parallel
+    client = Kube(client_cfg, retries=5, retry_base_seconds=0.05)
     client.set_user_agent("bench")
     metrics, stop = TimedMetrics(), threading.Event()
     operator = threading.Thread(
@@ -176,12 +206,16 @@ def run(url: str, args: argparse.Namespace) -> dict[str, Any]:
     )
     operator.start()
     time.sleep(2)
-    kube_thread = threading.Thread(target=kubelet, args=(client, stop), daemon=True)
+    go = threading.Event()
+    kube_thread = threading.Thread(target=kubelet, args=(client, stop, go), daemon=True)
     kube_thread.start()
     report: dict[str, Any] = Report()
+    writes: JobWrites | None = None
     try:
         if args.jobs:
-            many(client, op_kube, metrics, args, report)
+            many(client, op_kube, metrics, args, report, go)
+            writes = JobWrites.read(client, op_kube.counts, args.jobs)
+        go.set()
         if args.wide_replicas:
             wide(client, metrics, args, report)
     finally:
@@ -189,18 +223,133 @@ def run(url: str, args: argparse.Namespace) -> dict[str, Any]:
         operator.join(30)
         op_kube.close()
         client.close()
+    if writes is not None:
+        plain(writes, args, report)
     return report
 
 
-def many(client: Kube, op_kube: CountingKube, metrics: TimedMetrics, args: argparse.Namespace, report: Any) -> None:
+def plain(writes: JobWrites, args: argparse.Namespace, report: Any) -> None:
+    """On fresh emulators, a plain client (no watch, no cache, no kopf): the many-jobs phase's pods alone, then every
+    write the operator sent per job (the job's POST included), each job's writes in order, jobs in parallel."""
+    from bench_gang_pace import emulator, plain_trial
+
+    threads = OperatorSettings().pod_create_concurrency
+    with emulator() as cfg:
+        took = plain_trial(cfg, NS, writes.pods[0], 2 * args.jobs, threads)
+    report["plain_pods_exist_s"] = round(took, 2)
+    with emulator() as cfg:
+        pods_s, all_s = same_writes(cfg, writes, args.jobs, threads)
+    report["plain_same_writes_pods_exist_s"], report["plain_same_writes_s"] = round(pods_s, 2), round(all_s, 2)
+    report["operator_over_plain_pods"] = round(took / report["all_pods_exist_s"], 2)
+    report["operator_over_plain_same_writes"] = round(pods_s / report["all_pods_exist_s"], 2)
+
+
+@dataclass
+class JobWrites:
+    """What the operator wrote for one job (job-0000), to be written again by a plain client under other names."""
+
+    job: dict[str, Any]
+    children: list[dict[str, Any]]
+    """ServiceAccount, Role, RoleBinding, Service, ConfigMap: created before the pods, as the operator does."""
+    pods: list[dict[str, Any]]
+    status_patches: int
+    events: list[dict[str, Any]]
+
+    @classmethod
+    def read(cls, client: Kube, counts: collections.Counter[tuple[str, str]], jobs: int) -> JobWrites:
+        name, sel = "job-0000", {"labelSelector": f"{naming.LABEL_JOB}=job-0000"}
+        job = client.request("GET", path_of(JOBS, PLURAL, NS, name))
+        children = [
+            {"apiVersion": v, "kind": kind, **o}
+            for v, kind, plural in _CHILD_KINDS
+            for o in client.request("GET", path_of(v, plural, NS), query=sel).get("items") or []
+        ]
+        events = client.request("GET", path_of("v1", "events", NS)).get("items") or []
+        mine = [{"apiVersion": "v1", "kind": "Event", **e} for e in events if e["involvedObject"]["name"] == name]
+        patches = round(counts["PATCH", f"{PLURAL}/status"] / jobs)
+        pods = [{"apiVersion": "v1", "kind": "Pod", **p} for p in client.list_pods(NS, name)]
+        return cls(job, children, pods, patches, mine)
+
+    def renamed(self, obj: dict[str, Any], name: str, uid: str) -> dict[str, Any]:
+        out = json.loads(json.dumps(obj).replace("job-0000", name))
+        md = out["metadata"]
+        out["metadata"] = {k: md[k] for k in ("name", "namespace", "labels", "annotations") if k in md}
+        if "ownerReferences" in md:
+            out["metadata"]["ownerReferences"] = [{**r, "uid": uid} for r in md["ownerReferences"]]
+        out.pop("status", None)
+        return out
+
+
+_CHILD_KINDS = [
+    ("v1", "ServiceAccount", "serviceaccounts"),
+    ("rbac.authorization.k8s.io/v1", "Role", "roles"),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings"),
+    ("v1", "Service", "services"),
+    ("v1", "ConfigMap", "configmaps"),
+]
+
+
+def same_writes(cfg: Any, writes: JobWrites, jobs: int, threads: int) -> tuple[float, float]:
+    """Seconds until the last pod was answered, and until every write was."""
+    plain_cfg = copy.copy(cfg)
+    plain_cfg.connection_pool_maxsize = 2 * threads
+    client = Kube(plain_cfg, retries=5, retry_base_seconds=0.05)
+    client.set_user_agent("bench-plain")
+    answered: list[float] = []
+
+    def one(i: int) -> None:
+        name = f"job-{i:04d}"
+        job = client.request("POST", path_of(JOBS, PLURAL, NS), writes.renamed(writes.job, name, ""))
+        uid = job["metadata"]["uid"]
+        for obj in writes.children:
+            client.create(writes.renamed(obj, name, uid))
+        for pod in writes.pods:
+            client.create(writes.renamed(pod, name, uid))
+            answered.append(time.monotonic())
+        status = {"status": writes.job.get("status") or {}}
+        for _ in range(writes.status_patches):
+            client.request("PATCH", path_of(JOBS, PLURAL, NS, name, "status"), status, "application/merge-patch+json")
+        for ev in writes.events:
+            body = writes.renamed(ev, name, uid)
+            body["metadata"] = {"generateName": f"{name}.", "namespace": NS}
+            client.create(body)
+
+    try:
+        t0 = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+            list(pool.map(one, range(jobs)))
+        return max(answered) - t0, time.monotonic() - t0
+    finally:
+        client.close()
+
+
+def many(
+    client: Kube,
+    op_kube: CountingKube,
+    metrics: TimedMetrics,
+    args: argparse.Namespace,
+    report: Any,
+    go: threading.Event,
+) -> None:
     """`--jobs` jobs of 2 pods at once, then their steady state."""
     names = [f"job-{i:04d}" for i in range(args.jobs)]
     rss_before = rss_bytes()
-    t0 = time.monotonic()
-    for n in names:
-        client.request("POST", path_of(JOBS, PLURAL, NS), job_manifest(n, NS, replicas=2, nprocPerNode=1))
+    threads = OperatorSettings().pod_create_concurrency
+    t0, cpu0 = time.monotonic(), time.process_time()
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        bodies = [job_manifest(n, NS, replicas=2, nprocPerNode=1) for n in names]
+        list(pool.map(lambda b: client.request("POST", path_of(JOBS, PLURAL, NS), b), bodies))
     report["create_requests_s"] = round(time.monotonic() - t0, 2)
-    report["all_running_s"] = round(report["create_requests_s"] + wait_running(client, names, args.timeout), 2)
+    while len(op_kube.pods_answered) < 2 * args.jobs:  # the operator's own record: nothing polls the server
+        if time.monotonic() - t0 > args.timeout:
+            raise TimeoutError(f"{len(op_kube.pods_answered)} of {2 * args.jobs} pods after {args.timeout}s")
+        time.sleep(0.05)
+    report["all_pods_exist_s"] = round(op_kube.pods_answered[2 * args.jobs - 1] - t0, 2)
+    # This process's CPU (the operator's threads, kopf's included, and the bench's job POSTs) until then.
+    report["cpu_per_job_until_pods_ms"] = round((time.process_time() - cpu0) / args.jobs * 1000, 1)
+    go.set()
+    report["all_running_s"] = round(time.monotonic() - t0 + wait_running(client, names, args.timeout), 2)
+    report["busy_requests_per_job"] = {f"{m} {r}": round(v / args.jobs, 2) for (m, r), v in op_kube.counts.items()}
     busy, cpu = list(metrics.passes), list(CPU)
     report["busy_passes"] = len(busy)
     report["busy_p50_s"], report["busy_p99_s"] = round(pct(busy, 50), 4), round(pct(busy, 99), 4)
@@ -220,7 +369,7 @@ def many(client: Kube, op_kube: CountingKube, metrics: TimedMetrics, args: argpa
     )
     per = max(1, len(steady))
     report["requests_per_job_pass"] = round(sum(sent.values()) / per, 2)
-    report["writes_per_job_pass"] = round(sum(v for m, v in sent.items() if m != "GET") / per, 3)
+    report["writes_per_job_pass"] = round(sum(v for (m, _), v in sent.items() if m != "GET") / per, 3)
     # The operator shares this process with the bench's client and kubelet thread, which hold no per-job state.
     report["rss_per_job_kib"] = round((rss_bytes() - rss_before) / args.jobs / 1024, 1)
 
