@@ -29,7 +29,7 @@ COSCHEDULING_GROUP = "scheduling.x-k8s.io"
 VOLCANO_GROUP = "scheduling.volcano.sh"
 
 API_CALLS: frozenset[ApiCall] = frozenset(
-    # kopf: watches jobs (list+watch), stores handler progress in annotations (patch) and status (patch).
+    # kopf: watches jobs (list+watch), removes the finalizer older releases left (patch).
     # The operator: fetches a job fresh before reconciling (get), writes status, deletes after the TTL.
     _calls(GROUP, PLURAL, "get", "list", "watch", "patch", "delete")
     | _calls(GROUP, f"{PLURAL}/status", "patch")

@@ -1,19 +1,33 @@
-"""kopf wiring only: every handler hands the job to `Reconciler.reconcile`."""
+"""kopf wiring only: the jobs' watch events go into the cache and ask `Reconciler` for passes."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, cast
 
 import kopf
 
-from zerotrain.operator.kube import KubeError
-from zerotrain.operator.reconcile import Reconciler, Result
+from zerotrain.operator.reconcile import Reconciler
 from zerotrain.operator.resync import Resync
 from zerotrain.spec import GROUP, PLURAL, VERSION
 
 log = logging.getLogger(__name__)
+
+
+class NoDiffBase(kopf.DiffBaseStorage):
+    """No state kept: no change handler is registered, so kopf never compares a job with its last handled state,
+    yet it fetched and built that state on every job event (a deep copy, and annotation keys built and marked),
+    the largest part of what a job event cost."""
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return None
+
+    def build(self, *, body: kopf.Body, extra_fields: Iterable[Any] | None = None) -> kopf.BodyEssence:
+        return cast(kopf.BodyEssence, {})
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        pass
 
 
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -22,19 +36,30 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # Scanning lists namespaces and CRDs, which needs cluster-wide RBAC the chart does not grant.
     settings.scanning.disabled = True
     settings.posting.enabled = True
-    # kopf's default also writes handler progress to status.kopf, which the CRD's structural status schema
-    # prunes (and which would race the operator's own status writes); annotations hold it instead.
+    # No change handler is registered, so kopf stores no progress; were one added, kopf's default would write it
+    # to status.kopf, which the CRD's structural status schema prunes: annotations would hold it instead.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage()
+    settings.persistence.diffbase_storage = NoDiffBase()
     settings.watching.server_timeout = 300
     # kopf watches only the jobs: the pods and the cached children are followed by operator.reflector.
     settings.networking.request_timeout = 60
 
 
+def _essence(body: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What of a job a pass acts on, besides its status (which the passes write, and the runtime's rank 0)."""
+    md = body.get("metadata") or {}
+    keys = ("generation", "labels", "annotations", "deletionTimestamp", "finalizers")
+    return (body.get("spec"), *(md.get(k) for k in keys))
+
+
 def make_registry(reconciler: Reconciler, resync: Resync | None = None) -> kopf.OperatorRegistry:
     """A fresh registry (never kopf's global one), so tests can run several operators in one process.
 
-    No handler here needs a finalizer (no timers, no daemons, the delete handler is optional), so kopf puts
-    none on the jobs, and removes the one an older release left.
+    The jobs' events are all the operator takes from kopf: each asks for a pass (`Reconciler.ask`, on the
+    operator's threads; a failed pass is retried there with back-off) unless only the status changed. kopf's change
+    handlers (create, update, resume) are not used: they stored their progress and the last handled spec in an
+    annotation patch per job, and that patch's own event, and ran each pass on kopf's executor. No handler needs
+    a finalizer, so kopf puts none on the jobs.
     """
     registry = kopf.OperatorRegistry()
     resource = (GROUP, VERSION, PLURAL)
@@ -45,47 +70,32 @@ def make_registry(reconciler: Reconciler, resync: Resync | None = None) -> kopf.
     def login(**kwargs: Any) -> kopf.ConnectionInfo:
         return reconciler.kube.connection_info(**kwargs)
 
-    def run(namespace: str | None, name: str, permanent: bool) -> None:
-        if namespace is None:  # the resource is namespaced; kopf types allow None for cluster objects
-            return
-        try:
-            outcome = reconciler.reconcile(namespace, name, hand_off=True)
-        except KubeError as e:
-            # kube.py already retried with back-off; kopf retries the handler at the next step of that back-off.
-            s = reconciler.settings
-            raise kopf.TemporaryError(f"API error: {e}", delay=s.api_retry_base_seconds * 2**s.api_retries) from e
-        if permanent and outcome is not None and outcome.result == Result.INVALID:
-            # The status and an Event already say why; retrying cannot fix a spec.
-            raise kopf.PermanentError(outcome.message)
-
-    @kopf.on.create(*resource, registry=registry)
-    @kopf.on.resume(*resource, registry=registry)
-    @kopf.on.update(*resource, registry=registry)
-    def on_job(namespace: str | None, name: str, **_: Any) -> None:
-        run(namespace, name, permanent=True)
-
     cache = reconciler.cache
+    seen: dict[tuple[str, str], tuple[Any, ...]] = {}
 
-    # kopf calls event handlers before the create/update/resume ones of the same event: the pass those run reads
-    # the cache this has just updated. The handlers that only update the cache are async, so they run in kopf's
-    # event loop at once instead of waiting for an executor thread that passes may all be holding.
+    # Async, so it runs in kopf's event loop at once, never waiting for a thread.
     @kopf.on.event(*resource, registry=registry)
     async def on_job_event(
         type: str | None, event: Mapping[str, Any], namespace: str | None, name: str, **_: Any
     ) -> None:
-        if namespace is None:
+        if namespace is None:  # the resource is namespaced; kopf types allow None for cluster objects
             return
+        key, body = (namespace, name), dict(event["object"])
         if cache is not None:
             if type == "DELETED":
-                cache.drop_job(dict(event["object"]))
+                cache.drop_job(body)
             else:
-                cache.put_job(dict(event["object"]))
+                cache.put_job(body)
         # The periodic resync covers exactly the jobs the watch has shown (type None: the initial listing).
         if resync is not None:
-            resync.seen((namespace, name), present=type != "DELETED")
-
-    @kopf.on.delete(*resource, optional=True, registry=registry)
-    def on_delete(namespace: str | None, name: str, **_: Any) -> None:
-        reconciler.metrics.forget((namespace or "", name))
+            resync.seen(key, present=type != "DELETED")
+        if type == "DELETED":
+            seen.pop(key, None)
+            reconciler.metrics.forget(key)
+            return
+        essence = _essence(body)
+        if seen.get(key) != essence:  # the initial listing (resume), a new job, or a change to act on
+            seen[key] = essence
+            reconciler.ask(key)
 
     return registry

@@ -1,7 +1,8 @@
 """One idempotent reconcile of one job: read → admit → observe → decide (pure) → act → write status once.
 
-kopf handlers, pod events, the resync timer and back-off wake-ups all call `Reconciler.reconcile`; passes
-of the same job are coalesced (never concurrent), so a burst of pod events costs one or two passes.
+Job and pod events ask for passes (`Reconciler.ask`), the resync timer and back-off wake-ups run them
+(`Reconciler.reconcile`); passes of the same job are coalesced (never concurrent), so a burst of pod events costs
+one or two passes.
 """
 
 from __future__ import annotations
@@ -157,9 +158,8 @@ class Reconciler:
     def reconcile(self, namespace: str, name: str, hand_off: bool = False) -> PassOutcome | None:
         """Run a pass, or, if one is running for this job, make it run once more and return None.
 
-        With `hand_off` (kopf's handlers) the caller runs one pass and the passes asked for meanwhile run on the
-        operator's own threads: kopf handles one object's events one after another, so a caller that looped while a
-        gang starts would hold back the job's own watch events, and the cache with them."""
+        With `hand_off` the caller runs one pass and the passes asked for meanwhile run on the operator's own
+        threads (a caller that must not loop while a gang starts: the reruns, so busy jobs take turns)."""
         key = (namespace, name)
         with self._mu:
             st = self._states.setdefault(key, _KeyState())

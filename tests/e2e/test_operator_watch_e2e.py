@@ -28,3 +28,17 @@ async def test_pod_watch_and_list_carry_the_operators_label_selector(
         assert f"{naming.LABEL_MANAGED_BY}={naming.MANAGER}" in terms or f"{naming.LABEL_JOB}=watched-pods" in terms, (
             f"{served.method} {served.path}?{served.query} reads pods without the operator's selector"
         )
+
+
+async def test_a_job_costs_kopf_no_write(cluster: Cluster, operator: Operator, kube: Kube) -> None:
+    """kopf only watches the jobs: no progress or last-handled annotation is patched onto them (one request and one
+    more event per job)."""
+    if cluster.emulator is None:
+        pytest.skip("reads the emulator's record of requests")
+    await start_job(kube, cluster.namespace, "unannotated")
+    writes = [
+        f"{s.method} {s.path}"
+        for s in cluster.emulator.served
+        if s.user_agent.startswith("kopf") and s.call.verb not in ("get", "list", "watch")
+    ]
+    assert writes == []

@@ -81,7 +81,7 @@ scope). They grant exactly the API calls the operator makes (zerotrain.operator.
 when the two differ): no wildcards, no verb or resource it does not use.
 */}}
 {{- define "zerotrain-operator.rules" -}}
-# The jobs: kopf watches them and keeps handler progress in annotations (patch); the operator reads a job fresh
+# The jobs: kopf watches them and removes the finalizer older releases left (patch); the operator reads a job fresh
 # before reconciling (get) and deletes it after ttlSecondsAfterFinished (delete).
 - apiGroups: ["zerotrain.dev"]
   resources: ["zerotrainingjobs"]
