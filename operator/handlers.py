@@ -45,10 +45,11 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.networking.request_timeout = 60
 
 
-def _essence(body: Mapping[str, Any]) -> tuple[Any, ...]:
+def job_essence(body: Mapping[str, Any]) -> tuple[Any, ...]:
     """What of a job a pass acts on, besides its status (which the passes write, and the runtime's rank 0)."""
     md = body.get("metadata") or {}
-    keys = ("generation", "labels", "annotations", "deletionTimestamp", "finalizers")
+    # The uid: a job deleted and created again under its name, its DELETED missed in a watch gap, is a new job.
+    keys = ("uid", "generation", "labels", "annotations", "deletionTimestamp", "finalizers")
     return (body.get("spec"), *(md.get(k) for k in keys))
 
 
@@ -93,7 +94,7 @@ def make_registry(reconciler: Reconciler, resync: Resync | None = None) -> kopf.
             seen.pop(key, None)
             reconciler.metrics.forget(key)
             return
-        essence = _essence(body)
+        essence = job_essence(body)
         if seen.get(key) != essence:  # the initial listing (resume), a new job, or a change to act on
             seen[key] = essence
             reconciler.ask(key)
