@@ -8,7 +8,9 @@ and the pass thread's own CPU time, which does not); the API requests the operat
 every job is steady (and how many are writes: the goal is none); operator memory per job; what the emulator served
 per job, by client (kopf's own requests included). Beside them, on fresh emulator processes, a plain client (as many
 threads as the operator has pod creates in flight, a pool twice that; no watch, cache or kopf): the same number of
-pods alone, then exactly the writes the operator sent per job, each job's in order.
+pods alone, then exactly the writes the operator sent per job, each job's in order. With ZEROTRAIN_E2E_KUBECONFIG
+naming a real cluster, each phase runs there instead, in a namespace of its own, and what the server served comes
+from its apiserver_request_total (every client's requests, by call).
 
     python bench/bench_operator_scale.py --jobs 1000 --wide-replicas 128 --resync 5
 """
@@ -28,7 +30,8 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
+import kubernetes  # noqa: E402
+from e2e.cluster import KUBECONFIG_ENV, real_cluster_setup, real_cluster_teardown, requests_served  # noqa: E402
 from e2e.kubelet import set_pod_phase  # noqa: E402
 from e2e.test_operator_e2e import JOBS, job_manifest  # noqa: E402
 
@@ -47,8 +52,6 @@ from zerotrain.operator.rate_limit import RequestBudget  # noqa: E402
 from zerotrain.operator.reconcile import Reconciler  # noqa: E402
 from zerotrain.operator.settings import OperatorSettings  # noqa: E402
 from zerotrain.spec import PLURAL  # noqa: E402
-
-NS = "default"
 
 
 def serve_emulator() -> None:
@@ -111,22 +114,22 @@ class CountingKube(Kube):
         return out
 
 
-def kubelet(client: Kube, stop: threading.Event, go: threading.Event) -> None:
+def kubelet(client: Kube, ns: str, stop: threading.Event, go: threading.Event) -> None:
     """Every Pending pod of any job becomes Running, once `go` is set (until then the pods' creation has the
     emulator to itself, as the plain client's has)."""
     go.wait()
     while not stop.wait(1.0):
-        items = client.request("GET", path_of("v1", "pods", NS)).get("items") or []
+        items = client.request("GET", path_of("v1", "pods", ns)).get("items") or []
         for pod in items:
             if (pod.get("status") or {}).get("phase", "Pending") == "Pending":
                 with contextlib.suppress(KubeError):  # deleted meanwhile
-                    set_pod_phase(client, NS, pod["metadata"]["name"], "Running")
+                    set_pod_phase(client, ns, pod["metadata"]["name"], "Running")
 
 
-def wait_running(client: Kube, names: list[str], timeout: float) -> float:
+def wait_running(client: Kube, ns: str, names: list[str], timeout: float) -> float:
     start = time.monotonic()
     while time.monotonic() - start < timeout:
-        items = client.request("GET", path_of(JOBS, PLURAL, NS)).get("items") or []
+        items = client.request("GET", path_of(JOBS, PLURAL, ns)).get("items") or []
         phases = {j["metadata"]["name"]: (j.get("status") or {}).get("phase") for j in items}
         if all(phases.get(n) == "Running" for n in names):
             return time.monotonic() - start
@@ -159,22 +162,53 @@ def main() -> None:
     if args.serve_emulator:
         serve_emulator()
         return
+    with server() as where:
+        report = run(where, args)
+    if args.jobs and where.served:
+        # The wide job's requests are included when it ran.
+        report["served_per_job"] = {k: round(v / args.jobs, 2) for k, v in sorted(where.served.items())}
+    print(json.dumps(report))
+
+
+@dataclass
+class Server:
+    """Where a phase runs: an emulator process of its own, or a namespace of its own on the cluster
+    ZEROTRAIN_E2E_KUBECONFIG names (the CRD installed if missing, the namespace deleted afterwards)."""
+
+    cfg: kubernetes.client.Configuration
+    namespace: str
+    served: collections.Counter[str] = field(default_factory=collections.Counter)
+    """What the server answered during the phase: by client and call from the emulator's record; by call alone
+    from a real server's apiserver_request_total (every client's, the cluster's controllers' too)."""
+
+
+@contextlib.contextmanager
+def server() -> Iterator[Server]:
+    if path := os.environ.get(KUBECONFIG_ENV):
+        cluster = real_cluster_setup(path)
+        where = Server(cluster.configuration, cluster.namespace)
+        before = requests_served(cluster)
+        try:
+            yield where
+        finally:
+            where.served.update(requests_served(cluster) - before)
+            real_cluster_teardown(cluster)
+        return
     emu = subprocess.Popen(
         [sys.executable, __file__, "--serve-emulator"], stdin=subprocess.PIPE, stdout=subprocess.PIPE
     )
-    assert emu.stdout is not None
+    assert emu.stdout is not None and emu.stdin is not None
+    cfg = kubernetes.client.Configuration()
+    cfg.host = emu.stdout.readline().decode().strip()
+    where = Server(cfg, "default")
     try:
-        url = emu.stdout.readline().decode().strip()
-        report = run(url, args)
+        yield where
     finally:
-        if emu.stdin:
-            emu.stdin.close()
+        emu.stdin.close()
         served = emu.stdout.read()
         emu.wait(timeout=30)
-    if args.jobs and served.strip():
-        per_job = {k: round(v / args.jobs, 2) for k, v in sorted(json.loads(served).items())}
-        report["served_per_job"] = per_job  # the wide job's included when it ran
-    print(json.dumps(report))
+        if served.strip():
+            where.served.update(json.loads(served))
 
 
 class Report(dict[str, Any]):
@@ -185,13 +219,10 @@ class Report(dict[str, Any]):
         print(f"{key}: {value}", flush=True)
 
 
-def run(url: str, args: argparse.Namespace) -> dict[str, Any]:
-    import kubernetes
-
-    cfg = kubernetes.client.Configuration()
-    cfg.host = url
+def run(where: Server, args: argparse.Namespace) -> dict[str, Any]:
+    cfg, ns = where.cfg, where.namespace
     settings = OperatorSettings(
-        namespaces=[NS], resync_seconds=args.resync, restart_backoff_seconds=1, api_qps=args.api_qps
+        namespaces=[ns], resync_seconds=args.resync, restart_backoff_seconds=1, api_qps=args.api_qps
     )
     budget = RequestBudget(settings.api_qps, settings.api_burst, settings.api_connections)
     op_kube = CountingKube(copy.copy(cfg), retries=5, retry_base_seconds=0.05, budget=budget)
@@ -207,17 +238,17 @@ def run(url: str, args: argparse.Namespace) -> dict[str, Any]:
     operator.start()
     time.sleep(2)
     go = threading.Event()
-    kube_thread = threading.Thread(target=kubelet, args=(client, stop, go), daemon=True)
+    kube_thread = threading.Thread(target=kubelet, args=(client, ns, stop, go), daemon=True)
     kube_thread.start()
     report: dict[str, Any] = Report()
     writes: JobWrites | None = None
     try:
         if args.jobs:
-            many(client, op_kube, metrics, args, report, go)
-            writes = JobWrites.read(client, op_kube.counts, args.jobs)
+            many(client, ns, op_kube, metrics, args, report, go)
+            writes = JobWrites.read(client, ns, op_kube.counts, args.jobs)
         go.set()
         if args.wide_replicas:
-            wide(client, metrics, args, report)
+            wide(client, ns, metrics, args, report)
     finally:
         stop.set()
         operator.join(30)
@@ -229,16 +260,16 @@ def run(url: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def plain(writes: JobWrites, args: argparse.Namespace, report: Any) -> None:
-    """On fresh emulators, a plain client (no watch, no cache, no kopf): the many-jobs phase's pods alone, then every
+    """On fresh servers, a plain client (no watch, no cache, no kopf): the many-jobs phase's pods alone, then every
     write the operator sent per job (the job's POST included), each job's writes in order, jobs in parallel."""
-    from bench_gang_pace import emulator, plain_trial
+    from bench_gang_pace import plain_trial
 
     threads = OperatorSettings().pod_create_concurrency
-    with emulator() as cfg:
-        took = plain_trial(cfg, NS, writes.pods[0], 2 * args.jobs, threads)
+    with server() as where:
+        took = plain_trial(where.cfg, where.namespace, writes.pods[0], 2 * args.jobs, threads)
     report["plain_pods_exist_s"] = round(took, 2)
-    with emulator() as cfg:
-        pods_s, all_s = same_writes(cfg, writes, args.jobs, threads)
+    with server() as where:
+        pods_s, all_s = same_writes(where, writes, args.jobs, threads)
     report["plain_same_writes_pods_exist_s"], report["plain_same_writes_s"] = round(pods_s, 2), round(all_s, 2)
     report["operator_over_plain_pods"] = round(took / report["all_pods_exist_s"], 2)
     report["operator_over_plain_same_writes"] = round(pods_s / report["all_pods_exist_s"], 2)
@@ -256,24 +287,24 @@ class JobWrites:
     events: list[dict[str, Any]]
 
     @classmethod
-    def read(cls, client: Kube, counts: collections.Counter[tuple[str, str]], jobs: int) -> JobWrites:
+    def read(cls, client: Kube, ns: str, counts: collections.Counter[tuple[str, str]], jobs: int) -> JobWrites:
         name, sel = "job-0000", {"labelSelector": f"{naming.LABEL_JOB}=job-0000"}
-        job = client.request("GET", path_of(JOBS, PLURAL, NS, name))
+        job = client.request("GET", path_of(JOBS, PLURAL, ns, name))
         children = [
             {"apiVersion": v, "kind": kind, **o}
             for v, kind, plural in _CHILD_KINDS
-            for o in client.request("GET", path_of(v, plural, NS), query=sel).get("items") or []
+            for o in client.request("GET", path_of(v, plural, ns), query=sel).get("items") or []
         ]
-        events = client.request("GET", path_of("v1", "events", NS)).get("items") or []
+        events = client.request("GET", path_of("v1", "events", ns)).get("items") or []
         mine = [{"apiVersion": "v1", "kind": "Event", **e} for e in events if e["involvedObject"]["name"] == name]
         patches = round(counts["PATCH", f"{PLURAL}/status"] / jobs)
-        pods = [{"apiVersion": "v1", "kind": "Pod", **p} for p in client.list_pods(NS, name)]
+        pods = [{"apiVersion": "v1", "kind": "Pod", **p} for p in client.list_pods(ns, name)]
         return cls(job, children, pods, patches, mine)
 
-    def renamed(self, obj: dict[str, Any], name: str, uid: str) -> dict[str, Any]:
+    def renamed(self, obj: dict[str, Any], name: str, ns: str, uid: str) -> dict[str, Any]:
         out = json.loads(json.dumps(obj).replace("job-0000", name))
         md = out["metadata"]
-        out["metadata"] = {k: md[k] for k in ("name", "namespace", "labels", "annotations") if k in md}
+        out["metadata"] = {k: md[k] for k in ("name", "labels", "annotations") if k in md} | {"namespace": ns}
         if "ownerReferences" in md:
             out["metadata"]["ownerReferences"] = [{**r, "uid": uid} for r in md["ownerReferences"]]
         out.pop("status", None)
@@ -289,9 +320,10 @@ _CHILD_KINDS = [
 ]
 
 
-def same_writes(cfg: Any, writes: JobWrites, jobs: int, threads: int) -> tuple[float, float]:
+def same_writes(where: Server, writes: JobWrites, jobs: int, threads: int) -> tuple[float, float]:
     """Seconds until the last pod was answered, and until every write was."""
-    plain_cfg = copy.copy(cfg)
+    ns = where.namespace
+    plain_cfg = copy.copy(where.cfg)
     plain_cfg.connection_pool_maxsize = 2 * threads
     client = Kube(plain_cfg, retries=5, retry_base_seconds=0.05)
     client.set_user_agent("bench-plain")
@@ -299,19 +331,19 @@ def same_writes(cfg: Any, writes: JobWrites, jobs: int, threads: int) -> tuple[f
 
     def one(i: int) -> None:
         name = f"job-{i:04d}"
-        job = client.request("POST", path_of(JOBS, PLURAL, NS), writes.renamed(writes.job, name, ""))
+        job = client.request("POST", path_of(JOBS, PLURAL, ns), writes.renamed(writes.job, name, ns, ""))
         uid = job["metadata"]["uid"]
         for obj in writes.children:
-            client.create(writes.renamed(obj, name, uid))
+            client.create(writes.renamed(obj, name, ns, uid))
         for pod in writes.pods:
-            client.create(writes.renamed(pod, name, uid))
+            client.create(writes.renamed(pod, name, ns, uid))
             answered.append(time.monotonic())
         status = {"status": writes.job.get("status") or {}}
         for _ in range(writes.status_patches):
-            client.request("PATCH", path_of(JOBS, PLURAL, NS, name, "status"), status, "application/merge-patch+json")
+            client.request("PATCH", path_of(JOBS, PLURAL, ns, name, "status"), status, "application/merge-patch+json")
         for ev in writes.events:
-            body = writes.renamed(ev, name, uid)
-            body["metadata"] = {"generateName": f"{name}.", "namespace": NS}
+            body = writes.renamed(ev, name, ns, uid)
+            body["metadata"] = {"generateName": f"{name}.", "namespace": ns}
             client.create(body)
 
     try:
@@ -325,6 +357,7 @@ def same_writes(cfg: Any, writes: JobWrites, jobs: int, threads: int) -> tuple[f
 
 def many(
     client: Kube,
+    ns: str,
     op_kube: CountingKube,
     metrics: TimedMetrics,
     args: argparse.Namespace,
@@ -337,8 +370,8 @@ def many(
     threads = OperatorSettings().pod_create_concurrency
     t0, cpu0 = time.monotonic(), time.process_time()
     with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-        bodies = [job_manifest(n, NS, replicas=2, nprocPerNode=1) for n in names]
-        list(pool.map(lambda b: client.request("POST", path_of(JOBS, PLURAL, NS), b), bodies))
+        bodies = [job_manifest(n, ns, replicas=2, nprocPerNode=1) for n in names]
+        list(pool.map(lambda b: client.request("POST", path_of(JOBS, PLURAL, ns), b), bodies))
     report["create_requests_s"] = round(time.monotonic() - t0, 2)
     while len(op_kube.pods_answered) < 2 * args.jobs:  # the operator's own record: nothing polls the server
         if time.monotonic() - t0 > args.timeout:
@@ -348,7 +381,7 @@ def many(
     # This process's CPU (the operator's threads, kopf's included, and the bench's job POSTs) until then.
     report["cpu_per_job_until_pods_ms"] = round((time.process_time() - cpu0) / args.jobs * 1000, 1)
     go.set()
-    report["all_running_s"] = round(time.monotonic() - t0 + wait_running(client, names, args.timeout), 2)
+    report["all_running_s"] = round(time.monotonic() - t0 + wait_running(client, ns, names, args.timeout), 2)
     report["busy_requests_per_job"] = {f"{m} {r}": round(v / args.jobs, 2) for (m, r), v in op_kube.counts.items()}
     busy, cpu = list(metrics.passes), list(CPU)
     report["busy_passes"] = len(busy)
@@ -374,13 +407,13 @@ def many(
     report["rss_per_job_kib"] = round((rss_bytes() - rss_before) / args.jobs / 1024, 1)
 
 
-def wide(client: Kube, metrics: TimedMetrics, args: argparse.Namespace, report: Any) -> None:
+def wide(client: Kube, ns: str, metrics: TimedMetrics, args: argparse.Namespace, report: Any) -> None:
     """One wide job: 128 pods × 8 ranks = 1,024 ranks."""
     start_passes, start_cpu = len(metrics.passes), len(CPU)
-    manifest = job_manifest("wide", NS, replicas=args.wide_replicas, nprocPerNode=8)
-    client.request("POST", path_of(JOBS, PLURAL, NS), manifest)
+    manifest = job_manifest("wide", ns, replicas=args.wide_replicas, nprocPerNode=8)
+    client.request("POST", path_of(JOBS, PLURAL, ns), manifest)
     report["wide_ranks"] = args.wide_replicas * 8
-    report["wide_running_s"] = round(wait_running(client, ["wide"], args.timeout), 2)
+    report["wide_running_s"] = round(wait_running(client, ns, ["wide"], args.timeout), 2)
     wide_passes = metrics.passes[start_passes:]
     report["wide_p50_s"], report["wide_p99_s"] = round(pct(wide_passes, 50), 4), round(pct(wide_passes, 99), 4)
     wide_cpu = CPU[start_cpu:]

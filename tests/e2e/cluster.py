@@ -8,6 +8,7 @@ way to know the operator's watches are live. Everything else (the operator, the 
 from __future__ import annotations
 
 import asyncio
+import collections
 import re
 import time
 import uuid
@@ -18,6 +19,7 @@ from typing import Any
 
 import kubernetes
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from zerotrain.crd import build_crd
 from zerotrain.operator.kube import Kube, KubeError
@@ -104,22 +106,44 @@ def real_cluster_teardown(cluster: Cluster) -> None:
         kube.close()
 
 
-def job_reads_served(cluster: Cluster) -> float:
-    """GET and LIST requests on ZeroTrainingJobs the real API server has served since it started, from its
-    `apiserver_request_total` (its /metrics; watches are counted under verb WATCH)."""
+def server_metrics(cluster: Cluster) -> str:
+    """A real API server's /metrics text."""
     api = kubernetes.client.ApiClient(cluster.configuration)
     try:
         _, url, headers, _, _ = api.param_serialize("GET", "/metrics", auth_settings=["BearerToken"])
-        text = api.call_api("GET", url, header_params=headers).read().decode()
+        return str(api.call_api("GET", url, header_params=headers).read().decode())
     finally:
         api.close()
-    return job_reads_in(text)
+
+
+def job_reads_served(cluster: Cluster) -> float:
+    """GET and LIST requests on ZeroTrainingJobs the real API server has served since it started, from its
+    `apiserver_request_total` (its /metrics; watches are counted under verb WATCH)."""
+    return job_reads_in(server_metrics(cluster))
 
 
 def job_reads_in(metrics: str) -> float:
     """The GET and LIST requests on ZeroTrainingJobs that an API server's /metrics text counts."""
     wanted = re.compile(rf'^apiserver_request_total\{{(?=[^}}]*resource="{PLURAL}")(?=[^}}]*verb="(GET|LIST)")')
     return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if wanted.match(line))
+
+
+def requests_served(cluster: Cluster) -> collections.Counter[str]:
+    """Every request the real API server has served since it started, by "verb resource[/subresource]"."""
+    return requests_in(server_metrics(cluster))
+
+
+def requests_in(metrics: str) -> collections.Counter[str]:
+    """apiserver_request_total of an API server's /metrics text, summed by verb and resource (and subresource)."""
+    out: collections.Counter[str] = collections.Counter()
+    for family in text_string_to_metric_families(metrics):
+        for sample in family.samples:
+            if sample.name != "apiserver_request_total":
+                continue
+            labels = sample.labels
+            resource = labels.get("resource", "") + (f"/{labels['subresource']}" if labels.get("subresource") else "")
+            out[f"{labels.get('verb', '').lower()} {resource}"] += int(sample.value)
+    return out
 
 
 def manifest_yaml(body: dict[str, Any]) -> str:

@@ -1,8 +1,8 @@
-"""Reading a real API server's request count: the parser test_second_pass_writes_nothing relies on there."""
+"""Reading a real API server's request counts, as test_second_pass_writes_nothing and bench_operator_scale do there."""
 
 from __future__ import annotations
 
-from .cluster import job_reads_in
+from .cluster import job_reads_in, requests_in
 
 
 def test_the_real_servers_job_reads_are_counted_from_its_metrics() -> None:
@@ -22,3 +22,22 @@ def test_the_real_servers_job_reads_are_counted_from_its_metrics() -> None:
         ]
     )
     assert job_reads_in(metrics) == 15
+
+
+def test_every_request_the_real_server_served_is_counted_by_verb_and_resource() -> None:
+    # What bench_operator_scale reads off a real API server's /metrics for each phase.
+    metrics = "\n".join(
+        [
+            "# HELP apiserver_request_total Counter of apiserver requests.",
+            "# TYPE apiserver_request_total counter",
+            'apiserver_request_total{code="201",group="",resource="pods",scope="resource",subresource="",'
+            'verb="POST",version="v1"} 200',
+            'apiserver_request_total{code="403",group="",resource="pods",scope="resource",subresource="",'
+            'verb="POST",version="v1"} 3',
+            'apiserver_request_total{code="200",group="zerotrain.dev",resource="zerotrainingjobs",scope="resource",'
+            'subresource="status",verb="PATCH",version="v1alpha1"} 7',
+            "# TYPE apiserver_request_duration_seconds histogram",
+            'apiserver_request_duration_seconds_count{resource="pods",verb="POST"} 203',
+        ]
+    )
+    assert requests_in(metrics) == {"post pods": 203, "patch zerotrainingjobs/status": 7}
