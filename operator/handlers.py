@@ -93,6 +93,7 @@ def make_registry(reconciler: Reconciler, resync: Resync | None = None) -> kopf.
         if type == "DELETED":
             seen.pop(key, None)
             reconciler.metrics.forget(key)
+            reconciler.ask(key)  # finds it gone, and drops what the reconciler kept for it
             return
         essence = job_essence(body)
         if seen.get(key) != essence:  # the initial listing (resume), a new job, or a change to act on

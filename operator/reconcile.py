@@ -137,6 +137,8 @@ class Reconciler:
     """Consecutive passes whose child writes were refused, per job: the back-off of the retries."""
     _mu: threading.Lock = field(default_factory=threading.Lock)
     _closed: bool = False
+    _in_pass: int = 0
+    """Passes running now, on any thread (close waits for them)."""
     events: EventRecorder = field(init=False)
     """Every Event the passes post, correlated as client-go's recorder does."""
 
@@ -186,15 +188,22 @@ class Reconciler:
         """Passes of the job until none was asked for during the last one (`st.running` is ours until then)."""
         while True:
             st.dirty = False
+            with self._mu:
+                self._in_pass += 1
             try:
                 outcome = self._timed(key)
             except BaseException:
                 with self._mu:
+                    self._in_pass -= 1
                     st.running = False
                     st.errors += 1
                 raise
             with self._mu:
+                self._in_pass -= 1
                 st.errors = 0
+                if self._closed:  # shutting down: no pass more
+                    st.running = False
+                    break
                 if st.dirty and hand_off:
                     # To the back of the rerun queue: a job whose events keep coming gets one pass per turn, so four
                     # busy jobs cannot hold every rerun thread while the others' passes wait.
@@ -205,6 +214,7 @@ class Reconciler:
                     # Only the state this loop owns: a job re-created under the same name has a fresh one by now.
                     if outcome.result == Result.GONE and self._states.get(key) is st:
                         del self._states[key]
+                        self._failures.pop(key, None)
                         if st.timer is not None:
                             st.timer.cancel()
                     break
@@ -216,17 +226,29 @@ class Reconciler:
             self._passes(key, st, hand_off=True)
         except Exception:
             log.exception("reconcile of %s/%s failed", *key)
-            # Nobody else retries a handed-off pass before the resync: look again with back-off.
-            self._wake_later(key, min(self.backoff.delay(st.errors), self.settings.resync_seconds / 2))
+            self._retry_later(key, st)
 
-    def close(self) -> None:
+    def _retry_later(self, key: Key, st: _KeyState) -> None:
+        """Nobody else retries a failed pass before the resync: look again with back-off (growing with each
+        consecutive failure, at most half the resync period)."""
+        self._wake_later(key, min(self.backoff.delay(st.errors), self.settings.resync_seconds / 2))
+
+    def close(self, wait_seconds: float = 10.0) -> None:
+        """Stop: no pass starts from now on, and those running get `wait_seconds` to end, so a standby that takes
+        the Lease after this returns does not reconcile a job beside one of them."""
         with self._mu:
             self._closed = True
             for st in self._states.values():
                 if st.timer is not None:
                     st.timer.cancel()
-        self._creates.close()
         self._reruns.shutdown(wait=False, cancel_futures=True)
+        deadline = time.monotonic() + wait_seconds
+        while time.monotonic() < deadline:
+            with self._mu:
+                if not self._in_pass:
+                    break
+            time.sleep(0.05)
+        self._creates.close()
 
     def _wake_later(self, key: Key, delay: float | None) -> None:
         """Back-off expiry, TTL and startup timeouts need a pass at a known time, not at the next resync."""
@@ -245,8 +267,12 @@ class Reconciler:
     def _wake(self, namespace: str, name: str) -> None:
         try:
             self.reconcile(namespace, name)
-        except Exception:  # the resync timer will try again
+        except Exception:
             log.exception("scheduled reconcile of %s/%s failed", namespace, name)
+            with self._mu:
+                st = self._states.get((namespace, name))
+            if st is not None:
+                self._retry_later((namespace, name), st)
 
     def _timed(self, key: Key) -> PassOutcome:
         start = time.perf_counter()
@@ -469,24 +495,37 @@ class Reconciler:
             msg = gang_created_message(d.status)
             set_condition(d.status, ConditionType.CREATED, True, Reason.GANG_CREATED, msg, self.clock())
 
-    def _replaced(self, md: dict[str, Any]) -> bool:
-        """Whether the job this pass read is gone, perhaps with another of its name in its place (the uid test of a
-        status write failed), rather than its status refused for what it said."""
-        now = self.kube.get_job(md["namespace"], md["name"])
-        return now is None or (now.get("metadata") or {}).get("uid") != md.get("uid")
+    def _patch_status(self, md: dict[str, Any], held: object, patch: dict[str, Any]) -> None:
+        """Write `patch` onto the status `held` (as this pass read it). Refused (409/422) for the job this pass read,
+        the ops are built again against the status the server holds and sent once more: its first attempt may have
+        been applied with the answer lost (a `remove` then finds nothing to remove), or the cache's copy was behind.
+        A job gone, or another of its name in its place (the uid test failed), is a 404."""
+        ns, name, uid = md["namespace"], md["name"], md.get("uid")
+        try:
+            self.client.patch_job_status(ns, name, status_ops(uid, held, patch))
+        except KubeError as e:
+            if e.status not in (409, 422):
+                raise
+            now = self.kube.get_job(ns, name)
+            if now is None or (now.get("metadata") or {}).get("uid") != uid:
+                raise KubeError(404, "NotFound", f"{ns}/{name} was deleted while the pass ran", "PATCH") from e
+            self.client.patch_job_status(ns, name, status_ops(uid, now.get("status"), patch))
 
     def _apply_supporting(self, job: builders.JobRef, objs: list[dict[str, Any]]) -> None:
-        """Apply the job's ServiceAccount, RBAC, Service and PodGroup at once, through the workers the pod creates
-        use: none needs another to exist (a RoleBinding may name a Role not created yet), and one after another
-        they made a new job's first pass several round trips longer than its pods'. All are applied before any pod
-        is created: a real server refuses a pod whose ServiceAccount does not exist."""
+        """Apply the job's ServiceAccount, Role, Service and PodGroup at once, then its RoleBinding, through the
+        workers the pod creates use: one after another they made a new job's first pass several round trips longer
+        than its pods'. A RoleBinding waits for its Role: without `bind`, the server checks that the operator holds
+        what the Role grants, and refuses the binding while the Role does not exist. All are applied before any
+        pod is created: a real server refuses a pod whose ServiceAccount does not exist."""
 
         def apply(obj: dict[str, Any]) -> None:
             with child_write("apply", obj):
                 self.client.apply(obj)
 
-        for future in self._creates.map((job.namespace, job.name), apply, objs):
-            future.result()  # the first refusal, in the builders' order, is the one the status reports
+        first = [o for o in objs if o["kind"] != "RoleBinding"]
+        for wave in (first, [o for o in objs if o["kind"] == "RoleBinding"]):
+            for future in self._creates.map((job.namespace, job.name), apply, wave):
+                future.result()  # the first refusal, in the builders' order, is the one the status reports
 
     def _create_pods(self, job: builders.JobRef, pods: list[dict[str, Any]]) -> None:
         """Create pods through the operator's shared workers, this job's in turn with every other job's (one after
@@ -508,12 +547,11 @@ class Reconciler:
         if patch is None:
             return
         try:
-            ops = status_ops(md.get("uid"), body.get("status"), patch)
-            self.client.patch_job_status(md["namespace"], md["name"], ops)
+            self._patch_status(md, body.get("status"), patch)
         except KubeError as e:
-            if e.status != 404 and not (e.status in (409, 422) and self._replaced(md)):
+            if e.status != 404:
                 raise
-            # Deleted while this pass ran (its delete handler may have forgotten it already): the series this pass
+            # Deleted while this pass ran (its DELETED event may have forgotten it already): the series this pass
             # just set would otherwise outlive the job, and the cache's copy would keep a pass acting on it.
             self.metrics.forget(key)
             self.client.gone(body)

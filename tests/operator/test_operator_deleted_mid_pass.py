@@ -15,7 +15,7 @@ from prometheus_client import generate_latest
 from zerotrain.operator.kube import Kube, KubeError
 from zerotrain.operator.reconcile import Reconciler, status_ops
 from zerotrain.operator.settings import OperatorSettings
-from zerotrain.operator.status import invalid
+from zerotrain.operator.status import ZeroTrainingJobStatus, invalid
 
 BODY = {"metadata": {"namespace": "ns", "name": "gone", "uid": "u1"}}
 
@@ -93,6 +93,18 @@ def test_a_status_the_server_finds_invalid_for_the_same_job_still_raises_and_kee
     with pytest.raises(KubeError) as e:
         r._write(BODY, None, new)
     assert e.value is invalid_status and 'zerotrain_job="gone"' in _series(r)
+
+
+def test_a_status_write_refused_against_a_stale_copy_is_sent_again_against_the_stored_one() -> None:
+    # The pass's copy still shows a message the server no longer has (or its first attempt was applied, the answer
+    # lost): `remove` finds nothing, and the ops are built again from what the server holds.
+    stored = {"metadata": {"namespace": "ns", "name": "gone", "uid": "u1"}, "status": {"phase": "Pending"}}
+    server = OneJob(stored)
+    r = Reconciler(cast(Kube, server), OperatorSettings())
+    held = {"phase": "Pending", "stage": 2}  # the server's status has no stage any more
+    new = invalid(None, "InvalidSpec", "spec.image: missing", datetime.now(timezone.utc))
+    r._write({**BODY, "status": held}, ZeroTrainingJobStatus.model_validate(held), new)
+    assert server.job["status"]["phase"] == new.phase.value and "stage" not in server.job["status"]
 
 
 def test_status_ops_leave_the_runtimes_fields_and_remove_only_what_is_there() -> None:
