@@ -109,7 +109,8 @@ when the two differ): no wildcards, no verb or resource it does not use.
   resources: ["configmaps"]
   verbs: ["get", "create", "patch", "delete"]
 # A Role and RoleBinding per job that let its ranks patch only that job's status. The operator holds every
-# permission it grants there, so it needs neither `escalate` nor `bind`. Watched into the operator's cache.
+# permission it grants there, so it needs neither `escalate` nor `bind` (the RoleBinding is created once its Role
+# exists: the server checks the Role's rules against the operator's). Watched into the operator's cache.
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
   verbs: ["get", "list", "watch", "create", "patch"]
