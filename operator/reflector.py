@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -91,13 +92,18 @@ def reflectors(
     return out
 
 
-def stop_all(running: Sequence[Reflector]) -> None:
+def stop_all(running: Sequence[Reflector], seconds: float = 10.0) -> None:
     """Stop reflectors that share one client: every one is told first, so cutting the client's streams ends each
-    for good instead of having the others reconnect."""
+    for good instead of having the others reconnect; all within one deadline (a thread stuck in a LIST during an
+    outage is left behind: the threads are daemons)."""
     for r in running:
         r.tell_stop()
-    for r in running:
-        r.stop()
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(r.alive() for r in running):
+        for kube in {id(r.kube): r.kube for r in running}.values():
+            kube.stop_watches()  # a watch that was just starting is cut on the next round
+        for r in running:
+            r.join(0.05)
 
 
 class Reflector:
@@ -122,6 +128,8 @@ class Reflector:
         self.synced = threading.Event()
         """Set once the first LIST is in the sink (the kind's set in the namespace is complete from then on)."""
         self._stop = threading.Event()
+        self._version: str | None = None
+        """The resourceVersion to watch from (None: list first)."""
         where = namespace or "all-namespaces"
         self._thread = threading.Thread(target=self._run, name=f"zerotrain-watch-{kind[1]}-{where}", daemon=True)
 
@@ -132,33 +140,39 @@ class Reflector:
         self._stop.set()
 
     def stop(self) -> None:
-        self._stop.set()
-        for _ in range(50):  # a watch that was just starting is cut on the next round
-            self.kube.stop_watches()
-            self._thread.join(timeout=0.2)
-            if not self._thread.is_alive():
-                return
+        stop_all([self])
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def join(self, seconds: float) -> None:
+        self._thread.join(timeout=seconds)
 
     def _run(self) -> None:
-        version: str | None = None
         failures = 0
         while not self._stop.is_set():
+            started = time.monotonic()
             try:
-                if version is None:
-                    version = self._list(relist=self.synced.is_set())
-                version = self._follow(version)
-                failures = 0
-            except (KubeError, urllib3.exceptions.HTTPError, ValueError) as e:
+                if self._version is None:
+                    self._version = self._list(relist=self.synced.is_set())
+                if self._follow() or time.monotonic() - started >= 1.0:
+                    failures = 0
+                    continue
+                problem = "the watch ended at once, with no event"  # as client-go, back off: it would spin
+            except Exception as e:  # any: a thread that died would leave the cache stale with no word
                 if self._stop.is_set():
                     return
                 if isinstance(e, KubeError) and e.status == GONE:
-                    version = None  # compacted away: list again, as client-go does
+                    self._version = None  # compacted away: list again, as client-go does
                     continue
-                failures += 1
-                delay = min(self.max_backoff_seconds, 0.5 * 2**failures) * random.uniform(0.8, 1.2)
-                where = self.namespace or "all namespaces"
-                log.warning("%s watch (%s): %s; again in %.1fs", self.kind[1], where, e, delay)
-                self._stop.wait(delay)
+                if not isinstance(e, (KubeError, urllib3.exceptions.HTTPError, OSError, ValueError)):
+                    log.exception("%s watch (%s) failed", self.kind[1], self.namespace or "all namespaces")
+                problem = str(e)
+            failures += 1
+            delay = min(self.max_backoff_seconds, 0.5 * 2**failures) * random.uniform(0.8, 1.2)
+            where = self.namespace or "all namespaces"
+            log.warning("%s watch (%s): %s; again in %.1fs", self.kind[1], where, problem, delay)
+            self._stop.wait(delay)
 
     def _list(self, relist: bool) -> str | None:
         listing = self.kube.list_owned(self.kind, self.namespace)
@@ -166,16 +180,22 @@ class Reflector:
         self.synced.set()
         return listing.resource_version
 
-    def _follow(self, version: str | None) -> str | None:
-        """Apply the watch's events from `version`; the last version seen when the server ends the stream."""
+    def _follow(self) -> int:
+        """Apply the watch's events from the version last seen, kept per event (a stream cut midway resumes after
+        its last event, not from where it began); returns how many came, bookmarks included."""
         query = {"labelSelector": naming.CHILD_SELECTOR}
-        if version is not None:
-            query["resourceVersion"] = version
+        if self._version is not None:
+            query["resourceVersion"] = self._version
         path = path_of(*self.kind, self.namespace)
-        for type, obj in self.kube.watch(path, query, self.timeout_seconds):
+        # Spread, as client-go's are: every reflector of the process would otherwise reconnect at the same moment.
+        timeout = int(self.timeout_seconds * random.uniform(1.0, 2.0))
+        count = 0
+        for type, obj in self.kube.watch(path, query, timeout):
+            count += 1
             if type == "ERROR":
                 raise KubeError(int(obj.get("code") or 500), obj.get("reason", ""), obj.get("message", ""), "GET")
-            version = (obj.get("metadata") or {}).get("resourceVersion") or version
             if type != "BOOKMARK":
                 self.sink.event(type, obj)
-        return version
+            # After the sink took it: an event it failed on comes again when the watch resumes.
+            self._version = (obj.get("metadata") or {}).get("resourceVersion") or self._version
+        return count

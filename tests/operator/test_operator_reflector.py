@@ -7,7 +7,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, cast
+
+import urllib3
 
 from zerotrain.operator import naming
 from zerotrain.operator.cache import Key, ObjectCache
@@ -30,7 +33,15 @@ def until(predicate: Callable[[], bool], timeout: float) -> None:
         time.sleep(0.01)
 
 
-Script = list[list[tuple[str, Obj]] | KubeError]
+@dataclass
+class Cut:
+    """A stream that brings `events`, then breaks with `error`."""
+
+    events: list[tuple[str, Obj]]
+    error: Exception
+
+
+Script = list[list[tuple[str, Obj]] | KubeError | Cut]
 
 
 class ScriptedServer:
@@ -56,6 +67,9 @@ class ScriptedServer:
         step = self.watches.pop(0)
         if isinstance(step, KubeError):
             raise step
+        if isinstance(step, Cut):
+            yield from step.events
+            raise step.error
         yield from step
 
     def stop_watches(self) -> None:
@@ -171,3 +185,36 @@ def test_reflectors_on_one_client_all_stop_promptly_and_none_watches_again() -> 
     # Every one was told before the shared client's streams were cut: none started another watch.
     assert len(server.asked) == 2 and time.monotonic() - t0 < 2
     assert not any(w._thread.is_alive() for w in watches)
+
+
+def test_a_stream_cut_midway_resumes_after_its_last_event() -> None:
+    cut = urllib3.exceptions.ProtocolError("Connection broken: IncompleteRead")
+    server = ScriptedServer(
+        [Listing([], "10")], [Cut([("ADDED", pod("j", "j-0", "11")), ("ADDED", pod("j", "j-1", "12"))], cut)]
+    )
+    watch, cache = started(server, lambda _: None)
+    try:
+        until(lambda: len(server.asked) == 2, timeout=5)
+    finally:
+        watch.stop()
+    assert server.asked == ["10", "12"] and server.listed == 1  # not "10" again: both events would come twice
+    assert names(cache, "j") == ["j-0", "j-1"]
+
+
+def test_a_sink_that_raises_does_not_end_the_watch() -> None:
+    server = ScriptedServer(
+        [Listing([], "10")], [[("ADDED", pod("j", "j-0", "11"))], [("ADDED", pod("j", "j-1", "12"))]]
+    )
+    calls: list[Key] = []
+
+    def changed(job: Key) -> None:
+        calls.append(job)
+        if len(calls) == 1:
+            raise TypeError("a bug in the sink")
+
+    watch, cache = started(server, changed)
+    try:
+        until(lambda: len(calls) == 2, timeout=5)
+    finally:
+        watch.stop()
+    assert names(cache, "j") == ["j-0", "j-1"]
