@@ -512,31 +512,31 @@ class Reconciler:
             self.client.patch_job_status(ns, name, status_ops(uid, now.get("status"), patch))
 
     def _apply_supporting(self, job: builders.JobRef, objs: list[dict[str, Any]]) -> None:
-        """Apply the job's ServiceAccount, Role, Service and PodGroup at once, then its RoleBinding, through the
-        workers the pod creates use: one after another they made a new job's first pass several round trips longer
-        than its pods'. A RoleBinding waits for its Role: without `bind`, the server checks that the operator holds
-        what the Role grants, and refuses the binding while the Role does not exist. All are applied before any
-        pod is created: a real server refuses a pod whose ServiceAccount does not exist."""
-
-        def apply(obj: dict[str, Any]) -> None:
-            with child_write("apply", obj):
-                self.client.apply(obj)
-
-        first = [o for o in objs if o["kind"] != "RoleBinding"]
-        for wave in (first, [o for o in objs if o["kind"] == "RoleBinding"]):
-            for future in self._creates.map((job.namespace, job.name), apply, wave):
-                future.result()  # the first refusal, in the builders' order, is the one the status reports
+        """Apply the job's ServiceAccount, Role, Service and PodGroup at once, then its RoleBinding: one after another
+        they made a new job's first pass several round trips longer than its pods'. A RoleBinding waits for its Role:
+        without `bind`, the server checks that the operator holds what the Role grants, and refuses the binding while
+        the Role does not exist. All are applied before any pod is created: a real server refuses a pod whose
+        ServiceAccount does not exist."""
+        self._on_workers(job, "apply", self.client.apply, [o for o in objs if o["kind"] != "RoleBinding"])
+        self._on_workers(job, "apply", self.client.apply, [o for o in objs if o["kind"] == "RoleBinding"])
 
     def _create_pods(self, job: builders.JobRef, pods: list[dict[str, Any]]) -> None:
-        """Create pods through the operator's shared workers, this job's in turn with every other job's (one after
-        another, a 128-pod gang took seconds; a pool of its own would let it crowd out a small job beside it)."""
+        """Create pods through the operator's shared workers (one after another, a 128-pod gang took seconds)."""
+        self._on_workers(job, "create", self.client.create_pod, pods)
 
-        def create(pod: dict[str, Any]) -> None:
-            with child_write("create", pod):
-                self.client.create_pod(pod)
+    def _on_workers(
+        self, job: builders.JobRef, verb: str, write: Callable[[dict[str, Any]], None], objs: list[dict[str, Any]]
+    ) -> None:
+        """`write` each child on the operator's shared workers, this job's in turn with every other job's (a pool
+        of its own would let a big gang crowd out a small job beside it); returns once all are answered. The first
+        refusal, in `objs`' order, is the one raised (and the one the status reports)."""
 
-        for future in self._creates.map((job.namespace, job.name), create, pods):
-            future.result()  # the first refusal, in pod order, is the one the status reports
+        def one(obj: dict[str, Any]) -> None:
+            with child_write(verb, obj):
+                write(obj)
+
+        for future in self._creates.map((job.namespace, job.name), one, objs):
+            future.result()
 
     def _write(self, body: dict[str, Any], previous: ZeroTrainingJobStatus | None, new: ZeroTrainingJobStatus) -> None:
         md = body["metadata"]
