@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import copy
@@ -64,16 +65,37 @@ def emulator() -> Iterator[kubernetes.client.Configuration]:
         kubernetes.config.load_kube_config(config_file=path, client_configuration=cfg)
         yield cfg
         return
+    with emulator_process() as (cfg, _):
+        yield cfg
+
+
+@contextlib.contextmanager
+def emulator_process() -> Iterator[tuple[kubernetes.client.Configuration, collections.Counter[str]]]:
+    """A fresh emulator in its own process (bench_operator_scale's `--serve-emulator`), and what it served by client
+    and call, filled in as it ends."""
     scale = str(ROOT / "bench" / "bench_operator_scale.py")
     proc = subprocess.Popen([sys.executable, scale, "--serve-emulator"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdin is not None
+    cfg = kubernetes.client.Configuration()
+    cfg.host = proc.stdout.readline().decode().strip()
+    served: collections.Counter[str] = collections.Counter()
     try:
-        assert proc.stdout is not None
-        cfg.host = proc.stdout.readline().decode().strip()
-        yield cfg
+        yield cfg, served
     finally:
-        if proc.stdin:
-            proc.stdin.close()
+        proc.stdin.close()
+        out = proc.stdout.read()  # its record, printed as it ends: read, so a full pipe never holds it
         proc.wait(timeout=30)
+        if out.strip():
+            served.update(json.loads(out))
+
+
+def plain_client(cfg: kubernetes.client.Configuration, threads: int, agent: str = "bench-plain") -> Kube:
+    """A client with no watch, cache or budget, for `threads` threads: a pool of twice that."""
+    plain_cfg = copy.copy(cfg)
+    plain_cfg.connection_pool_maxsize = 2 * threads
+    plain = Kube(plain_cfg, retries=5, retry_base_seconds=0.05)
+    plain.set_user_agent(agent)
+    return plain
 
 
 def operator_trial(cfg: kubernetes.client.Configuration, ns: str, n: int, name: str) -> tuple[float, dict[str, Any]]:
@@ -109,10 +131,7 @@ def operator_trial(cfg: kubernetes.client.Configuration, ns: str, n: int, name: 
 
 def plain_trial(cfg: kubernetes.client.Configuration, ns: str, template: dict[str, Any], n: int, threads: int) -> float:
     """Seconds a plain client (`threads` threads, a pool of twice that) takes to create `n` pods like `template`."""
-    plain_cfg = copy.copy(cfg)
-    plain_cfg.connection_pool_maxsize = 2 * threads
-    plain = Kube(plain_cfg, retries=5, retry_base_seconds=0.05)
-    plain.set_user_agent("bench-plain")
+    plain = plain_client(cfg, threads)
     bodies = []
     for i in range(n):
         pod = copy.deepcopy(template)

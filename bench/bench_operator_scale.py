@@ -26,7 +26,6 @@ import copy
 import json
 import os
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -40,6 +39,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import kubernetes  # noqa: E402
+from bench_gang_pace import emulator_process, plain_client, plain_trial  # noqa: E402
 from e2e.cluster import KUBECONFIG_ENV, real_cluster_setup, real_cluster_teardown, requests_served  # noqa: E402
 from e2e.kubelet import set_pod_phase  # noqa: E402
 from e2e.test_operator_e2e import JOBS, job_manifest  # noqa: E402
@@ -194,21 +194,8 @@ def server() -> Iterator[Server]:
             where.served.update(requests_served(cluster) - before)
             real_cluster_teardown(cluster)
         return
-    emu = subprocess.Popen(
-        [sys.executable, __file__, "--serve-emulator"], stdin=subprocess.PIPE, stdout=subprocess.PIPE
-    )
-    assert emu.stdout is not None and emu.stdin is not None
-    cfg = kubernetes.client.Configuration()
-    cfg.host = emu.stdout.readline().decode().strip()
-    where = Server(cfg, "default")
-    try:
-        yield where
-    finally:
-        emu.stdin.close()
-        served = emu.stdout.read()
-        emu.wait(timeout=30)
-        if served.strip():
-            where.served.update(json.loads(served))
+    with emulator_process() as (cfg, served):
+        yield Server(cfg, "default", served)
 
 
 class Report(dict[str, Any]):
@@ -227,10 +214,7 @@ def run(where: Server, args: argparse.Namespace) -> dict[str, Any]:
     budget = RequestBudget(settings.api_qps, settings.api_burst, settings.api_connections)
     op_kube = CountingKube(copy.copy(cfg), retries=5, retry_base_seconds=0.05, budget=budget)
     op_kube.counts, op_kube.pods_answered = collections.Counter(), []
-    client_cfg = copy.copy(cfg)
-    client_cfg.connection_pool_maxsize = 2 * settings.pod_create_concurrency  # the bench submits jobs in parallel
-    client = Kube(client_cfg, retries=5, retry_base_seconds=0.05)
-    client.set_user_agent("bench")
+    client = plain_client(cfg, settings.pod_create_concurrency, agent="bench")  # it submits jobs in parallel
     metrics, stop = TimedMetrics(), threading.Event()
     operator = threading.Thread(
         target=asyncio.run, args=(operate(op_kube, settings, stop_flag=stop, metrics=metrics, liveness=False),)
@@ -262,8 +246,6 @@ def run(where: Server, args: argparse.Namespace) -> dict[str, Any]:
 def plain(writes: JobWrites, args: argparse.Namespace, report: Any) -> None:
     """On fresh servers, a plain client (no watch, no cache, no kopf): the many-jobs phase's pods alone, then every
     write the operator sent per job (the job's POST included), each job's writes in order, jobs in parallel."""
-    from bench_gang_pace import plain_trial
-
     threads = OperatorSettings().pod_create_concurrency
     with server() as where:
         took = plain_trial(where.cfg, where.namespace, writes.pods[0], 2 * args.jobs, threads)
@@ -323,10 +305,7 @@ _CHILD_KINDS = [
 def same_writes(where: Server, writes: JobWrites, jobs: int, threads: int) -> tuple[float, float]:
     """Seconds until the last pod was answered, and until every write was."""
     ns = where.namespace
-    plain_cfg = copy.copy(where.cfg)
-    plain_cfg.connection_pool_maxsize = 2 * threads
-    client = Kube(plain_cfg, retries=5, retry_base_seconds=0.05)
-    client.set_user_agent("bench-plain")
+    client = plain_client(where.cfg, threads)
     answered: list[float] = []
 
     def one(i: int) -> None:
