@@ -83,6 +83,16 @@ def started(server: ScriptedServer, changed: Callable[[Key], None]) -> tuple[Ref
     return watch, cache
 
 
+def followed(server: ScriptedServer, changed: Callable[[Key], None], done: Callable[[], bool]) -> ObjectCache:
+    """The cache a pod reflector on `server` filled by the time `done` held (within 5 s); the reflector stopped."""
+    watch, cache = started(server, changed)
+    try:
+        until(done, timeout=5)
+    finally:
+        watch.stop()
+    return cache
+
+
 def names(cache: ObjectCache, job: str) -> list[str]:
     return [p["metadata"]["name"] for p in cache.pods(("a", job)) or []]
 
@@ -96,11 +106,7 @@ def test_it_follows_the_list_from_its_version_and_resumes_from_the_last_event() 
         ],
     )
     seen: list[Key] = []
-    watch, cache = started(server, seen.append)
-    try:
-        until(lambda: len(server.asked) == 3, timeout=5)
-    finally:
-        watch.stop()
+    cache = followed(server, seen.append, lambda: len(server.asked) == 3)
     assert server.asked == ["10", "15", "17"]  # the list's version, then the bookmark's, then the last event's
     assert names(cache, "j") == ["j-1"] and (cache.pods(("a", "j")) or [{}])[0]["status"]["phase"] == "Failed"
     assert seen == [("a", "j")] * 3 and server.listed == 1  # the first list asks for no pass: kopf resumes jobs
@@ -113,11 +119,7 @@ def test_410_gone_lists_again_and_asks_for_a_pass_of_every_job_it_covers() -> No
         [[("ERROR", gone)]],
     )
     seen: list[Key] = []
-    watch, cache = started(server, seen.append)
-    try:
-        until(lambda: len(server.asked) == 2, timeout=5)
-    finally:
-        watch.stop()
+    cache = followed(server, seen.append, lambda: len(server.asked) == 2)
     assert server.listed == 2 and server.asked == ["10", "30"]
     assert names(cache, "j") == [] and names(cache, "k") == ["k-0"]  # j-0 went while the watch was gone
     assert sorted(seen) == [("a", "j"), ("a", "k")]
@@ -192,11 +194,7 @@ def test_a_stream_cut_midway_resumes_after_its_last_event() -> None:
     server = ScriptedServer(
         [Listing([], "10")], [Cut([("ADDED", pod("j", "j-0", "11")), ("ADDED", pod("j", "j-1", "12"))], cut)]
     )
-    watch, cache = started(server, lambda _: None)
-    try:
-        until(lambda: len(server.asked) == 2, timeout=5)
-    finally:
-        watch.stop()
+    cache = followed(server, lambda _: None, lambda: len(server.asked) == 2)
     assert server.asked == ["10", "12"] and server.listed == 1  # not "10" again: both events would come twice
     assert names(cache, "j") == ["j-0", "j-1"]
 
@@ -212,9 +210,5 @@ def test_a_sink_that_raises_does_not_end_the_watch() -> None:
         if len(calls) == 1:
             raise TypeError("a bug in the sink")
 
-    watch, cache = started(server, changed)
-    try:
-        until(lambda: len(calls) == 2, timeout=5)
-    finally:
-        watch.stop()
+    cache = followed(server, changed, lambda: len(calls) == 2)
     assert names(cache, "j") == ["j-0", "j-1"]
