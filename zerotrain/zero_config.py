@@ -250,6 +250,11 @@ class ZeroConfig(SpecModel):
     warning naming it and the break."""
     collective_timeout_seconds: int = Field(default=300, ge=1)
     """A collective not finished in this time fails with an error naming the rank and unit, never hangs."""
+    broadcast_buffers: bool = True
+    """Model buffers (BatchNorm's running statistics, counters: every buffer the model's state_dict holds) are
+    broadcast from rank 0 before each forward, as DDP does by default, so every rank runs with rank 0's values and a
+    checkpoint holds them once. false keeps each rank's own (each BatchNorm then follows its own rank's batches) and
+    checkpoints every rank's. Non-persistent buffers are a module's derived state: never broadcast or saved."""
 
     @field_validator("stage", mode="before")
     @classmethod

@@ -3,11 +3,13 @@
 Layout under the checkpoint root:
 
     step-00000050-3f9a1c07/rank-00000.safetensors ...   each rank's fp32 master shards, optimizer state, RNG
-                                                        states; its JSON record (ranges, position, loss scaler)
-                                                        sits in the safetensors header
+                                                        states, and the model's persistent buffers (rank 0's
+                                                        file; every rank's without zero.broadcastBuffers); its
+                                                        JSON record (ranges, position, loss scaler) sits in the
+                                                        safetensors header
     step-00000050-3f9a1c07/COMMITTED                    written by rank 0 after every rank's file is fsynced:
-                                                        step, stage, world size, the model's parameter names
-                                                        and shapes, each file's SHA-256 and size
+                                                        step, stage, world size, the model's parameter and
+                                                        buffer names and shapes, each file's SHA-256 and size
 
 Every save goes to a fresh directory (the step, then a token drawn by rank 0), so a committed checkpoint is never
 rewritten. Files and directories are fsynced before the marker is renamed into place; a crash anywhere before
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -35,19 +38,29 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from zerotrain.runtime.checkpoints import rank_state, reshard
+from zerotrain.runtime.checkpoints.model_record import (
+    BUFFER_PREFIX,
+    aliases,
+    buffer_difference,
+    buffer_file,
+    describe_buffers,
+    describe_model,
+    model_difference,
+    rank_file,
+    read_buffers,
+    saves_buffers,
+)
 from zerotrain.runtime.checkpoints.shard_file import ReadStats, ShardFileError, ShardReader, fsync_path, write
 from zerotrain.runtime.zero.engine_errors import ZeroSetupError
 
 if TYPE_CHECKING:
     from zerotrain.runtime.zero.engine import ZeroEngine
 
+log = logging.getLogger(__name__)
+
 COMMITTED = "COMMITTED"
 FORMAT = 2
 _DIGEST = 32
-
-
-def rank_file(rank: int) -> str:
-    return f"rank-{rank:05d}.safetensors"
 
 
 def step_of(path: Path) -> int:
@@ -104,45 +117,6 @@ def unverified(path: Path, digests: dict[str, str], names: Iterable[str]) -> tup
             return name, "is missing"
         if sha256(path / name) != digests[name]:
             return name, "does not match the SHA-256 recorded when it was committed"
-    return None
-
-
-def describe_model(engine: ZeroEngine) -> list[dict[str, Any]]:
-    """Units with their parameters' names, shapes, offsets and optimizer classes: what a checkpoint must match
-    to load (the class lets an export rebuild the weight-decay groups)."""
-    out = []
-    for u in engine.units:
-        params = [[s.name, list(s.shape), s.offset, int(s.kind)] for s in u.layout.slots]
-        out.append({"unit": u.name, "numel": u.layout.numel, "params": params})
-    return out
-
-
-def aliases(engine: ZeroEngine) -> dict[str, str]:
-    """Tied parameters: every extra name of a parameter -> the name it is saved under."""
-    saved = {s.name for u in engine.units for s in u.layout.slots}
-    owner = {id(p): n for n, p in engine.module.named_parameters()}
-    return {n: owner[id(p)] for n, p in engine.module.named_parameters(remove_duplicate=False) if n not in saved}
-
-
-def model_difference(saved: list[dict[str, Any]], mine: list[dict[str, Any]]) -> str | None:
-    """The first way the saved model differs from this one, in words; None when they are the same."""
-    old = {p[0]: (u["unit"], p[1], p[2]) for u in saved for p in u["params"]}
-    new = {p[0]: (u["unit"], p[1], p[2]) for u in mine for p in u["params"]}
-    for name in sorted(old.keys() - new.keys()):
-        return f"parameter {name!r} is in the checkpoint but not in this model"
-    for name in sorted(new.keys() - old.keys()):
-        return f"parameter {name!r} of this model is not in the checkpoint"
-    for name, (unit, shape, _) in sorted(old.items()):
-        if shape != new[name][1]:
-            return f"parameter {name!r} has shape {shape} in the checkpoint but {new[name][1]} in this model"
-        # Offsets inside a unit may differ (a checkpoint from before parameters were aligned): loading maps them.
-        if unit != new[name][0]:
-            return (
-                f"parameter {name!r} sits in unit {unit} in the checkpoint but in unit {new[name][0]} here "
-                "(was spec.zero.unitModules changed?)"
-            )
-    if [u["unit"] for u in saved] != [u["unit"] for u in mine]:
-        return f"units differ: {[u['unit'] for u in saved]} in the checkpoint, {[u['unit'] for u in mine]} here"
     return None
 
 
@@ -207,6 +181,8 @@ def rank_contents(engine: ZeroEngine) -> tuple[dict[str, torch.Tensor], dict[str
         # each rank's own (randomness, counters), so a checkpoint is one copy of the model states, as at N = S.
         ranges = [[0, 0] for _ in engine.units]
         opt_record = {**opt_record, "optimizer_segments": [], "optimizer_keys": {}, "optimizer_scalars": {}}
+    if saves_buffers(engine):
+        tensors.update({BUFFER_PREFIX + n: t for n, t in engine.buffers.tensors().items()})
     record = {
         "format": FORMAT,
         "rank": engine.rank,
@@ -259,6 +235,8 @@ def _commit(engine: ZeroEngine, target: Path, raw: bytes, pos: dict[str, int]) -
         "world_size": engine.world_size,
         "precision": engine.config.precision.value,
         "model": describe_model(engine),
+        "buffers": describe_buffers(engine),
+        "broadcast_buffers": engine.buffers.broadcast,
         "aliases": aliases(engine),
         "files": files,
         "file_bytes": sizes,
@@ -300,6 +278,9 @@ class Prepared:
     readers: list[ShardReader]
     plan: reshard.LoadPlan
     stats: ReadStats
+    buffers: int | None = None
+    """The file this rank restores the model's buffers from (its own, else rank 0's); None when the checkpoint
+    predates saving them."""
 
 
 @dataclass(frozen=True)
@@ -324,6 +305,7 @@ def prepare(engine: ZeroEngine, path: Path) -> Prepared | str:
         if marker.get("format") != FORMAT:
             return f"format {marker.get('format', 1)} is not {FORMAT} (saved by another zerotrain version)"
         difference = model_difference(marker["model"], describe_model(engine))
+        difference = difference or buffer_difference(marker.get("buffers"), describe_buffers(engine))
     except (OSError, ValueError, KeyError, TypeError) as e:
         return f"unreadable {COMMITTED} marker ({e})"
     if difference is not None:
@@ -337,13 +319,15 @@ def prepare(engine: ZeroEngine, path: Path) -> Prepared | str:
         units = [(u.name, u.layout.extent, engine.master_range(u)) for u in engine.units]
         remap = reshard.layout_runs(marker["model"], describe_model(engine))
         plan = reshard.plan_load(readers, engine.rank, units, engine.optimizer_segments, remap)
+        buffers = buffer_file(readers, engine.rank) if marker.get("buffers") else None
     except (ShardFileError, reshard.ReshardError, KeyError) as e:
         return str(e)
     # Only the files this rank reads are hashed: the cost is spread like the checkpoint itself.
-    bad = unverified(path, files, (readers[f].path.name for f in plan.files()))
+    reads = plan.files() | ({buffers} if buffers is not None else set())
+    bad = unverified(path, files, (readers[f].path.name for f in reads))
     if bad is not None:
         return " ".join(bad)
-    return Prepared(path, marker, readers, plan, stats)
+    return Prepared(path, marker, readers, plan, stats, buffers)
 
 
 def agree(engine: ZeroEngine, mine: Prepared | str) -> str | None:
@@ -369,6 +353,14 @@ def apply(engine: ZeroEngine, ready: Prepared) -> Loaded:
         for group, saved in zip(sd["param_groups"], saved_groups, strict=True):
             group.update({k: tuple(v) if isinstance(group.get(k), tuple) else v for k, v in saved.items()})
     engine.optimizer.load_state_dict(sd)
+    if ready.buffers is not None:
+        engine.buffers.load(read_buffers(readers[ready.buffers]))
+    elif engine.buffers.slots and "buffers" not in ready.marker:
+        log.warning(
+            "checkpoint %s holds no model buffers (saved before zerotrain kept them): %s keep their initial values",
+            ready.path,
+            ", ".join(b.name for b in engine.buffers.slots),
+        )
     rank_state.restore_counters(engine, (own or readers[0]).record)
     if own is not None:
         rank_state.restore_rng({n: own.tensor(n) for n in own.names if n.startswith("rng.")}, own.record)

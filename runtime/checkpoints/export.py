@@ -1,13 +1,14 @@
 """Reading a sharded checkpoint without an engine: inspect it, or export the model for the rest of the ecosystem.
 
 - safetensors: the consolidated fp32 weights under the model's own parameter names, each tied parameter once
-  (its other names recorded in the header's metadata as `aliases`). Streamed: the header is computed from the
-  commit marker, then each tensor is assembled from the rank files' ranges and written before the next is read,
-  so memory stays near the largest tensor.
+  (its other names recorded in the header's metadata as `aliases`), and the model's persistent buffers in their own
+  dtypes (rank 0's): what `model.load_state_dict(..., strict=True)` takes, tied names aside. Streamed: the header
+  is computed from the commit marker, then each tensor is assembled from the rank files' ranges and written before
+  the next is read, so memory stays near the largest tensor.
 - DCP: a `torch.distributed.checkpoint` directory of {"model": the unflattened state dict} (and, with the
   optimizer, {"optim": FQN-keyed state, as torch.distributed.checkpoint.state_dict lays it out}), which
   `dcp.load` reads into a plain model or an FSDP2-wrapped one at any world size. Tied parameters appear under
-  every name, as a module's `state_dict()` lists them. DCP writes from one state
+  every name, and the persistent buffers beside them, as a module's `state_dict()` lists them. DCP writes from one state
   dict, so this export holds the model (and optimizer state) in memory once.
 """
 
@@ -25,7 +26,8 @@ from typing import Any
 import torch
 
 from zerotrain.runtime.checkpoints import checkpoint, reshard
-from zerotrain.runtime.checkpoints.shard_file import ShardFileError, ShardReader
+from zerotrain.runtime.checkpoints.model_record import buffer_file, read_buffers
+from zerotrain.runtime.checkpoints.shard_file import DTYPES, ShardFileError, ShardReader
 from zerotrain.runtime.zero.engine_errors import ZeroSetupError
 
 
@@ -53,6 +55,8 @@ class Opened:
     marker: dict[str, Any]
     readers: list[ShardReader]
     params: list[Param]
+    buffers: dict[str, torch.Tensor]
+    """The model's persistent buffers (rank 0's), by name; empty for a checkpoint saved before they were kept."""
 
 
 def open_checkpoint(path: str | os.PathLike[str]) -> Opened:
@@ -69,7 +73,8 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Opened:
     params = [
         Param(p[0], ui, tuple(p[1]), p[2], p[3]) for ui, unit in enumerate(marker["model"]) for p in unit["params"]
     ]
-    return Opened(target, marker, readers, params)
+    buffers = read_buffers(readers[buffer_file(readers, 0)]) if marker.get("buffers") else {}
+    return Opened(target, marker, readers, params, buffers)
 
 
 def read_param(ck: Opened, p: Param) -> torch.Tensor:
@@ -78,12 +83,24 @@ def read_param(ck: Opened, p: Param) -> torch.Tensor:
     return reshard.read_range(ck.readers, sources, p.offset, p.offset + p.numel, p.name).view(p.shape)
 
 
+SAFETENSORS_DTYPES = {torch_dtype: name for name, torch_dtype in DTYPES.items()}
+"""torch dtype -> the safetensors header's name for it."""
+
+
 def _header(ck: Opened) -> bytes:
     entries: dict[str, Any] = {}
     offset = 0
     for p in ck.params:
         entries[p.name] = {"dtype": "F32", "shape": list(p.shape), "data_offsets": [offset, offset + 4 * p.numel]}
         offset += 4 * p.numel
+    for name, b in ck.buffers.items():
+        size = b.numel() * b.element_size()
+        entries[name] = {
+            "dtype": SAFETENSORS_DTYPES[b.dtype],
+            "shape": list(b.shape),
+            "data_offsets": [offset, offset + size],
+        }
+        offset += size
     metadata = {
         "format": "pt",
         "aliases": json.dumps(ck.marker.get("aliases", {})),
@@ -103,8 +120,15 @@ def export_safetensors(path: str | os.PathLike[str], out: Path, force: bool = Fa
         f.write(_header(ck))
         for p in ck.params:
             f.write(read_param(ck, p).numpy().tobytes())
+        for b in ck.buffers.values():
+            f.write(tensor_bytes(b))
     tmp.rename(out)
     return out
+
+
+def tensor_bytes(t: torch.Tensor) -> bytes:
+    """A CPU tensor's raw little-endian bytes, whatever its dtype (numpy has no bf16: viewed as bytes first)."""
+    return t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
 
 
 def _optimizer_entries(ck: Opened) -> Iterator[tuple[str, dict[str, torch.Tensor]]]:
@@ -135,6 +159,7 @@ def export_dcp(path: str | os.PathLike[str], out: Path, optimizer: bool = False,
     model = {p.name: read_param(ck, p) for p in ck.params}
     # A module's state_dict (plain or FSDP2) lists a tied parameter under every name: so does this one.
     model |= {alias: model[owner] for alias, owner in ck.marker.get("aliases", {}).items()}
+    model |= ck.buffers
     state: dict[str, Any] = {"model": model}
     if optimizer:
         state["optim"] = optimizer_state_dict(ck)

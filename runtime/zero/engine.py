@@ -44,12 +44,14 @@ from zerotrain.runtime.zero import optimizer as opt_mod
 from zerotrain.runtime.zero.activation_meter import SavedActivations
 from zerotrain.runtime.zero.activations import apply_checkpointing
 from zerotrain.runtime.zero.buckets import BucketPool
+from zerotrain.runtime.zero.buffers import ModelBuffers, move_buffers
 from zerotrain.runtime.zero.collectives import Comm
 from zerotrain.runtime.zero.compiled import compile_units
 from zerotrain.runtime.zero.consistency import Event, OrderCheck, PendingCheck
 from zerotrain.runtime.zero.grad_arena import GradArenas
 from zerotrain.runtime.zero.hooks import GradReadyHooks, Prefetcher, on_output_grad
 from zerotrain.runtime.zero.memory import BufferBytes, MemoryReport, UnshardedGradients, memory_report
+from zerotrain.runtime.zero.param_source import ModelValues, ParameterSource
 from zerotrain.runtime.zero.partition import UnitLayout, build_units
 from zerotrain.runtime.zero.precision import DTYPES, LossScaler, cast_inputs
 from zerotrain.runtime.zero.process_group import check_backend_serves, control_device, hybrid_groups, init_from_env
@@ -85,7 +87,18 @@ class StepResult:
 class ZeroEngine:
     """ZeRO stages 0-3 over flat partitioned buffers for one data-parallel model replica per rank."""
 
-    def __init__(self, model: nn.Module, config: ZeroConfig, optimizer: opt_mod.OptimizerFactory) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        config: ZeroConfig,
+        optimizer: opt_mod.OptimizerFactory,
+        *,
+        init: ParameterSource | None = None,
+        device: torch.device | None = None,
+    ) -> None:
+        """`init`: where the units' starting values come from (default: the model's own parameters, rank 0's on
+        every rank); `device`: where to train (default: where the model's parameters are; required when they are
+        placeholders on the meta device, as a partitioned construction leaves them)."""
         self.config, self.module = config, model
         # Everything that can be wrong with the input is checked before the first collective.
         opt_mod.check_factory(optimizer)
@@ -94,7 +107,8 @@ class ZeroEngine:
         """S: the ranks each copy of the model states is sharded over (the world, unless hybrid sharding)."""
         check_buckets(config, self.shard_ranks)
         layouts = build_units(model, config.unit_modules, config.no_weight_decay, self.shard_ranks)
-        device = model_device(model, config)
+        device = model_device(model, config, device)
+        move_buffers(model, device)
         init_from_env(config.collective_timeout_seconds, device)
         check_device = device
         if dist.is_initialized():
@@ -109,7 +123,10 @@ class ZeroEngine:
         self.dtypes = Dtypes(DTYPES[config.precision], DTYPES[config.reduce_dtype])
         self.device = device
         self._ctx = self._unit_context(layouts, device, *self._groups())
-        self.units: list[Unit] = self._build_units(layouts, device)
+        self.units: list[Unit] = self._build_units(layouts, device, init or ModelValues(model, self.comm))
+        self.buffers = ModelBuffers(model, self.comm, config.broadcast_buffers)
+        """The model's persistent buffers (BatchNorm statistics, counters): kept, saved, broadcast (`buffers`)."""
+        self.buffers.sync()
         self.root = next((u for u in self.units if u.layout.module is None), None)
         each = config.gradient_sync is GradientSync.EVERY_MICRO_BATCH
         self._reduce_each = self._ctx.policy.gradients and each
@@ -181,18 +198,13 @@ class ZeroEngine:
             ctx.arenas = GradArenas(layouts, self.dtypes.compute, device, pool, config.reduce_bucket_elements)
         return ctx
 
-    def _build_units(self, layouts: list[UnitLayout], device: torch.device) -> list[Unit]:
+    def _build_units(self, layouts: list[UnitLayout], device: torch.device, source: ParameterSource) -> list[Unit]:
         named = dict(self.module.named_parameters())
-        units = []
-        for i, layout in enumerate(layouts):
-            params = [named[s.name] for s in layout.slots]
-            init = torch.zeros(layout.padded, dtype=torch.float32, device=device)
-            for s, p in zip(layout.slots, params, strict=True):
-                init[s.offset : s.offset + s.numel].copy_(p.detach().reshape(-1))
-            # Every rank starts from rank 0's values, whatever seed each used.
-            self.comm.broadcast(init, 0, layout.name)
-            units.append(build_unit(self._ctx, i, layout, params, init, self.config.param_persistence_elements))
-        return units
+        persist = self.config.param_persistence_elements
+        return [
+            build_unit(self._ctx, i, layout, [named[s.name] for s in layout.slots], source, device, persist)
+            for i, layout in enumerate(layouts)
+        ]
 
     def _install_hooks(self) -> None:
         self._prefetcher.install()
@@ -250,6 +262,7 @@ class ZeroEngine:
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """The model's forward; in stage 3 each unit is gathered just before it runs and freed after."""
         args, kwargs = cast_inputs(args, kwargs, self.dtypes.compute)
+        self.buffers.sync()  # rank 0's running statistics on every rank, as DDP's broadcast_buffers
         self._forward_order = []
         if self.root is not None:
             self.root.wait_for_unshard()  # stages 1/2: the post-step gather; block units wait in their pre-hook
@@ -431,7 +444,8 @@ class ZeroEngine:
     # ----------------------------------------------------------------- reports
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Unsharded fp32 parameters by name (tied parameters under every name); a collective on every rank."""
+        """Unsharded fp32 parameters by name (tied parameters under every name) and rank 0's persistent buffers: what
+        the model's own `state_dict()` holds; a collective on every rank."""
         out: dict[str, torch.Tensor] = {}
         self.synchronize()
         for u in self.units:
@@ -442,7 +456,7 @@ class ZeroEngine:
             if name not in out:
                 owner = next(n for n, q in self.module.named_parameters() if q is p)
                 out[name] = out[owner]
-        return out
+        return out | self.buffers.rank0_values()
 
     def comm_report(self) -> dict[str, dict[str, float]]:
         """Per collective op: calls, bytes (ring convention, see `collectives`), payload bytes and seconds."""

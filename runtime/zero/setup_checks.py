@@ -50,16 +50,28 @@ def check_buckets(config: ZeroConfig, world_size: int) -> None:
             )
 
 
-def model_device(model: nn.Module, config: ZeroConfig) -> torch.device:
-    """Where the model is, as DDP and FSDP take it: the engine trains there (move the model to its GPU first)."""
+def model_device(model: nn.Module, config: ZeroConfig, device: torch.device | None = None) -> torch.device:
+    """Where the engine trains: `device` when given, else where the model is, as DDP and FSDP take it (move the
+    model to its GPU first). Parameters still on the meta device need `device`: their values come from elsewhere."""
     devices = {p.device for p in model.parameters()}
     if not devices:
         raise ZeroSetupError("model", type(model).__name__, "it has no parameters", "wrap a model that has some")
-    if len(devices) > 1:
-        raise ZeroSetupError(
-            "model", sorted(map(str, devices)), "its parameters are on several devices", "move it to one device first"
-        )
-    device = devices.pop()
+    if device is None:
+        if len(devices) > 1:
+            raise ZeroSetupError(
+                "model",
+                sorted(map(str, devices)),
+                "its parameters are on several devices",
+                "move it to one device first",
+            )
+        device = devices.pop()
+        if device.type == "meta":
+            raise ZeroSetupError(
+                "device",
+                None,
+                "the model's parameters are placeholders on the meta device, so where to train is not known",
+                "pass device= (and init=, where their values come from) to ZeroEngine",
+            )
     check_precision(config.precision, device)
     return device
 

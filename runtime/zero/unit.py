@@ -34,6 +34,7 @@ from zerotrain.runtime.zero import unit_comm
 from zerotrain.runtime.zero.buckets import chunks
 from zerotrain.runtime.zero.collectives import Pending
 from zerotrain.runtime.zero.flat_buffer import FlatBuffer, fill_rows
+from zerotrain.runtime.zero.param_source import ParameterSource
 from zerotrain.runtime.zero.partition import ParamClass, Segment, UnitLayout
 from zerotrain.runtime.zero.unit_context import UnitContext
 
@@ -387,42 +388,54 @@ class Unit:
 
 
 def build_unit(
-    ctx: UnitContext, index: int, layout: UnitLayout, params: list[nn.Parameter], init: torch.Tensor, persist: int
+    ctx: UnitContext,
+    index: int,
+    layout: UnitLayout,
+    params: list[nn.Parameter],
+    source: ParameterSource,
+    device: torch.device,
+    persist: int,
 ) -> Unit:
-    """Buffers of one unit from `init` (its fp32 flat values, identical on every rank), as the policy shards them;
-    a stage-3 unit of at most `persist` elements stays gathered once gathered."""
+    """Buffers of one unit, as the policy shards them, from `source`'s fp32 values of just the range the rank keeps
+    (its shard at stages 1-3, the whole unit at stage 0); stages 1/2 then gather their full compute parameters from
+    the shards, as after a step. A stage-3 unit of at most `persist` elements stays gathered once gathered."""
     policy, compute = ctx.policy, ctx.dtypes.compute
-    full = FlatBuffer(layout, compute, init.device)
-    full.bind(params)
     lo, hi = layout.shard_range(ctx.comm.rank) if policy.optimizer else (0, layout.padded)
+    values = torch.empty(hi - lo, dtype=torch.float32, device=device)
+    source.fill(layout, lo, hi, values)
+    full = FlatBuffer(layout, compute, device)
+    full.bind(params)
     shard = None
-    pin = init.is_cuda  # pinned host buffers: the copies to and from the device do not block the host
+    pin = device.type == "cuda"  # pinned host buffers: the copies to and from the device do not block the host
     if policy.parameters:
-        shard = held = init[lo:hi].to(compute, copy=True)
+        shard = held = values if compute == torch.float32 and not ctx.offload else values.to(compute, copy=True)
         if ctx.offload_parameters:
-            shard = held = shard.to("cpu").pin_memory() if pin else shard
+            shard = held = shard.to("cpu").pin_memory() if pin else shard.to("cpu")
         full.free()
     else:
-        full.data.copy_(init)
         held = full.data[lo:hi]
+        if not ctx.own_master:
+            held.copy_(values)  # fp32 on the device: this slot of the full buffer is the master itself
     grad_full = None
     if not policy.gradients:
-        grad_full = FlatBuffer(layout, compute, init.device)
+        grad_full = FlatBuffer(layout, compute, device)
         grad_full.bind_grads(params)
     if ctx.offload and shard is not None and ctx.offload_parameters and compute == torch.float32:
         master = shard  # the offloaded fp32 shard is the master the host step updates: one host copy, not two
     elif ctx.offload:
-        master = init[lo:hi].to("cpu", copy=True)
+        master = values.to("cpu", copy=True)
         master = master.pin_memory() if pin else master
     else:
-        master = init[lo:hi].clone() if ctx.mixed else held
+        master = values if ctx.mixed else held
     if grad_full is not None and not ctx.mixed:
         grad_shard = grad_full.data[lo:hi]
     else:
-        grad_shard = torch.zeros(hi - lo, dtype=torch.float32, device=init.device)
+        grad_shard = torch.zeros(hi - lo, dtype=torch.float32, device=device)
     unit = Unit(index, layout, params, ctx, full, master, grad_shard, (lo, hi), shard, grad_full)
     unit.resident = not policy.parameters or layout.padded <= persist
     unit.params_state = ParamState.SHARDED if policy.parameters else ParamState.GATHERED
     if ctx.offload:
         unit.host_grad = torch.zeros(hi - lo, dtype=torch.float32, pin_memory=pin)
+    if not policy.parameters:
+        unit.after_step(async_op=False)  # the full compute parameters: copied from the master, gathered at 1/2
     return unit

@@ -8,6 +8,7 @@ from torch import nn
 
 from zerotrain.runtime.zero.buckets import BucketPool
 from zerotrain.runtime.zero.collectives import Comm
+from zerotrain.runtime.zero.param_source import ModelValues
 from zerotrain.runtime.zero.partition import build_units
 from zerotrain.runtime.zero.unit import GradState, LifecycleError, ParamState, Unit, build_unit
 from zerotrain.runtime.zero.unit_context import Dtypes, ShardPolicy, UnitContext
@@ -19,8 +20,8 @@ def unit(stage: Stage) -> Unit:
     ctx = UnitContext(comm, Dtypes(torch.float32, torch.float32), ShardPolicy.of(stage), BucketPool(comm), 64, 64)
     model = nn.Linear(4, 4)
     (layout,) = build_units(model, [], [], world_size=1)
-    init = torch.zeros(layout.padded)
-    return build_unit(ctx, 0, layout, list(model.parameters()), init, persist=0)
+    source = ModelValues(model, comm)
+    return build_unit(ctx, 0, layout, list(model.parameters()), source, torch.device("cpu"), persist=0)
 
 
 def test_the_stage_is_a_policy_the_unit_reads() -> None:

@@ -94,3 +94,45 @@ def reference_train(
         losses.append(total)
         opt.step()
     return {n: p.detach().clone() for n, p in model.named_parameters(remove_duplicate=False)}, losses, norms
+
+
+class ConvBlock(nn.Module):
+    """A residual conv block with BatchNorm: running statistics and a counter as persistent buffers."""
+
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(c, c, 3, padding=1)
+        self.bn = nn.BatchNorm2d(c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + F.relu(self.bn(self.conv(x)))
+
+
+class ConvNet(nn.Module):
+    """A small conv net whose BatchNorms keep buffers, plus one non-persistent buffer (left out of state_dict)."""
+
+    def __init__(self, c: int = 4, blocks: int = 2, classes: int = 5) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, c, 3, padding=1)
+        self.bn0 = nn.BatchNorm2d(c)
+        self.blocks = nn.ModuleList(ConvBlock(c) for _ in range(blocks))
+        self.head = nn.Linear(c, classes)
+        self.register_buffer("scale", torch.tensor(0.5), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.bn0(self.stem(x)))
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x.mean((2, 3)) * self.scale)
+
+
+def image_batches(steps: int, world_size: int, per_rank: int = 3, classes: int = 5) -> list[list[tuple[Any, Any]]]:
+    """[step][rank] (images, labels), identical in every process."""
+    g = torch.Generator().manual_seed(99)
+    return [
+        [
+            (torch.randn(per_rank, 3, 6, 6, generator=g), torch.randint(0, classes, (per_rank,), generator=g))
+            for _ in range(world_size)
+        ]
+        for _ in range(steps)
+    ]

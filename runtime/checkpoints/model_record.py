@@ -1,0 +1,106 @@
+"""What a checkpoint records of the model it was saved from, and how this model compares: its units with their
+parameters (names, shapes, offsets, optimizer classes), its tied names, and its persistent buffers.
+
+A checkpoint loads only into a model it describes alike (`model_difference`, `buffer_difference`): the same
+parameters in the same units and the same buffers; offsets inside a unit may differ (`reshard.layout_runs`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from zerotrain.runtime.checkpoints.shard_file import ShardFileError, ShardReader
+
+if TYPE_CHECKING:
+    from zerotrain.runtime.zero.engine import ZeroEngine
+
+
+def rank_file(rank: int) -> str:
+    return f"rank-{rank:05d}.safetensors"
+
+
+def describe_model(engine: ZeroEngine) -> list[dict[str, Any]]:
+    """Units with their parameters' names, shapes, offsets and optimizer classes: what a checkpoint must match
+    to load (the class lets an export rebuild the weight-decay groups)."""
+    out = []
+    for u in engine.units:
+        params = [[s.name, list(s.shape), s.offset, int(s.kind)] for s in u.layout.slots]
+        out.append({"unit": u.name, "numel": u.layout.numel, "params": params})
+    return out
+
+
+BUFFER_PREFIX = "buffer."
+"""A persistent buffer's tensor name in a rank file: `buffer.<its name in the model>`."""
+
+
+def describe_buffers(engine: ZeroEngine) -> list[list[Any]]:
+    """The model's persistent buffers as the marker records them: [name, shape, dtype]."""
+    return [[b.name, list(b.shape), str(b.dtype).removeprefix("torch.")] for b in engine.buffers.slots]
+
+
+def saves_buffers(engine: ZeroEngine) -> bool:
+    """This rank's file holds buffers: rank 0's always, every rank's when each keeps its own."""
+    return engine.rank == 0 or not engine.buffers.broadcast
+
+
+def buffer_difference(saved: list[list[Any]] | None, mine: list[list[Any]]) -> str | None:
+    """The first way the saved buffers differ from this model's (None when alike, or when the checkpoint predates
+    saving buffers: `saved` is None)."""
+    if saved is None:
+        return None
+    old, new = {b[0]: b[1] for b in saved}, {b[0]: b[1] for b in mine}
+    for name in sorted(old.keys() ^ new.keys()):
+        where = "the checkpoint but not in this model" if name in old else "this model but not in the checkpoint"
+        return f"buffer {name!r} is in {where}"
+    for name in sorted(old):
+        if old[name] != new[name]:
+            return f"buffer {name!r} has shape {old[name]} in the checkpoint but {new[name]} in this model"
+    return None
+
+
+def aliases(engine: ZeroEngine) -> dict[str, str]:
+    """Tied parameters: every extra name of a parameter -> the name it is saved under."""
+    saved = {s.name for u in engine.units for s in u.layout.slots}
+    owner = {id(p): n for n, p in engine.module.named_parameters()}
+    return {n: owner[id(p)] for n, p in engine.module.named_parameters(remove_duplicate=False) if n not in saved}
+
+
+def model_difference(saved: list[dict[str, Any]], mine: list[dict[str, Any]]) -> str | None:
+    """The first way the saved model differs from this one, in words; None when they are the same."""
+    old = {p[0]: (u["unit"], p[1], p[2]) for u in saved for p in u["params"]}
+    new = {p[0]: (u["unit"], p[1], p[2]) for u in mine for p in u["params"]}
+    for name in sorted(old.keys() - new.keys()):
+        return f"parameter {name!r} is in the checkpoint but not in this model"
+    for name in sorted(new.keys() - old.keys()):
+        return f"parameter {name!r} of this model is not in the checkpoint"
+    for name, (unit, shape, _) in sorted(old.items()):
+        if shape != new[name][1]:
+            return f"parameter {name!r} has shape {shape} in the checkpoint but {new[name][1]} in this model"
+        # Offsets inside a unit may differ (a checkpoint from before parameters were aligned): loading maps them.
+        if unit != new[name][0]:
+            return (
+                f"parameter {name!r} sits in unit {unit} in the checkpoint but in unit {new[name][0]} here "
+                "(was spec.zero.unitModules changed?)"
+            )
+    if [u["unit"] for u in saved] != [u["unit"] for u in mine]:
+        return f"units differ: {[u['unit'] for u in saved]} in the checkpoint, {[u['unit'] for u in mine]} here"
+    return None
+
+
+def buffer_file(readers: list[ShardReader], rank: int) -> int:
+    """Which file holds the buffers `rank` restores: its own when it saved its own, else rank 0's."""
+    holds = {r.record["rank"]: i for i, r in enumerate(readers) if any(n.startswith(BUFFER_PREFIX) for n in r.names)}
+    if rank in holds:
+        return holds[rank]
+    if 0 not in holds:
+        raise ShardFileError(f"{rank_file(0)}: holds no model buffers although the checkpoint lists them")
+    return holds[0]
+
+
+def read_buffers(reader: ShardReader) -> dict[str, torch.Tensor]:
+    """The model buffers one rank file holds, by name."""
+    return {
+        n.removeprefix(BUFFER_PREFIX): reader.tensor(n) for n in sorted(reader.names) if n.startswith(BUFFER_PREFIX)
+    }
