@@ -62,6 +62,11 @@ class ProgressLog:
         self._out.write(json.dumps({"resumed": path, "resumed_step": step}) + "\n")
         self._out.flush()
 
+    def note(self, text: str) -> None:
+        """One line about how the run starts (how the model was built, where its weights came from)."""
+        self._out.write(json.dumps({"note": text}) + "\n")
+        self._out.flush()
+
     def stopped(self, step: int, saved: str | None, cause: str) -> None:
         """Every rank stopped after `step` on `cause` (a signal's name), having committed `saved` if not None."""
         self._out.write(json.dumps({"stopped": step, "saved": saved, "cause": cause}) + "\n")

@@ -39,6 +39,8 @@ class RankPhase(str, Enum):
     """What the rank is doing; exported as `zerotrain_phase{phase=...}` (1 for the current one, 0 for the rest)."""
 
     STARTING = "starting"
+    CONSTRUCTING = "constructing"
+    """Building the model and filling its units with their starting values (construction, pretrained weights)."""
     RESTORING = "restoring"
     FORWARD = "forward"
     BACKWARD = "backward"

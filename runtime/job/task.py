@@ -43,7 +43,8 @@ class TrainingTask:
     """What an entry point returns for one rank."""
 
     model: nn.Module
-    """The full model, identically initialised on every rank (the runtime shards it)."""
+    """The model, built as usual: the runtime builds it partitioned (each rank keeping only its slice of every
+    parameter as the modules are registered), with the same values an ordinary build from the seed gives."""
     loss: Callable[[Any, Any], torch.Tensor]
     """`loss(model_output, batch)`: the scalar mean loss of one micro-batch."""
     batches: Iterator[Any]
@@ -120,11 +121,8 @@ def check_arguments(fn: Callable[..., Any], entrypoint: str, args: dict[str, Any
         return
 
 
-def build_task(entrypoint: str, *, rank: int, world_size: int, args: dict[str, Any]) -> TrainingTask:
-    """Import and call the entry point for one rank; check it returned a TrainingTask."""
-    fn = load_entrypoint(entrypoint)
-    check_arguments(fn, entrypoint, args)
-    task = fn(rank=rank, world_size=world_size, **args)
+def check_task(task: object, entrypoint: str) -> TrainingTask:
+    """The entry point's result, refused unless it is a TrainingTask whose model has parameters."""
     if not isinstance(task, TrainingTask):
         raise ConfigError(
             f"spec.entrypoint: {entrypoint} returned {type(task).__name__}, not a TrainingTask; "
@@ -133,6 +131,13 @@ def build_task(entrypoint: str, *, rank: int, world_size: int, args: dict[str, A
     if not any(True for _ in task.model.parameters()):
         raise ConfigError(f"spec.entrypoint: {entrypoint} returned a model with no parameters; nothing to train")
     return task
+
+
+def build_task(entrypoint: str, *, rank: int, world_size: int, args: dict[str, Any]) -> TrainingTask:
+    """Import and call the entry point for one rank, its model built whole; check it returned a TrainingTask."""
+    fn = load_entrypoint(entrypoint)
+    check_arguments(fn, entrypoint, args)
+    return check_task(fn(rank=rank, world_size=world_size, **args), entrypoint)
 
 
 PARAMETER_COUNT_TOLERANCE = 0.01

@@ -32,6 +32,7 @@ from zerotrain.pod_contract import PROGRESS_ENV, SUMMARY_ENV
 from zerotrain.runtime.checkpoints.checkpoint import step_of as checkpoint_step
 from zerotrain.runtime.job import out_of_memory
 from zerotrain.runtime.job.elastic_batches import SlotBatches
+from zerotrain.runtime.job.model_start import Start, start_task
 from zerotrain.runtime.job.preemption import (
     PEER_REQUEST,
     Preempted,
@@ -41,9 +42,9 @@ from zerotrain.runtime.job.progress import ProgressLog, throughput
 from zerotrain.runtime.job.rank_metrics import RankMetrics, RankPhase, StepValues
 from zerotrain.runtime.job.reports import gather_reports, summary_record
 from zerotrain.runtime.job.resume import CheckpointPolicy, resume, save_checkpoint, settle
-from zerotrain.runtime.job.task import ConfigError, TrainingTask, build_task, check_declared_parameters, is_script
+from zerotrain.runtime.job.task import ConfigError, TrainingTask, check_declared_parameters, is_script
 from zerotrain.runtime.zero.optimizer import optimizer_factory
-from zerotrain.runtime.zero.process_group import device_for
+from zerotrain.runtime.zero.process_group import device_for, init_from_env
 from zerotrain.spec import ZeroTrainingJobSpec
 
 if TYPE_CHECKING:
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
 
     from zerotrain.runtime.zero.engine import StepResult, ZeroEngine
     from zerotrain.runtime.zero.optimizer import OptimizerFactory
+    from zerotrain.runtime.zero.param_source import ParameterSource
     from zerotrain.zero_config import ZeroConfig
 
 logger = logging.getLogger(__name__)
@@ -59,7 +61,15 @@ logger = logging.getLogger(__name__)
 class EngineFactory(Protocol):
     """What builds the rank's engine: `ZeroEngine` itself, or a test's wrapper around it."""
 
-    def __call__(self, model: nn.Module, config: ZeroConfig, optimizer: OptimizerFactory) -> ZeroEngine: ...
+    def __call__(
+        self,
+        model: nn.Module,
+        config: ZeroConfig,
+        optimizer: OptimizerFactory,
+        *,
+        init: ParameterSource | None = None,
+        device: torch.device | None = None,
+    ) -> ZeroEngine: ...
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
@@ -124,9 +134,14 @@ class TrainResult:
 
 
 def make_engine(
-    task: TrainingTask, spec: ZeroTrainingJobSpec, device: torch.device, factory: EngineFactory
+    task: TrainingTask,
+    spec: ZeroTrainingJobSpec,
+    device: torch.device,
+    factory: EngineFactory,
+    source: ParameterSource | None = None,
 ) -> ZeroEngine:
-    """ZeroConfig from spec.zero, unit modules defaulting to the task's, optimizer from spec.training."""
+    """ZeroConfig from spec.zero, unit modules defaulting to the task's, optimizer from spec.training; the units'
+    values from `source` (a partitioned construction's, pretrained weights), else the model's own."""
     try:
         declared = declared_parameters(spec)
     except ValueError as e:
@@ -135,7 +150,11 @@ def make_engine(
     zero = spec.zero
     if not zero.unit_modules and task.unit_modules:
         zero = zero.model_copy(update={"unit_modules": list(task.unit_modules)})
-    engine = factory(task.model.to(device), zero, optimizer=optimizer_factory(spec.training.optimizer))
+    optimizer = optimizer_factory(spec.training.optimizer)
+    if source is None:
+        engine = factory(task.model.to(device), zero, optimizer=optimizer)
+    else:
+        engine = factory(task.model, zero, optimizer=optimizer, init=source, device=device)
     engine.samples_per_micro_batch = task.samples_per_batch * engine.world_size  # the checkpoint's position
     return engine
 
@@ -283,23 +302,23 @@ def record_step(
     }
 
 
-def elastic_task(spec: ZeroTrainingJobSpec, ctx: RankContext) -> tuple[ZeroTrainingJobSpec, TrainingTask]:
+def elastic_task(spec: ZeroTrainingJobSpec, ctx: RankContext) -> tuple[ZeroTrainingJobSpec, Start]:
     """The rank's task, and the spec it runs: at the manifest's size both as they are; in an elastic gang of
     another size the spec's accumulation becomes the layout's and the task's batches this rank's slots of the
     manifest's global micro-batches (the entry point is built for the manifest's layout, rank r mod W)."""
     args = spec.entrypoint_args
     if spec.elastic is None:
-        return spec, build_task(spec.entrypoint, rank=ctx.rank, world_size=ctx.world_size, args=args)
+        return spec, start_task(spec.entrypoint, rank=ctx.rank, world_size=ctx.world_size, args=args)
     try:
         grid = elastic.layout(spec.replicas, spec.nproc_per_node, spec.zero.gradient_accumulation_steps, ctx.world_size)
     except ValueError as e:
         raise ConfigError(f"spec.elastic: {e}") from None
     if grid is None:
-        return spec, build_task(spec.entrypoint, rank=ctx.rank, world_size=ctx.world_size, args=args)
+        return spec, start_task(spec.entrypoint, rank=ctx.rank, world_size=ctx.world_size, args=args)
     zero = spec.zero.model_copy(update={"gradient_accumulation_steps": grid.accumulation})
-    task = build_task(spec.entrypoint, rank=ctx.rank % spec.world_size, world_size=spec.world_size, args=args)
-    task.batches = SlotBatches(task.batches, grid, ctx.rank)
-    return spec.model_copy(update={"zero": zero}), task
+    start = start_task(spec.entrypoint, rank=ctx.rank % spec.world_size, world_size=spec.world_size, args=args)
+    start.task.batches = SlotBatches(start.task.batches, grid, ctx.rank)
+    return spec.model_copy(update={"zero": zero}), start
 
 
 def train(
@@ -320,15 +339,26 @@ def train(
         engine_factory = ZeroEngine
     torch.manual_seed(spec.training.seed)
     device = device_for(spec, ctx.local_rank)
+    init_from_env(spec.zero.collective_timeout_seconds, device)  # the partitioned construction slices over it
     engine: ZeroEngine | None = None
+    log = ProgressLog(os.environ.get(PROGRESS_ENV)) if ctx.rank == 0 else None
     try:
-        spec, task = elastic_task(spec, ctx)
-        engine = make_engine(task, spec, device, engine_factory)
-        return _train_engine(engine, task, spec, ctx, device, metrics, preemption)
+        if metrics is not None:
+            metrics.phase(RankPhase.CONSTRUCTING)
+        spec, start = elastic_task(spec, ctx)
+        for line in start.notes:
+            if log is not None:
+                log.note(line)
+        engine = make_engine(start.task, spec, device, engine_factory, start.source)
+        del start.source  # the construction's slices are in the engine now
+        return _train_engine(engine, start.task, spec, ctx, device, metrics, preemption, log)
     except (MemoryError, RuntimeError) as e:  # torch.OutOfMemoryError is a RuntimeError
         if not out_of_memory.is_allocation_failure(e):
             raise
         raise out_of_memory.RankOutOfMemory(out_of_memory.account(e, ctx.rank, metrics, engine)) from e
+    finally:
+        if log is not None:
+            log.close()
 
 
 def _train_engine(
@@ -339,18 +369,14 @@ def _train_engine(
     device: torch.device,
     metrics: RankMetrics | None,
     preemption: Preemption | None,
+    log: ProgressLog | None,
 ) -> TrainResult:
     policy = CheckpointPolicy.from_spec(spec.checkpoint)
     loaded = resume(engine, task, policy, metrics)
     first_step = (loaded.step if loaded is not None else 0) + 1
-    log = ProgressLog(os.environ.get(PROGRESS_ENV)) if ctx.rank == 0 else None
     if log is not None and loaded is not None:
         log.resumed(loaded.step, str(loaded.path))
-    try:
-        result = run_steps(engine, task, spec, ctx, device, log, policy, first_step, metrics, preemption)
-    finally:
-        if log is not None:
-            log.close()
+    result = run_steps(engine, task, spec, ctx, device, log, policy, first_step, metrics, preemption)
     if metrics is not None:
         metrics.phase(RankPhase.FINISHED)
     ranks = gather_reports(engine, ctx, device)

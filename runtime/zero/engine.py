@@ -58,7 +58,7 @@ from zerotrain.runtime.zero.process_group import check_backend_serves, control_d
 from zerotrain.runtime.zero.schedule import ReductionSchedule
 from zerotrain.runtime.zero.setup_checks import check_buckets, model_device, sharded_over, world_size_before_init
 from zerotrain.runtime.zero.streams import streams_for
-from zerotrain.runtime.zero.unit import GradState, Unit, build_unit
+from zerotrain.runtime.zero.unit import GradState, Unit, build_unit, kept_range
 from zerotrain.runtime.zero.unit_context import Dtypes, ShardPolicy, UnitContext
 from zerotrain.zero_config import DivergenceCheck, GradientSync, Precision, ZeroConfig
 
@@ -123,7 +123,7 @@ class ZeroEngine:
         self.dtypes = Dtypes(DTYPES[config.precision], DTYPES[config.reduce_dtype])
         self.device = device
         self._ctx = self._unit_context(layouts, device, *self._groups())
-        self.units: list[Unit] = self._build_units(layouts, device, init or ModelValues(model, self.comm))
+        self.units: list[Unit] = self._build_units(layouts, device, init or ModelValues(model))
         self.buffers = ModelBuffers(model, self.comm, config.broadcast_buffers)
         """The model's persistent buffers (BatchNorm statistics, counters): kept, saved, broadcast (`buffers`)."""
         self.buffers.sync()
@@ -200,11 +200,14 @@ class ZeroEngine:
 
     def _build_units(self, layouts: list[UnitLayout], device: torch.device, source: ParameterSource) -> list[Unit]:
         named = dict(self.module.named_parameters())
-        persist = self.config.param_persistence_elements
-        return [
-            build_unit(self._ctx, i, layout, [named[s.name] for s in layout.slots], source, device, persist)
-            for i, layout in enumerate(layouts)
-        ]
+        units = []
+        for i, layout in enumerate(layouts):
+            lo, hi = kept_range(self._ctx, layout)
+            values = torch.empty(hi - lo, dtype=torch.float32, device=device)
+            source.fill(layout, lo, hi, values, self.comm)
+            params = [named[s.name] for s in layout.slots]
+            units.append(build_unit(self._ctx, i, layout, params, values, self.config.param_persistence_elements))
+        return units
 
     def _install_hooks(self) -> None:
         self._prefetcher.install()

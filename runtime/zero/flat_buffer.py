@@ -28,9 +28,16 @@ class FlatBuffer:
         return self.data[slot.offset : slot.offset + slot.numel].view(slot.shape)
 
     def bind(self, params: list[nn.Parameter]) -> None:
-        """Point every parameter's `.data` at its view (metadata only; later frees keep the views)."""
+        """Point every parameter's `.data` at its view (metadata only; later frees keep the views). A placeholder on
+        the meta device (partitioned construction) cannot take another device's data: it is swapped for a parameter
+        over the view, keeping the object, its attributes and hooks."""
         for slot, p in zip(self.layout.slots, params, strict=True):
-            p.data = self.view(slot)
+            if p.is_meta:
+                attrs = dict(p.__dict__)
+                torch.utils.swap_tensors(p, nn.Parameter(self.view(slot), requires_grad=p.requires_grad))
+                p.__dict__.update(attrs)
+            else:
+                p.data = self.view(slot)
 
     def bind_grads(self, params: list[nn.Parameter]) -> None:
         """Make each trainable parameter's `.grad` a view, so autograd accumulates into the flat buffer in place."""

@@ -23,12 +23,12 @@ from zerotrain.runtime.zero.partition import UnitLayout
 
 
 class ParameterSource(Protocol):
-    """Fills ranges of the units' flat fp32 values; called on every rank, unit by unit in the engine's order (a
-    source may run collectives)."""
+    """Fills ranges of the units' flat fp32 values; called on every rank, unit by unit in the engine's order."""
 
-    def fill(self, layout: UnitLayout, lo: int, hi: int, out: torch.Tensor) -> None:
+    def fill(self, layout: UnitLayout, lo: int, hi: int, out: torch.Tensor, comm: Comm) -> None:
         """Write elements [lo, hi) of `layout`'s flat buffer into `out` (fp32, hi - lo elements, on the engine's
-        device): each parameter's values at its slot's offset, zeros in the alignment gaps and the padding."""
+        device): each parameter's values at its slot's offset, zeros in the alignment gaps and the padding. `comm`
+        spans every rank (its traffic is the engine's): a source's collectives go through it."""
         ...
 
 
@@ -53,13 +53,12 @@ class ModelValues:
     """The model's own parameter values, rank 0's on every rank: the whole unit is assembled and broadcast, then
     the range is kept."""
 
-    def __init__(self, model: nn.Module, comm: Comm) -> None:
+    def __init__(self, model: nn.Module) -> None:
         self.params = dict(model.named_parameters())
-        self.comm = comm
 
-    def fill(self, layout: UnitLayout, lo: int, hi: int, out: torch.Tensor) -> None:
+    def fill(self, layout: UnitLayout, lo: int, hi: int, out: torch.Tensor, comm: Comm) -> None:
         whole = torch.empty(layout.padded, dtype=torch.float32, device=out.device)
         scatter_slots(layout, 0, layout.padded, whole, lambda name: self.params[name].detach())
         # Every rank starts from rank 0's values, whatever seed each used.
-        self.comm.broadcast(whole, 0, layout.name)
+        comm.broadcast(whole, 0, layout.name)
         out.copy_(whole[lo:hi])

@@ -34,7 +34,6 @@ from zerotrain.runtime.zero import unit_comm
 from zerotrain.runtime.zero.buckets import chunks
 from zerotrain.runtime.zero.collectives import Pending
 from zerotrain.runtime.zero.flat_buffer import FlatBuffer, fill_rows
-from zerotrain.runtime.zero.param_source import ParameterSource
 from zerotrain.runtime.zero.partition import ParamClass, Segment, UnitLayout
 from zerotrain.runtime.zero.unit_context import UnitContext
 
@@ -387,22 +386,19 @@ class Unit:
         return [self.master]
 
 
+def kept_range(ctx: UnitContext, layout: UnitLayout) -> tuple[int, int]:
+    """The unit-coordinate range whose fp32 master this rank keeps: its shard at stages 1-3, the unit at stage 0."""
+    return layout.shard_range(ctx.comm.rank) if ctx.policy.optimizer else (0, layout.padded)
+
+
 def build_unit(
-    ctx: UnitContext,
-    index: int,
-    layout: UnitLayout,
-    params: list[nn.Parameter],
-    source: ParameterSource,
-    device: torch.device,
-    persist: int,
+    ctx: UnitContext, index: int, layout: UnitLayout, params: list[nn.Parameter], values: torch.Tensor, persist: int
 ) -> Unit:
-    """Buffers of one unit, as the policy shards them, from `source`'s fp32 values of just the range the rank keeps
-    (its shard at stages 1-3, the whole unit at stage 0); stages 1/2 then gather their full compute parameters from
+    """Buffers of one unit, as the policy shards them, from `values`: the fp32 values of `kept_range` only, which
+    become the master where it is a buffer of its own; stages 1/2 then gather their full compute parameters from
     the shards, as after a step. A stage-3 unit of at most `persist` elements stays gathered once gathered."""
-    policy, compute = ctx.policy, ctx.dtypes.compute
-    lo, hi = layout.shard_range(ctx.comm.rank) if policy.optimizer else (0, layout.padded)
-    values = torch.empty(hi - lo, dtype=torch.float32, device=device)
-    source.fill(layout, lo, hi, values)
+    policy, compute, device = ctx.policy, ctx.dtypes.compute, values.device
+    lo, hi = kept_range(ctx, layout)
     full = FlatBuffer(layout, compute, device)
     full.bind(params)
     shard = None

@@ -134,10 +134,10 @@ def test_a_rank_at_a_size_that_does_not_divide_the_batch_refuses_to_start_naming
     )
     with pytest.raises(ConfigError, match=r"spec\.elastic: WORLD_SIZE 5 does not divide the 12 micro-batch slots"):
         elastic_task(spec, RankContext(rank=0, world_size=5, local_rank=0))
-    shrunk, task = elastic_task(spec, RankContext(rank=2, world_size=3, local_rank=0))
-    assert shrunk.zero.gradient_accumulation_steps == 4 and isinstance(task.batches, SlotBatches)
-    same, task = elastic_task(spec, RankContext(rank=2, world_size=4, local_rank=0))
-    assert same is spec and not isinstance(task.batches, SlotBatches)
+    shrunk, start = elastic_task(spec, RankContext(rank=2, world_size=3, local_rank=0))
+    assert shrunk.zero.gradient_accumulation_steps == 4 and isinstance(start.task.batches, SlotBatches)
+    same, start = elastic_task(spec, RankContext(rank=2, world_size=4, local_rank=0))
+    assert same is spec and not isinstance(start.task.batches, SlotBatches)
 
 
 def test_validate_says_at_which_sizes_the_gang_can_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -20,8 +20,9 @@ def unit(stage: Stage) -> Unit:
     ctx = UnitContext(comm, Dtypes(torch.float32, torch.float32), ShardPolicy.of(stage), BucketPool(comm), 64, 64)
     model = nn.Linear(4, 4)
     (layout,) = build_units(model, [], [], world_size=1)
-    source = ModelValues(model, comm)
-    return build_unit(ctx, 0, layout, list(model.parameters()), source, torch.device("cpu"), persist=0)
+    values = torch.empty(layout.padded)
+    ModelValues(model).fill(layout, 0, layout.padded, values, comm)
+    return build_unit(ctx, 0, layout, list(model.parameters()), values, persist=0)
 
 
 def test_the_stage_is_a_policy_the_unit_reads() -> None:

@@ -204,6 +204,8 @@ class ProgressTail(threading.Thread):
         say = self.progress.console.print
         if "checkpoint" in rec:  # a path must stay on one line to be copied
             say(Text(f"checkpoint committed at step {rec['checkpoint_step']}: {rec['checkpoint']}"), soft_wrap=True)
+        elif "note" in rec:
+            say(Text(rec["note"]), soft_wrap=True)
         elif "resumed" in rec:
             say(Text(f"resumed from {rec['resumed']} at step {rec['resumed_step']}"), soft_wrap=True)
             self.progress.update(self.task, completed=rec["resumed_step"])
