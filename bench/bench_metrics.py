@@ -42,9 +42,10 @@ def _rank_main(rank: int, world: int, port: int, on: bool, args: argparse.Namesp
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     from zerotrain.runtime import ZeroEngine
+    from zerotrain.runtime.job.model_start import make_engine
     from zerotrain.runtime.job.rank_metrics import RankMetrics
     from zerotrain.runtime.job.task import build_task
-    from zerotrain.runtime.job.train import RankContext, make_engine, run_steps
+    from zerotrain.runtime.job.train import RankContext, run_steps
     from zerotrain.spec import ZeroTrainingJobSpec
 
     spec = ZeroTrainingJobSpec.model_validate(

@@ -34,6 +34,7 @@ COSCHEDULING_LABEL = "scheduling.x-k8s.io/pod-group"
 VOLCANO_ANNOTATION = "scheduling.k8s.io/group-name"
 CONFIG_VOLUME = "zerotrain-config"
 CHECKPOINT_VOLUME = "zerotrain-checkpoints"
+PRETRAINED_VOLUME = "zerotrain-pretrained"
 SHM_VOLUME = "zerotrain-shm"
 # The runtime image's user and group; fsGroup makes a checkpoint PVC writable for it where the driver supports it.
 RUNTIME_UID = RUNTIME_GID = 65532
@@ -235,6 +236,10 @@ def _container(job: JobRef, spec: ZeroTrainingJobSpec, replica: int) -> Obj:
         # Container runtimes give /dev/shm 64 MiB; NCCL and torch's shared-memory transports need more.
         {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
     ]
+    pretrained = spec.model.pretrained
+    if pretrained is not None and pretrained.claim_name:
+        mount: Obj = {"name": PRETRAINED_VOLUME, "mountPath": pretrained.path, "readOnly": True}
+        mounts.append(mount | ({"subPath": pretrained.sub_path} if pretrained.sub_path else {}))
     mounts += [m.to_wire() for m in spec.volume_mounts]
     container: Obj = {
         "name": naming.CONTAINER_NAME,
@@ -258,6 +263,15 @@ def _container(job: JobRef, spec: ZeroTrainingJobSpec, replica: int) -> Obj:
 def build_pod(job: JobRef, spec: ZeroTrainingJobSpec, replica: int, gang: int) -> Obj:
     """Pod `replica` (NODE_RANK) of gang incarnation `gang`, on the job's pod template."""
     return pod_template.merge(operator_pod(job, spec, replica, gang), spec.pod_template)
+
+
+def _pretrained_volume(spec: ZeroTrainingJobSpec) -> list[Obj]:
+    """The claim holding spec.model.pretrained, read-only (every pod reads it, none writes)."""
+    pretrained = spec.model.pretrained
+    if pretrained is None or not pretrained.claim_name:
+        return []
+    claim = {"claimName": pretrained.claim_name, "readOnly": True}
+    return [{"name": PRETRAINED_VOLUME, "persistentVolumeClaim": claim}]
 
 
 def operator_pod(job: JobRef, spec: ZeroTrainingJobSpec, replica: int, gang: int) -> Obj:
@@ -287,6 +301,7 @@ def operator_pod(job: JobRef, spec: ZeroTrainingJobSpec, replica: int, gang: int
             {"name": CONFIG_VOLUME, "configMap": {"name": naming.config_map_name(job.name, gang)}},
             checkpoint,
             {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}},
+            *_pretrained_volume(spec),
             *spec.volumes,
         ],
         "securityContext": dict(POD_SECURITY),

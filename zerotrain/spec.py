@@ -118,6 +118,45 @@ class ModelShape(SpecModel):
     """Whether the layers apply dropout (each dropout keeps a 1-byte mask per element for backward)."""
 
 
+class PretrainedSpec(SpecModel):
+    """Weights the job starts from instead of the model's own initialisation (fine-tuning). Each rank reads only
+    the byte ranges of its own shard; names must match the model's exactly, up to one prefix (`model.` in the
+    weights' names but not the model's, or the other way round: a model that wraps the pretrained one)."""
+
+    rules = (
+        Rule(
+            "!has(self.subPath) || has(self.claimName)",
+            lambda p: p.sub_path is None or p.claim_name is not None,
+            "pretrained.subPath is a directory inside pretrained.claimName; set claimName, or drop subPath and "
+            "point path at the weights",
+            ("sub_path", "claim_name"),
+        ),
+        Rule(
+            "!has(self.claimName) || self.path.startsWith('/')",
+            lambda p: p.claim_name is None or p.path.startswith("/"),
+            "pretrained.path is where the claim is mounted in the pods: use an absolute path such as /pretrained",
+            ("path",),
+        ),
+    )
+
+    path: str = Field(min_length=1)
+    """The weights as every rank sees them: a directory as Hugging Face writes it (`model.safetensors`, or
+    `model.safetensors.index.json` and its shards; any floating dtype, converted into the fp32 master), one
+    .safetensors file (a zerotrain export), or a zerotrain checkpoint (its root or a step-* directory: weights and
+    buffers only). In a pod, `claimName` is mounted here read-only."""
+    claim_name: str | None = None
+    """PersistentVolumeClaim holding the weights, mounted read-only at `path` in every pod."""
+    sub_path: str | None = None
+    """The directory inside the claim that holds the weights (mounted at `path`); the claim's root without it."""
+    new_parameters: list[str] = Field(default_factory=list, max_length=256)
+    """Glob patterns of the model's parameters and buffers the weights do not hold, initialised by the model's own
+    code instead (a fresh head for fine-tuning, `score.*`). Any other the weights lack is refused, naming both
+    sides."""
+    unused_keys: list[str] = Field(default_factory=list, max_length=256)
+    """Glob patterns of tensors in the weights the model does not have, left unread (a head the model replaces).
+    Any other is refused, naming both sides."""
+
+
 class ModelInfo(SpecModel):
     """What the operator needs to know about the model to plan memory."""
 
@@ -133,6 +172,9 @@ class ModelInfo(SpecModel):
     """Bytes one rank's micro-batch needs beyond parameters and gradients from its forward through its backward
     (saved activations plus backward's working set), as `zerotrain plan -f JOB --measure` prints it; replaces the
     shape's formula."""
+    pretrained: PretrainedSpec | None = None
+    """Weights to start from (fine-tuning): read into each rank's shard, never whole. A job that has a checkpoint
+    of its own resumes from it instead."""
 
 
 class OptimizerSpec(SpecModel):

@@ -60,12 +60,22 @@ class ConstructedValues:
             column += width
         return out
 
-    def fill(self, layout: UnitLayout, lo: int, hi: int, out: torch.Tensor, comm: Comm) -> None:
-        names = [s.name for s in layout.slots]
-        rows = self._gather(names, out.device, comm, layout.name)
-        out.zero_()
+    def drop(self, names: list[str]) -> None:
+        """Forget parameters whose values come from elsewhere (pretrained weights)."""
+        for name in names:
+            self.held.pop(name, None)
+
+    def fill(
+        self, layout: UnitLayout, lo: int, hi: int, out: torch.Tensor, comm: Comm, only: set[str] | None = None
+    ) -> None:
+        """The unit's range from the construction; with `only`, just those parameters' part of it (the rest of
+        `out` is left as it is, and no other slice is sent)."""
+        slots = [s for s in layout.slots if only is None or s.name in only]
+        rows = self._gather([s.name for s in slots], out.device, comm, layout.name)
+        if only is None:
+            out.zero_()
         column = 0
-        for slot in layout.slots:
+        for slot in slots:
             held = self.held.pop(slot.name)  # its slices are in the engine after this
             width = held.piece.numel()
             columns, column = rows[:, column : column + width], column + width

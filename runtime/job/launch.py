@@ -63,6 +63,7 @@ from zerotrain.runtime.job.failures import consequence, exit_code, failure_time,
 from zerotrain.runtime.job.preemption import EXIT_PREEMPTED
 from zerotrain.runtime.job.task import ConfigError, check_arguments, is_script, load_entrypoint
 from zerotrain.spec import ZeroTrainingJobSpec
+from zerotrain.weights_layout import layout
 
 # Beyond the ranks' own SIGTERM budget: their watchdog ends them first, then the launcher has time to exit.
 SHUTDOWN_MARGIN_S = 5
@@ -151,12 +152,15 @@ def local_plan(nproc: int) -> LaunchPlan:
 
 
 def preflight(spec: ZeroTrainingJobSpec) -> None:
-    """Configuration errors every rank would hit, reported once before any rank starts."""
+    """Configuration errors every rank would hit, reported once before any rank starts: the entry point, and the
+    pretrained weights' files (their names and shapes are matched in the ranks, before the model is allocated)."""
     if is_script(spec.entrypoint):
         if not Path(spec.entrypoint).is_file():
             raise ConfigError(f"spec.entrypoint: script {spec.entrypoint!r} does not exist; fix the path")
         return
     check_arguments(load_entrypoint(spec.entrypoint), spec.entrypoint, spec.entrypoint_args)
+    if spec.model.pretrained is not None:
+        layout(spec.model.pretrained.path)
 
 
 def rank_command(spec: ZeroTrainingJobSpec, config_path: Path) -> list[str]:

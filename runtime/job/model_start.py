@@ -7,20 +7,55 @@ outside the task's model) the rank builds it whole, as before, and says why in o
 
 The engine's `ParameterSource` is then the construction's (`materialize.ConstructedValues`), or, for a model built
 whole, none: the engine's default takes rank 0's values.
+
+With `spec.model.pretrained` the names are matched against the weights right after construction, before anything
+is allocated for the model, and the engine reads its ranges from the files (`construction.pretrained`), unless the
+job has a committed checkpoint of its own: it resumes from that instead, and says so. Should every one of those be
+refused, the pretrained weights are read into the engine after all (`refill`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+import torch
 import torch.distributed as dist
 
+from zerotrain import elastic
 from zerotrain.errors import UserError
+from zerotrain.plan_inputs import declared_parameters
+from zerotrain.planner import format_bytes
+from zerotrain.runtime.checkpoints import checkpoint
+from zerotrain.runtime.checkpoints.checkpoint import Loaded
 from zerotrain.runtime.construction.materialize import ConstructedValues
 from zerotrain.runtime.construction.partitioned import build_partitioned
-from zerotrain.runtime.job.task import TrainingTask, check_arguments, check_task, load_entrypoint
-from zerotrain.runtime.zero.param_source import ParameterSource
+from zerotrain.runtime.construction.pretrained import PretrainedValues, load_buffers, match
+from zerotrain.runtime.construction.weight_files import open_weights
+from zerotrain.runtime.job.elastic_batches import SlotBatches
+from zerotrain.runtime.job.rank_metrics import RankPhase
+from zerotrain.runtime.job.resume import CheckpointPolicy, resume
+from zerotrain.runtime.job.task import (
+    ConfigError,
+    TrainingTask,
+    check_arguments,
+    check_declared_parameters,
+    check_task,
+    load_entrypoint,
+)
+from zerotrain.runtime.zero.optimizer import optimizer_factory
+from zerotrain.runtime.zero.param_source import ModelValues, ParameterSource
+from zerotrain.spec import PretrainedSpec, ZeroTrainingJobSpec
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from zerotrain.runtime.job.progress import ProgressLog
+    from zerotrain.runtime.job.rank_metrics import RankMetrics
+    from zerotrain.runtime.job.train import RankContext
+    from zerotrain.runtime.zero.engine import ZeroEngine
+    from zerotrain.runtime.zero.optimizer import OptimizerFactory
+    from zerotrain.zero_config import ZeroConfig
 
 
 @dataclass
@@ -53,3 +88,154 @@ def start_task(entrypoint: str, *, rank: int, world_size: int, args: dict[str, A
         note = f"model built whole on every rank (its construction cannot be partitioned: {built.whole_because})"
         return Start(task, None, [note])
     return Start(task, ConstructedValues(built.slices, task.model), [])
+
+
+def use_pretrained(start: Start, spec: PretrainedSpec) -> PretrainedValues:
+    """Match the model against the weights (refusing, before anything is allocated, what does not fit), read its
+    buffers, and make the engine's source read its parameters from them."""
+    store = open_weights(spec.path)
+    model = start.task.model
+    found = match(model, store, spec)
+    load_buffers(model, store, found)
+    base = start.source if start.source is not None else ModelValues(model)
+    source = PretrainedValues(store, found, base)
+    start.source = source
+    new = f"; initialised by the model: {', '.join(found.new)}" if found.new else ""
+    unused = f"; left unread: {', '.join(found.unused)}" if found.unused else ""
+    start.notes.append(f"pretrained weights from {spec.path} ({found.rule}){new}{unused}")
+    return source
+
+
+def loaded_note(source: PretrainedValues) -> str:
+    stats = source.store.stats
+    return (
+        f"pretrained: rank 0 read {format_bytes(stats.bytes_read)} (its shard), at most "
+        f"{format_bytes(stats.largest_read_bytes)} at once"
+    )
+
+
+def refill(engine: ZeroEngine, source: PretrainedValues) -> None:
+    """Read the pretrained parameters into an engine already built (every checkpoint of the job was refused): each
+    unit's kept range in place, then the compute parameters rebuilt from it."""
+    for u in engine.units:
+        lo, hi = u.master_range
+        source.read_loaded(u.layout, lo, hi, u.master)
+    engine.refresh_parameters()
+
+
+class EngineFactory(Protocol):
+    """What builds the rank's engine: `ZeroEngine` itself, or a test's wrapper around it."""
+
+    def __call__(
+        self,
+        model: nn.Module,
+        config: ZeroConfig,
+        optimizer: OptimizerFactory,
+        *,
+        init: ParameterSource | None = None,
+        device: torch.device | None = None,
+    ) -> ZeroEngine: ...
+
+
+def make_engine(
+    task: TrainingTask,
+    spec: ZeroTrainingJobSpec,
+    device: torch.device,
+    factory: EngineFactory,
+    source: ParameterSource | None = None,
+) -> ZeroEngine:
+    """ZeroConfig from spec.zero, unit modules defaulting to the task's, optimizer from spec.training; the units'
+    values from `source` (a partitioned construction's, pretrained weights), else the model's own."""
+    try:
+        declared = declared_parameters(spec)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    check_declared_parameters(task.model, declared)
+    zero = spec.zero
+    if not zero.unit_modules and task.unit_modules:
+        zero = zero.model_copy(update={"unit_modules": list(task.unit_modules)})
+    optimizer = optimizer_factory(spec.training.optimizer)
+    if source is None:
+        engine = factory(task.model.to(device), zero, optimizer=optimizer)
+    else:
+        engine = factory(task.model, zero, optimizer=optimizer, init=source, device=device)
+    engine.samples_per_micro_batch = task.samples_per_batch * engine.world_size  # the checkpoint's position
+    return engine
+
+
+def elastic_task(spec: ZeroTrainingJobSpec, ctx: RankContext) -> tuple[ZeroTrainingJobSpec, Start]:
+    """The rank's task, and the spec it runs: at the manifest's size both as they are; in an elastic gang of
+    another size the spec's accumulation becomes the layout's and the task's batches this rank's slots of the
+    manifest's global micro-batches (the entry point is built for the manifest's layout, rank r mod W)."""
+    args = spec.entrypoint_args
+    if spec.elastic is None:
+        return spec, start_task(spec.entrypoint, rank=ctx.rank, world_size=ctx.world_size, args=args)
+    try:
+        grid = elastic.layout(spec.replicas, spec.nproc_per_node, spec.zero.gradient_accumulation_steps, ctx.world_size)
+    except ValueError as e:
+        raise ConfigError(f"spec.elastic: {e}") from None
+    if grid is None:
+        return spec, start_task(spec.entrypoint, rank=ctx.rank, world_size=ctx.world_size, args=args)
+    zero = spec.zero.model_copy(update={"gradient_accumulation_steps": grid.accumulation})
+    start = start_task(spec.entrypoint, rank=ctx.rank % spec.world_size, world_size=spec.world_size, args=args)
+    start.task.batches = SlotBatches(start.task.batches, grid, ctx.rank)
+    return spec.model_copy(update={"zero": zero}), start
+
+
+@dataclass
+class Started:
+    """What a rank has once its engine is built and resumed: filled in as it goes, so a failure part-way (out of
+    memory) can say how far it got."""
+
+    spec: ZeroTrainingJobSpec
+    task: TrainingTask | None = None
+    engine: ZeroEngine | None = None
+    policy: CheckpointPolicy | None = None
+    loaded: Loaded | None = None
+    built_whole: bool = False
+    """The model could not be built partitioned (its whole fp32 parameters were held by every rank)."""
+
+    def ready(self) -> tuple[ZeroEngine, TrainingTask, ZeroTrainingJobSpec, CheckpointPolicy | None, Loaded | None]:
+        assert self.engine is not None and self.task is not None
+        return self.engine, self.task, self.spec, self.policy, self.loaded
+
+
+def start_engine(
+    started: Started,
+    ctx: RankContext,
+    device: torch.device,
+    factory: EngineFactory,
+    metrics: RankMetrics | None,
+    log: ProgressLog | None,
+) -> None:
+    """Build the rank's task and engine and resume it (see the module docstring), saying how on rank 0's log."""
+    if metrics is not None:
+        metrics.phase(RankPhase.CONSTRUCTING)
+    started.spec, start = elastic_task(started.spec, ctx)
+    started.task, started.built_whole = start.task, start.source is None
+    started.policy = CheckpointPolicy.from_spec(started.spec.checkpoint)
+    pretrained, source = started.spec.model.pretrained, None
+    own = started.policy is not None and checkpoint.latest(started.policy.root) is not None
+    if pretrained is not None and not own:
+        source = use_pretrained(start, pretrained)
+    for line in start.notes:
+        if log is not None:
+            log.note(line)
+    started.engine = make_engine(start.task, started.spec, device, factory, start.source)
+    start.source = None  # the construction's slices are in the engine now
+    started.loaded = resume(started.engine, start.task, started.policy, metrics)
+    if pretrained is not None and own and started.loaded is None:
+        told = len(start.notes)
+        source = use_pretrained(start, pretrained)  # every checkpoint of the job was refused
+        refill(started.engine, source)
+        for line in start.notes[told:]:
+            if log is not None:
+                log.note(line)
+    if log is None:
+        return
+    if started.loaded is not None:
+        log.resumed(started.loaded.step, str(started.loaded.path))
+        if pretrained is not None:
+            log.note(f"resumed from the job's own checkpoint: spec.model.pretrained ({pretrained.path}) was not read")
+    elif source is not None:
+        log.note(loaded_note(source))

@@ -21,6 +21,7 @@ import torch
 
 from zerotrain.planner import format_bytes
 from zerotrain.pod_contract import RANK_MEMORY_LIMIT_ENV
+from zerotrain.runtime.job.rank_metrics import RankPhase
 
 if TYPE_CHECKING:
     from zerotrain.runtime.job.rank_metrics import RankMetrics
@@ -52,9 +53,18 @@ def tried_bytes(error: BaseException) -> int | None:
     return None
 
 
-def account(error: BaseException, rank: int, metrics: RankMetrics | None, engine: ZeroEngine | None) -> str:
-    """One line: rank, phase, unit, the bytes tried, and the last measured categories."""
+def account(
+    error: BaseException,
+    rank: int,
+    metrics: RankMetrics | None,
+    engine: ZeroEngine | None,
+    built_whole: bool = False,
+) -> str:
+    """One line: rank, phase, unit, the bytes tried, the last measured categories, and the fix that applies there:
+    at start-up (`constructing`: building the model, reading its starting values) the stage cannot help."""
     phase = metrics.current_phase.value if metrics is not None else "unknown phase"
+    if metrics is not None and metrics.current_phase is RankPhase.CONSTRUCTING:
+        return _at_start_up(error, rank, built_whole)
     where = f" in unit {engine.unit_in_progress}" if engine is not None and engine.unit_in_progress else ""
     tried = tried_bytes(error)
     asked = f"; it asked for {format_bytes(tried)}" if tried is not None else ""
@@ -73,6 +83,23 @@ def account(error: BaseException, rank: int, metrics: RankMetrics | None, engine
         f"out of memory: rank {rank} during {phase}{where}{asked}{held}; raise zero.stage (or use stage: auto), "
         "turn on zero.activationCheckpointing, lower the micro-batch, or give the ranks more memory"
     )
+
+
+def _at_start_up(error: BaseException, rank: int, built_whole: bool) -> str:
+    tried = tried_bytes(error)
+    asked = f"; it asked for {format_bytes(tried)}" if tried is not None else ""
+    if built_whole:
+        how = (
+            "the model was built whole on every rank (its construction cannot be partitioned: the first progress "
+            "line says why), so each rank held all of its parameters; make the model's construction partitionable, "
+            "or give each rank the whole model's memory"
+        )
+    else:
+        how = (
+            "it held its slice of every parameter and one unit whole; give the ranks the start-up memory "
+            "`zerotrain plan -f JOB` shows, or use more ranks (each holds 1/N of the model)"
+        )
+    return f"out of memory: rank {rank} during constructing (building the model){asked}; {how}"
 
 
 def _held_now(engine: ZeroEngine | None) -> MemoryReport | None:

@@ -22,17 +22,14 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from zerotrain import elastic
-from zerotrain.plan_inputs import declared_parameters
 from zerotrain.pod_contract import PROGRESS_ENV, SUMMARY_ENV
 from zerotrain.runtime.checkpoints.checkpoint import step_of as checkpoint_step
 from zerotrain.runtime.job import out_of_memory
-from zerotrain.runtime.job.elastic_batches import SlotBatches
-from zerotrain.runtime.job.model_start import Start, start_task
+from zerotrain.runtime.job.model_start import EngineFactory, Started, start_engine
 from zerotrain.runtime.job.preemption import (
     PEER_REQUEST,
     Preempted,
@@ -41,35 +38,15 @@ from zerotrain.runtime.job.preemption import (
 from zerotrain.runtime.job.progress import ProgressLog, throughput
 from zerotrain.runtime.job.rank_metrics import RankMetrics, RankPhase, StepValues
 from zerotrain.runtime.job.reports import gather_reports, summary_record
-from zerotrain.runtime.job.resume import CheckpointPolicy, resume, save_checkpoint, settle
-from zerotrain.runtime.job.task import ConfigError, TrainingTask, check_declared_parameters, is_script
-from zerotrain.runtime.zero.optimizer import optimizer_factory
+from zerotrain.runtime.job.resume import CheckpointPolicy, save_checkpoint, settle
+from zerotrain.runtime.job.task import ConfigError, TrainingTask, is_script
 from zerotrain.runtime.zero.process_group import device_for, init_from_env
 from zerotrain.spec import ZeroTrainingJobSpec
 
 if TYPE_CHECKING:
-    from torch import nn
-
     from zerotrain.runtime.zero.engine import StepResult, ZeroEngine
-    from zerotrain.runtime.zero.optimizer import OptimizerFactory
-    from zerotrain.runtime.zero.param_source import ParameterSource
-    from zerotrain.zero_config import ZeroConfig
 
 logger = logging.getLogger(__name__)
-
-
-class EngineFactory(Protocol):
-    """What builds the rank's engine: `ZeroEngine` itself, or a test's wrapper around it."""
-
-    def __call__(
-        self,
-        model: nn.Module,
-        config: ZeroConfig,
-        optimizer: OptimizerFactory,
-        *,
-        init: ParameterSource | None = None,
-        device: torch.device | None = None,
-    ) -> ZeroEngine: ...
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
@@ -131,32 +108,6 @@ class TrainResult:
     """fp16 steps skipped because gradients overflowed."""
     last_log: dict[str, Any] = field(default_factory=dict)
     """The progress record of the latest step."""
-
-
-def make_engine(
-    task: TrainingTask,
-    spec: ZeroTrainingJobSpec,
-    device: torch.device,
-    factory: EngineFactory,
-    source: ParameterSource | None = None,
-) -> ZeroEngine:
-    """ZeroConfig from spec.zero, unit modules defaulting to the task's, optimizer from spec.training; the units'
-    values from `source` (a partitioned construction's, pretrained weights), else the model's own."""
-    try:
-        declared = declared_parameters(spec)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    check_declared_parameters(task.model, declared)
-    zero = spec.zero
-    if not zero.unit_modules and task.unit_modules:
-        zero = zero.model_copy(update={"unit_modules": list(task.unit_modules)})
-    optimizer = optimizer_factory(spec.training.optimizer)
-    if source is None:
-        engine = factory(task.model.to(device), zero, optimizer=optimizer)
-    else:
-        engine = factory(task.model, zero, optimizer=optimizer, init=source, device=device)
-    engine.samples_per_micro_batch = task.samples_per_batch * engine.world_size  # the checkpoint's position
-    return engine
 
 
 def run_micro_batches(
@@ -302,25 +253,6 @@ def record_step(
     }
 
 
-def elastic_task(spec: ZeroTrainingJobSpec, ctx: RankContext) -> tuple[ZeroTrainingJobSpec, Start]:
-    """The rank's task, and the spec it runs: at the manifest's size both as they are; in an elastic gang of
-    another size the spec's accumulation becomes the layout's and the task's batches this rank's slots of the
-    manifest's global micro-batches (the entry point is built for the manifest's layout, rank r mod W)."""
-    args = spec.entrypoint_args
-    if spec.elastic is None:
-        return spec, start_task(spec.entrypoint, rank=ctx.rank, world_size=ctx.world_size, args=args)
-    try:
-        grid = elastic.layout(spec.replicas, spec.nproc_per_node, spec.zero.gradient_accumulation_steps, ctx.world_size)
-    except ValueError as e:
-        raise ConfigError(f"spec.elastic: {e}") from None
-    if grid is None:
-        return spec, start_task(spec.entrypoint, rank=ctx.rank, world_size=ctx.world_size, args=args)
-    zero = spec.zero.model_copy(update={"gradient_accumulation_steps": grid.accumulation})
-    start = start_task(spec.entrypoint, rank=ctx.rank % spec.world_size, world_size=spec.world_size, args=args)
-    start.task.batches = SlotBatches(start.task.batches, grid, ctx.rank)
-    return spec.model_copy(update={"zero": zero}), start
-
-
 def train(
     spec: ZeroTrainingJobSpec,
     ctx: RankContext,
@@ -340,42 +272,31 @@ def train(
     torch.manual_seed(spec.training.seed)
     device = device_for(spec, ctx.local_rank)
     init_from_env(spec.zero.collective_timeout_seconds, device)  # the partitioned construction slices over it
-    engine: ZeroEngine | None = None
     log = ProgressLog(os.environ.get(PROGRESS_ENV)) if ctx.rank == 0 else None
+    started = Started(spec)
     try:
-        if metrics is not None:
-            metrics.phase(RankPhase.CONSTRUCTING)
-        spec, start = elastic_task(spec, ctx)
-        for line in start.notes:
-            if log is not None:
-                log.note(line)
-        engine = make_engine(start.task, spec, device, engine_factory, start.source)
-        del start.source  # the construction's slices are in the engine now
-        return _train_engine(engine, start.task, spec, ctx, device, metrics, preemption, log)
+        start_engine(started, ctx, device, engine_factory, metrics, log)
+        return _train_engine(started, ctx, device, metrics, preemption, log)
     except (MemoryError, RuntimeError) as e:  # torch.OutOfMemoryError is a RuntimeError
         if not out_of_memory.is_allocation_failure(e):
             raise
-        raise out_of_memory.RankOutOfMemory(out_of_memory.account(e, ctx.rank, metrics, engine)) from e
+        account = out_of_memory.account(e, ctx.rank, metrics, started.engine, started.built_whole)
+        raise out_of_memory.RankOutOfMemory(account) from e
     finally:
         if log is not None:
             log.close()
 
 
 def _train_engine(
-    engine: ZeroEngine,
-    task: TrainingTask,
-    spec: ZeroTrainingJobSpec,
+    started: Started,
     ctx: RankContext,
     device: torch.device,
     metrics: RankMetrics | None,
     preemption: Preemption | None,
     log: ProgressLog | None,
 ) -> TrainResult:
-    policy = CheckpointPolicy.from_spec(spec.checkpoint)
-    loaded = resume(engine, task, policy, metrics)
+    engine, task, spec, policy, loaded = started.ready()
     first_step = (loaded.step if loaded is not None else 0) + 1
-    if log is not None and loaded is not None:
-        log.resumed(loaded.step, str(loaded.path))
     result = run_steps(engine, task, spec, ctx, device, log, policy, first_step, metrics, preemption)
     if metrics is not None:
         metrics.phase(RankPhase.FINISHED)

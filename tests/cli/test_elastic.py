@@ -112,7 +112,8 @@ def test_at_the_manifests_size_the_slots_are_the_manifests_own_layout() -> None:
 
 
 def test_a_rank_at_a_size_that_does_not_divide_the_batch_refuses_to_start_naming_elastic() -> None:
-    from zerotrain.runtime.job.train import RankContext, elastic_task
+    from zerotrain.runtime.job.model_start import elastic_task
+    from zerotrain.runtime.job.train import RankContext
 
     spec = parse_spec(
         {

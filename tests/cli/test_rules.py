@@ -61,6 +61,10 @@ CASES: list[dict[str, Any]] = [
     {"zero": {"offload": {"optimizer": "cpu", "parameters": "cpu"}}, "resources": {"gpu": 1}},
     {"zero": {"offload": {"optimizer": "cpu", "parameters": "cpu"}, "stage": 2}, "resources": {"gpu": 1}},
     {"zero": {"offload": {"parameters": "cpu"}}, "resources": {"gpu": 1}},
+    {"model": {"pretrained": {"path": "/pretrained", "subPath": "llama"}}},
+    {"model": {"pretrained": {"path": "/pretrained", "claimName": "models", "subPath": "llama"}}},
+    {"model": {"pretrained": {"path": "weights", "claimName": "models"}}},
+    {"model": {"pretrained": {"path": "weights"}}},
     {
         "replicas": 2,
         "nprocPerNode": 2,
@@ -130,5 +134,5 @@ def test_each_rule_s_cel_and_predicate_agree(path: str, model: type[SpecModel], 
 
 
 def test_every_model_rule_is_here() -> None:
-    # Resources, ModelShape, FailurePolicy, Scheduling, the spec's 9, ZeroConfig's 6, elastic
-    assert len(RULES) == 20
+    # Resources, ModelShape, PretrainedSpec's 2, FailurePolicy, Scheduling, the spec's 9, ZeroConfig's 6, elastic
+    assert len(RULES) == 22

@@ -70,6 +70,32 @@ def test_checkpoint_volume(checkpoint: dict[str, Any], volume: dict[str, Any]) -
     }
 
 
+@pytest.mark.parametrize(
+    ("pretrained", "mount"),
+    [
+        ({"path": "/models/llama"}, None),  # on a volume of the user's own (spec.volumes), or baked into the image
+        ({"path": "/pretrained", "claimName": "models"}, {"mountPath": "/pretrained", "readOnly": True}),
+        (
+            {"path": "/pretrained", "claimName": "models", "subPath": "llama-3-8b"},
+            {"mountPath": "/pretrained", "readOnly": True, "subPath": "llama-3-8b"},
+        ),
+    ],
+)
+def test_the_pretrained_claim_is_mounted_read_only_where_the_ranks_read_it(
+    pretrained: dict[str, Any], mount: dict[str, Any] | None
+) -> None:
+    pod = builders.build_pod(JOB, spec(model={"pretrained": pretrained}), 0, 0)
+    kubernetes_validate.validate(pod, "1.30", strict=True)
+    mounts = {m["name"]: m for m in pod["spec"]["containers"][0]["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    if mount is None:
+        assert builders.PRETRAINED_VOLUME not in mounts and builders.PRETRAINED_VOLUME not in volumes
+        return
+    assert {k: v for k, v in mounts[builders.PRETRAINED_VOLUME].items() if k != "name"} == mount
+    claim = volumes[builders.PRETRAINED_VOLUME]["persistentVolumeClaim"]
+    assert claim == {"claimName": "models", "readOnly": True}
+
+
 @pytest.mark.parametrize(("path", "mounted"), [(None, "/checkpoints"), ("/ck", "/ck")])
 def test_the_ranks_read_their_checkpoint_root_from_the_spec_where_the_volume_is_mounted(
     path: str | None, mounted: str

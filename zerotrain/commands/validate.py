@@ -4,6 +4,7 @@ names of its children, its pod template, and its memory plan against the GPUs' m
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -15,6 +16,7 @@ from zerotrain.manifest import load_job_document, parse_job
 from zerotrain.plan_inputs import plan_job
 from zerotrain.planner import format_bytes
 from zerotrain.spec import ZeroTrainingJobSpec
+from zerotrain.weights_layout import layout
 from zerotrain.zero_config import Stage
 
 
@@ -53,6 +55,33 @@ def elastic_line(raw: Any, name: str, args: argparse.Namespace, spec: ZeroTraini
         runs.append(f"{r} pods (stage {stage}, {per} micro-batches a rank)")
     line = "elastic: the gang can run at " + ", ".join(runs)
     return line + (f"; not at {'; '.join(nots)}" if nots else "")
+
+
+def pretrained_line(spec: ZeroTrainingJobSpec, manifest: str) -> str:
+    """What spec.model.pretrained holds, checked as far as this machine can read it: the files (refused when
+    missing or unreadable), then the names and shapes against the model built on the meta device."""
+    pretrained = spec.model.pretrained
+    assert pretrained is not None
+    path = Path(pretrained.path)
+    if not path.exists() and pretrained.claim_name is not None:
+        return (
+            f"pretrained: {path} is on claim {pretrained.claim_name}, not readable here: each pod checks it before "
+            "its ranks start"
+        )
+    held = layout(path)
+    from zerotrain.pod_contract import ENTRYPOINT_PATH_ENV
+    from zerotrain.runtime.construction.pretrained import match_on_meta
+    from zerotrain.runtime.job.launch import scoped_environ
+
+    with scoped_environ({ENTRYPOINT_PATH_ENV: str(Path(manifest).resolve().parent)}):
+        found = match_on_meta(spec.entrypoint, spec.entrypoint_args, spec.world_size, pretrained)
+    if isinstance(found, str):
+        return (
+            f"pretrained: {held.describe()}; names not checked (the model cannot be built on the meta device: {found})"
+        )
+    loaded = len(found.params) + len(found.buffers)
+    new = f", {len(found.new)} new ({', '.join(found.new)})" if found.new else ""
+    return f"pretrained: {held.describe()}; {loaded} of the model's tensors match ({found.rule}){new}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -98,6 +127,8 @@ def run(args: argparse.Namespace) -> int:
             "memory plan: not checked (set spec.model.parameters or spec.model.shape, and resources.gpuMemory or "
             "--gpu-memory)"
         )
+    if spec.model.pretrained is not None:
+        lines.append(pretrained_line(spec, args.manifest))
     if spec.elastic is not None:
         lines.append(elastic_line(doc.get("spec"), name or "job", args, spec))
     console = Console()
