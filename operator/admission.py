@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from zerotrain import elastic
+from zerotrain import elastic, startup
 from zerotrain.autostage import NoStageFits, StageChoice, resolve_stage
 from zerotrain.errors import UserError
 from zerotrain.manifest import parse_spec
@@ -173,6 +173,8 @@ def _admit_sized(
         planned = plan_for(spec, default_gpu_memory)
     except ValueError as e:
         return Admission(spec=spec, reason=Reason.INVALID_SPEC, message=str(e))
+    if refusal := startup.does_not_fit(spec, startup.start_up_plan(spec, host_bytes_per_pod(spec))):
+        return Admission(spec=spec, reason=Reason.MEMORY_PLAN_DOES_NOT_FIT, message=refusal)
     if planned is None:
         return Admission(spec=spec, stage_choice=choice)
     result, p = planned

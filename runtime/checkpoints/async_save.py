@@ -62,6 +62,8 @@ class InFlight:
     """When the save began (its duration to the commit is what the metrics report)."""
     digest: bytes = b""
     error: BaseException | None = None
+    origin: dict[str, str] = field(default_factory=dict)
+    """Where the model's weights first came from, for the marker (`checkpoint.save`)."""
 
     @property
     def step(self) -> int:
@@ -76,14 +78,14 @@ class AsyncSaver:
     buffers: dict[str, torch.Tensor] = field(default_factory=dict)
     inflight: InFlight | None = None
 
-    def start(self, engine: ZeroEngine, root: Path) -> Path:
+    def start(self, engine: ZeroEngine, root: Path, origin: dict[str, str] | None = None) -> Path:
         """Snapshot this rank's state and start writing it; a collective on every rank (the directory's token).
         A save still in flight is finished first."""
         self.finish(engine)
         target, position = checkpoint.begin(engine, root)
         tensors, record = checkpoint.rank_contents(engine)
         host, copied = self._snapshot(tensors)
-        job = InFlight(target, position, threading.Thread())
+        job = InFlight(target, position, threading.Thread(), origin=origin or {})
 
         def write() -> None:
             try:
@@ -131,7 +133,7 @@ class AsyncSaver:
         job = self.inflight
         if job is None or written < engine.world_size:
             return None
-        checkpoint.commit(engine, job.target, job.position, job.digest)
+        checkpoint.commit(engine, job.target, job.position, job.digest, job.origin)
         self.inflight = None
         return job
 

@@ -149,11 +149,12 @@ def _optimizer_record(engine: ZeroEngine) -> tuple[dict[str, torch.Tensor], dict
     return tensors, record
 
 
-def save(engine: ZeroEngine, root: str | os.PathLike[str]) -> Path:
-    """Save and commit this rank's shard of the training state in a fresh directory; a collective on every rank."""
+def save(engine: ZeroEngine, root: str | os.PathLike[str], origin: dict[str, str] | None = None) -> Path:
+    """Save and commit this rank's shard of the training state in a fresh directory; a collective on every rank.
+    `origin` says where the model's weights first came from (`{"pretrained": path}`), for an export's config."""
     target, pos = begin(engine, root)
     tensors, record = rank_contents(engine)
-    commit(engine, target, pos, write_rank(target, engine.rank, tensors, record))
+    commit(engine, target, pos, write_rank(target, engine.rank, tensors, record), origin)
     return target
 
 
@@ -204,7 +205,9 @@ def write_rank(target: Path, rank: int, tensors: dict[str, torch.Tensor], record
     return bytes.fromhex(sha256(final)) + struct.pack("<q", final.stat().st_size)
 
 
-def commit(engine: ZeroEngine, target: Path, pos: dict[str, int], mine: bytes) -> None:
+def commit(
+    engine: ZeroEngine, target: Path, pos: dict[str, int], mine: bytes, origin: dict[str, str] | None = None
+) -> None:
     """Gather every rank's digest and size (which also proves every file is durable: only then may the marker
     exist) and write the marker from rank 0; a collective on every rank."""
     gathered = torch.empty(len(mine) * engine.world_size, dtype=torch.uint8, device=_device(engine))
@@ -212,7 +215,7 @@ def commit(engine: ZeroEngine, target: Path, pos: dict[str, int], mine: bytes) -
         gathered, torch.frombuffer(bytearray(mine), dtype=torch.uint8).to(_device(engine)), "<checkpoint>"
     )
     if engine.rank == 0:
-        _commit(engine, target, bytes(gathered.cpu().tolist()), pos)
+        _commit(engine, target, bytes(gathered.cpu().tolist()), pos, origin or {})
 
 
 def _device(engine: ZeroEngine) -> torch.device:
@@ -221,7 +224,7 @@ def _device(engine: ZeroEngine) -> torch.device:
     return engine.device
 
 
-def _commit(engine: ZeroEngine, target: Path, raw: bytes, pos: dict[str, int]) -> None:
+def _commit(engine: ZeroEngine, target: Path, raw: bytes, pos: dict[str, int], origin: dict[str, str]) -> None:
     size = _DIGEST + 8
     files, sizes = {}, {}
     for r in range(engine.world_size):
@@ -238,6 +241,7 @@ def _commit(engine: ZeroEngine, target: Path, raw: bytes, pos: dict[str, int]) -
         "buffers": describe_buffers(engine),
         "broadcast_buffers": engine.buffers.broadcast,
         "aliases": aliases(engine),
+        "origin": origin,
         "files": files,
         "file_bytes": sizes,
     }

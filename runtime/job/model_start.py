@@ -213,8 +213,9 @@ def start_engine(
         metrics.phase(RankPhase.CONSTRUCTING)
     started.spec, start = elastic_task(started.spec, ctx)
     started.task, started.built_whole = start.task, start.source is None
-    started.policy = CheckpointPolicy.from_spec(started.spec.checkpoint)
     pretrained, source = started.spec.model.pretrained, None
+    origin = {"pretrained": pretrained.path} if pretrained is not None else {}
+    started.policy = CheckpointPolicy.from_spec(started.spec.checkpoint, origin)
     own = started.policy is not None and checkpoint.latest(started.policy.root) is not None
     if pretrained is not None and not own:
         source = use_pretrained(start, pretrained)

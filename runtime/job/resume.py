@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -36,9 +36,11 @@ class CheckpointPolicy:
     interval: int
     keep_last: int
     saver: AsyncSaver | None = None
+    origin: dict[str, str] = field(default_factory=dict)
+    """Where the model's weights first came from (`{"pretrained": path}`), recorded in every marker."""
 
     @classmethod
-    def from_spec(cls, spec: CheckpointSpec) -> CheckpointPolicy | None:
+    def from_spec(cls, spec: CheckpointSpec, origin: dict[str, str] | None = None) -> CheckpointPolicy | None:
         """The policy for this run, or None when spec.checkpoint.path is unset (a throw-away local run)."""
         if not spec.path:
             return None
@@ -47,7 +49,7 @@ class CheckpointPolicy:
         if spec.async_save:
             check_directory_fsync(root)
             saver = AsyncSaver()
-        return cls(root, spec.interval_steps, spec.keep_last, saver)
+        return cls(root, spec.interval_steps, spec.keep_last, saver, origin or {})
 
     def due(self, step: int, last_step: int) -> bool:
         return step % self.interval == 0 or step == last_step
@@ -56,7 +58,7 @@ class CheckpointPolicy:
         """Save and commit on every rank (a save in flight is committed first); rank 0 then prunes."""
         if self.saver is not None:
             self.committed(engine, self.saver.finish(engine))
-        path = checkpoint.save(engine, self.root)
+        path = checkpoint.save(engine, self.root, self.origin)
         self.pruned(engine)
         return path
 
@@ -90,7 +92,7 @@ def save_checkpoint(
         metrics.phase(RankPhase.CHECKPOINTING)
     t0 = time.perf_counter()
     if policy.saver is not None and not last:
-        policy.saver.start(engine, policy.root)
+        policy.saver.start(engine, policy.root, policy.origin)
         if metrics is not None:
             metrics.observe_blocked(time.perf_counter() - t0)
         return None

@@ -63,7 +63,7 @@ def _drop_nulls(node: Any) -> Any:
 
 
 def test_there_are_examples() -> None:
-    assert {p.name for p in EXAMPLES} >= {"quickstart.yaml", "gpu-7b.yaml"}
+    assert {p.name for p in EXAMPLES} >= {"quickstart.yaml", "gpu-7b.yaml", "gpu-70b.yaml"}
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
@@ -114,13 +114,14 @@ def test_crd_validation_refuses_what_the_api_server_would() -> None:
         assert _crd_errors(bad), f"{'.'.join(path)}={value!r} was accepted"
 
 
-def test_gpu_example_declares_the_parameters_of_its_model() -> None:
+@pytest.mark.parametrize("name", ["gpu-7b.yaml", "gpu-70b.yaml"])
+def test_gpu_example_declares_the_parameters_of_its_model(name: str) -> None:
     """model.parameters feeds the admission memory plan: it must be the model's real Ψ (counted on the meta device,
     no memory allocated)."""
     torch = pytest.importorskip("torch")
     from zerotrain.runtime.examples.gpt import GPT
 
-    job = next(d for d in _docs(ROOT / "examples" / "gpu-7b.yaml") if d["kind"] == KIND)
+    job = next(d for d in _docs(ROOT / "examples" / name) if d["kind"] == KIND)
     args = job["spec"]["entrypointArgs"]
     with torch.device("meta"):
         model = GPT(

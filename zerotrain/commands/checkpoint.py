@@ -26,6 +26,15 @@ class ExportFormat(str, enum.Enum):
 
     SAFETENSORS = "safetensors"
     DCP = "dcp"
+    HUGGINGFACE = "huggingface"
+
+
+class ExportDtype(str, enum.Enum):
+    """The dtype a Hugging Face export writes its floating tensors in."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
 
 
 class OutputFormat(str, enum.Enum):
@@ -43,9 +52,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     e = actions.add_parser("export", help="export the model of a checkpoint", description=__doc__)
     e.add_argument("dir", help="a checkpoint root (its newest complete checkpoint is used) or one step-* directory")
     e.add_argument("--format", choices=[f.value for f in ExportFormat], default=ExportFormat.SAFETENSORS.value)
-    e.add_argument("--out", required=True, help="the .safetensors file, or the DCP directory, to write")
+    e.add_argument(
+        "--out", required=True, help="the .safetensors file, the DCP directory, or the (empty) Hugging Face directory"
+    )
     e.add_argument("--optimizer", action="store_true", help="DCP only: include the optimizer state")
-    e.add_argument("--force", action="store_true", help="replace --out if it exists")
+    e.add_argument("--force", action="store_true", help="replace --out if it exists (not for huggingface)")
+    e.add_argument(
+        "--max-shard-size",
+        default="5GB",
+        help="huggingface: the largest shard (5GB, 500MB, 2Gi; default 5GB as transformers)",
+    )
+    e.add_argument(
+        "--dtype",
+        choices=[d.value for d in ExportDtype],
+        default=ExportDtype.FP32.value,
+        help="huggingface: the dtype of the floating tensors (default fp32, the master's)",
+    )
+    e.add_argument(
+        "--copy-from",
+        help="huggingface: copy config and tokenizer files from this directory (default: the job's pretrained one)",
+    )
     e.set_defaults(func=export)
 
 
@@ -84,9 +110,42 @@ def export(args: argparse.Namespace) -> int:
     if args.optimizer and args.format != ExportFormat.DCP.value:
         raise ZeroSetupError("--optimizer", True, "only DCP exports carry optimizer state", "add --format dcp")
     out = Path(args.out)
+    if args.format == ExportFormat.HUGGINGFACE.value:
+        return export_huggingface(args, out)
     if args.format == ExportFormat.SAFETENSORS.value:
         written = ex.export_safetensors(args.dir, out, force=args.force)
     else:
         written = ex.export_dcp(args.dir, out, optimizer=args.optimizer, force=args.force)
     Console().print(Text(f"wrote {written} ({args.format})"))
+    return 0
+
+
+def shard_bytes(text: str) -> int:
+    """--max-shard-size: a Kubernetes quantity (5G, 2Gi) or transformers' spelling (5GB, 500MB)."""
+    from zerotrain.quantity import parse_bytes
+    from zerotrain.runtime.zero.engine_errors import ZeroSetupError
+
+    value = parse_bytes(text.removesuffix("B") if text.endswith(("KB", "MB", "GB", "TB")) else text)
+    if value is None or value < 1:
+        raise ZeroSetupError("--max-shard-size", text, "is not a size", "use e.g. 5GB, 500MB or 2Gi")
+    return value
+
+
+def export_huggingface(args: argparse.Namespace, out: Path) -> int:
+    import torch
+
+    from zerotrain.runtime.checkpoints.export_hf import export_huggingface as write
+
+    dtypes = {
+        ExportDtype.FP32.value: None,
+        ExportDtype.BF16.value: torch.bfloat16,
+        ExportDtype.FP16.value: torch.float16,
+    }
+    copy_from = Path(args.copy_from) if args.copy_from else None
+    done = write(args.dir, out, dtypes[args.dtype], shard_bytes(args.max_shard_size), copy_from)
+    copied = f"; copied {', '.join(done.copied)}" if done.copied else "; no config copied (use --copy-from)"
+    Console().print(
+        Text(f"wrote {out}: {len(done.shards)} shard(s), {format_bytes(done.total_bytes)} ({args.dtype}){copied}"),
+        soft_wrap=True,
+    )
     return 0

@@ -15,10 +15,11 @@ from rich.text import Text
 from zerotrain.autostage import resolve_stage
 from zerotrain.errors import UserError
 from zerotrain.manifest import load_job
-from zerotrain.plan_inputs import declared_parameters, plan_input, plan_job
+from zerotrain.plan_inputs import declared_parameters, host_bytes_per_pod, plan_input, plan_job
 from zerotrain.planner import MemoryPlan, PlanInput, format_bytes, plan
 from zerotrain.quantity import parse_bytes, parse_count
 from zerotrain.spec import ZeroTrainingJobSpec
+from zerotrain.startup import describe, start_up_plan
 
 # CLI flag of each PlanInput field, so errors name what the user typed.
 _FLAGS = {
@@ -138,12 +139,12 @@ def make_input(values: dict[str, object]) -> PlanInput:
 _OVERRIDES = ("params", "dp", "k", "bytes_per_weight", "bytes_per_grad", "device_memory", "headroom")
 
 
-def _result(args: argparse.Namespace) -> MemoryPlan:
+def _result(args: argparse.Namespace) -> tuple[MemoryPlan, ZeroTrainingJobSpec | None]:
     """The manifest's own plan (whole peak with a shape) unless flags override its figures: then model states."""
     if args.manifest and not any(getattr(args, f) is not None for f in _OVERRIDES):
         spec, memory = _manifest_spec(args.manifest)
-        return plan_job(spec, memory)
-    return plan(make_input(_inputs(args)))
+        return plan_job(spec, memory), spec
+    return plan(make_input(_inputs(args))), None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -153,11 +154,18 @@ def run(args: argparse.Namespace) -> int:
         from zerotrain.commands.measure import measure_command
 
         return measure_command(args.manifest, args.output == Output.JSON.value, real=args.measure_real)
-    result = _result(args)
+    result, spec = _result(args)
+    start = start_up_plan(spec, host_bytes_per_pod(spec)) if spec is not None else None
     if args.output == Output.JSON.value:
-        print(json.dumps(result.model_dump(mode="json", by_alias=True), indent=2))
-    else:
-        render(result, Console())
+        out = result.model_dump(mode="json", by_alias=True)
+        if start is not None:
+            out["startUp"] = start.model_dump(mode="json", by_alias=True)
+        print(json.dumps(out, indent=2))
+        return 0
+    console = Console()
+    render(result, console)
+    if spec is not None and start is not None:
+        console.print(Text(describe(start, spec)), soft_wrap=True)
     return 0
 
 

@@ -13,9 +13,10 @@ from rich.text import Text
 from zerotrain import elastic
 from zerotrain.errors import UserError
 from zerotrain.manifest import load_job_document, parse_job
-from zerotrain.plan_inputs import plan_job
+from zerotrain.plan_inputs import host_bytes_per_pod, plan_job
 from zerotrain.planner import format_bytes
 from zerotrain.spec import ZeroTrainingJobSpec
+from zerotrain.startup import describe, start_up_plan
 from zerotrain.weights_layout import layout
 from zerotrain.zero_config import Stage
 
@@ -127,6 +128,8 @@ def run(args: argparse.Namespace) -> int:
             "memory plan: not checked (set spec.model.parameters or spec.model.shape, and resources.gpuMemory or "
             "--gpu-memory)"
         )
+    if (start := start_up_plan(spec, host_bytes_per_pod(spec))) is not None:
+        lines.append(describe(start, spec))
     if spec.model.pretrained is not None:
         lines.append(pretrained_line(spec, args.manifest))
     if spec.elastic is not None:
