@@ -205,19 +205,3 @@ class PretrainedValues:
                 self.store.read_into(
                     self.found.params[slot.name], a - slot.offset, b - slot.offset, out[a - lo : b - lo]
                 )
-
-
-def match_on_meta(entrypoint: str, args: dict[str, object], world_size: int, spec: PretrainedSpec) -> Matched | str:
-    """`zerotrain validate`: the entry point's model built on the meta device (no memory, no init) and matched
-    against the weights: the Matched, or why the model could not be built that way (then not checked). A mismatch
-    raises WeightsError, as the ranks would."""
-    from zerotrain.runtime.construction.weight_files import open_weights
-    from zerotrain.runtime.job.task import build_task
-
-    store = open_weights(spec.path)
-    try:
-        with torch.device("meta"):
-            task = build_task(entrypoint, rank=0, world_size=world_size, args=dict(args))
-    except Exception as e:  # the entry point's own data or checks may need real tensors
-        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-    return match(task.model, store, spec)

@@ -30,7 +30,7 @@ from zerotrain.runtime.checkpoints import checkpoint
 from zerotrain.runtime.checkpoints.checkpoint import Loaded
 from zerotrain.runtime.construction.materialize import ConstructedValues
 from zerotrain.runtime.construction.partitioned import build_partitioned
-from zerotrain.runtime.construction.pretrained import PretrainedValues, load_buffers, match
+from zerotrain.runtime.construction.pretrained import Matched, PretrainedValues, load_buffers, match
 from zerotrain.runtime.construction.weight_files import open_weights
 from zerotrain.runtime.job.elastic_batches import SlotBatches
 from zerotrain.runtime.job.rank_metrics import RankPhase
@@ -38,6 +38,7 @@ from zerotrain.runtime.job.resume import CheckpointPolicy, resume
 from zerotrain.runtime.job.task import (
     ConfigError,
     TrainingTask,
+    build_task,
     check_arguments,
     check_declared_parameters,
     check_task,
@@ -195,6 +196,13 @@ class Started:
     built_whole: bool = False
     """The model could not be built partitioned (its whole fp32 parameters were held by every rank)."""
 
+    def gathered_unit_bytes(self) -> list[int]:
+        """Host bytes of each unit stage 3 gathers and frees every pass (none on a GPU: its allocator caches)."""
+        engine = self.engine
+        if engine is None or engine.device.type != "cpu":
+            return []
+        return [u.full.nbytes() or u.layout.padded * u.full.data.element_size() for u in engine.units if not u.resident]
+
     def ready(self) -> tuple[ZeroEngine, TrainingTask, ZeroTrainingJobSpec, CheckpointPolicy | None, Loaded | None]:
         assert self.engine is not None and self.task is not None
         return self.engine, self.task, self.spec, self.policy, self.loaded
@@ -240,3 +248,16 @@ def start_engine(
             log.note(f"resumed from the job's own checkpoint: spec.model.pretrained ({pretrained.path}) was not read")
     elif source is not None:
         log.note(loaded_note(source))
+
+
+def match_on_meta(entrypoint: str, args: dict[str, object], world_size: int, spec: PretrainedSpec) -> Matched | str:
+    """`zerotrain validate`: the entry point's model built on the meta device (no memory, no init) and matched
+    against the weights: the Matched, or why the model could not be built that way (then not checked). A mismatch
+    raises WeightsError, as the ranks would."""
+    store = open_weights(spec.path)
+    try:
+        with torch.device("meta"):
+            task = build_task(entrypoint, rank=0, world_size=world_size, args=dict(args))
+    except Exception as e:  # the entry point's own data or checks may need real tensors
+        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    return match(task.model, store, spec)

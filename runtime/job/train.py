@@ -29,6 +29,7 @@ import torch
 from zerotrain.pod_contract import PROGRESS_ENV, SUMMARY_ENV
 from zerotrain.runtime.checkpoints.checkpoint import step_of as checkpoint_step
 from zerotrain.runtime.job import out_of_memory
+from zerotrain.runtime.job.host_memory import returned_while_starting, training_threshold
 from zerotrain.runtime.job.model_start import EngineFactory, Started, start_engine
 from zerotrain.runtime.job.preemption import (
     PEER_REQUEST,
@@ -275,7 +276,10 @@ def train(
     log = ProgressLog(os.environ.get(PROGRESS_ENV)) if ctx.rank == 0 else None
     started = Started(spec)
     try:
-        start_engine(started, ctx, device, engine_factory, metrics, log)
+        with returned_while_starting() as threshold:  # freed weights go back to the system, not the heap
+            start_engine(started, ctx, device, engine_factory, metrics, log)
+            limited = spec.resources.memory is not None
+            threshold.training = training_threshold(started.gathered_unit_bytes(), limited)
         return _train_engine(started, ctx, device, metrics, preemption, log)
     except (MemoryError, RuntimeError) as e:  # torch.OutOfMemoryError is a RuntimeError
         if not out_of_memory.is_allocation_failure(e):

@@ -67,3 +67,21 @@ def test_allocator_messages_are_read_for_the_bytes_asked() -> None:
     assert is_allocation_failure(cpu) and tried_bytes(cpu) == 67108864
     cuda = RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.1 GiB total capacity)")
     assert tried_bytes(cuda) == 2 * 2**30 and not is_allocation_failure(RuntimeError("shape mismatch"))
+
+
+@pytest.mark.slow
+def test_a_rank_out_of_memory_while_building_the_model_says_so_and_what_helps(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A 201M-parameter GPT: each rank's slice of its fp32 parameters alone is 400 MB, its engine as much again.
+    doc = yaml.safe_load(QUICKSTART.read_text())
+    doc["spec"]["resources"]["memory"] = "600Mi"
+    doc["spec"]["entrypointArgs"] |= {"d_model": 1024, "n_layers": 16, "n_heads": 8}
+    doc["spec"].pop("model")  # no Ψ to plan with: nothing refuses it before the ranks start
+    path = tmp_path / "big.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert main(["run", str(path), "--steps", "2", "--no-metrics"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "out of memory: rank " in out and "during constructing (building the model)" in out, out
+    assert "it held its slice of every parameter and one unit whole" in out
+    assert "zerotrain plan -f JOB" in out and "raise zero.stage" not in out

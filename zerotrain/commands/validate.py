@@ -71,8 +71,8 @@ def pretrained_line(spec: ZeroTrainingJobSpec, manifest: str) -> str:
         )
     held = layout(path)
     from zerotrain.pod_contract import ENTRYPOINT_PATH_ENV
-    from zerotrain.runtime.construction.pretrained import match_on_meta
     from zerotrain.runtime.job.launch import scoped_environ
+    from zerotrain.runtime.job.model_start import match_on_meta
 
     with scoped_environ({ENTRYPOINT_PATH_ENV: str(Path(manifest).resolve().parent)}):
         found = match_on_meta(spec.entrypoint, spec.entrypoint_args, spec.world_size, pretrained)
