@@ -2,13 +2,17 @@
 
 For 3 sizes of the built-in GPT at N = 1, 2, 4, 8 gloo ranks (stage 3, fp32), every figure a ratio:
 
-- construction: the peak of live tensor bytes (`LiveBytes`: every storage an operator returns, until freed) from
-  before the entry point runs until the engine is built, divided by the model's fp32 bytes; partitioned (today) and
-  whole (an ordinary build, every rank holding the model), side by side;
+- construction: the peak of live tensor bytes (`LiveBytes`: every storage an operator returns, until freed) while
+  the entry point builds the model, divided by the model's fp32 bytes; partitioned (today) and whole (an ordinary
+  build, every rank holding the model), side by side;
+- start-up: the same from before the entry point until the engine is built (its own shard and buffers included),
+  both ways;
 - load: `spec.model.pretrained` from a Hugging Face export of the same model, read into the rank's shard: the
-  shard plus the most the reads held at once, divided by the shard's bytes;
+  shard plus the largest single read (the reader's own count of each read's bytes: they are bytearrays, which
+  `LiveBytes` does not see) and any tensor the reads allocated, divided by the shard's bytes;
 - export: `checkpoint export --format huggingface` with shards of a quarter of the model: its peak of live tensor
-  bytes divided by one output shard's size (one process; N = the checkpoint's ranks);
+  bytes divided by one output shard's size (one process; N = the checkpoint's ranks), and that peak in bytes: it
+  is about two and a half reads of at most 16 MiB, whatever the shard;
 - seconds from the entry point's call to the built engine, partitioned ÷ whole (each the median of `--reps`, the
   two interleaved).
 
@@ -30,6 +34,7 @@ import torch.multiprocessing as mp
 from rich.console import Console
 from rich.table import Table
 
+from zerotrain.planner import format_bytes
 from zerotrain.runtime.job.launch import free_port
 
 GPT = "zerotrain.runtime.examples.gpt:build"
@@ -73,15 +78,18 @@ def _start(rank: int, world: int, job: dict[str, Any]) -> dict[str, float]:
     t0 = time.perf_counter()
     with returned_while_starting(), LiveBytes() as live:
         if job["partitioned"]:
-            start = start_task(GPT, rank=rank, world_size=world, args=job["args"])
+            with live.phase("build"):
+                start = start_task(GPT, rank=rank, world_size=world, args=job["args"])
             engine = _engine(start.task.model, start.source, torch.device("cpu"))
         else:
-            engine = _engine(build_task(GPT, rank=rank, world_size=world, args=job["args"]).model, None, None)
+            with live.phase("build"):
+                task = build_task(GPT, rank=rank, world_size=world, args=job["args"])
+            engine = _engine(task.model, None, None)
     seconds = time.perf_counter() - t0
     model = 4 * sum(u.layout.numel for u in engine.units)
     if job.get("save"):
         engine.save_checkpoint(job["save"])
-    return {"peak": live.peak / model, "seconds": seconds}
+    return {"build": live.phase_peaks["build"] / model, "peak": live.peak / model, "seconds": seconds}
 
 
 def _load(rank: int, world: int, job: dict[str, Any]) -> dict[str, float]:
@@ -102,14 +110,15 @@ def _load(rank: int, world: int, job: dict[str, Any]) -> dict[str, float]:
     layouts = build_units(model, ["Block"], [], world)
     shard = torch.empty(sum(la.shard_numel for la in layouts))
     comm, at = Comm(60), 0
-    with LiveBytes() as live:
+    with LiveBytes(held=[shard]) as live:  # the shard is the engine's; what the reads add is measured
         for la in layouts:
             lo, hi = la.shard_range(rank)
             source.read_loaded(la, lo, hi, shard[at : at + hi - lo])
             at += hi - lo
     del comm
     nbytes = 4 * shard.numel()
-    return {"ratio": (nbytes + live.peak) / nbytes, "read": store.stats.bytes_read / nbytes}
+    held = nbytes + store.stats.largest_read_bytes + live.peak
+    return {"ratio": held / nbytes, "read": store.stats.bytes_read / nbytes}
 
 
 def _save(rank: int, world: int, job: dict[str, Any]) -> dict[str, float]:
@@ -129,14 +138,14 @@ def ranks(world: int, job: dict[str, Any]) -> list[dict[str, float]]:
     return [got[r] for r in range(world)]
 
 
-def export_ratio(ckpt: Path, model_bytes: int, tmp: Path) -> float:
+def export_peak(ckpt: Path, model_bytes: int, tmp: Path) -> tuple[float, int]:
     from zerotrain.runtime.checkpoints.export_hf import export_huggingface
     from zerotrain.runtime.zero.live_bytes import LiveBytes
 
     shard = model_bytes // 4
     with LiveBytes() as live:
         export_huggingface(ckpt, tmp, max_shard_bytes=shard)
-    return live.peak / shard
+    return live.peak / shard, live.peak
 
 
 def main() -> None:
@@ -161,28 +170,26 @@ def main() -> None:
         gargs = gpt_args(d, layers)
         for world in (int(w) for w in args.worlds.split(",")):
             with tempfile.TemporaryDirectory() as tmp:
-                part, whole, times = [], [], {True: [], False: []}
+                peaks: dict[tuple[bool, str], list[float]] = {}
+                times: dict[bool, list[float]] = {True: [], False: []}
                 for _rep in range(args.reps):
                     for partitioned in (True, False):
                         got = ranks(world, {"what": "start", "args": gargs, "partitioned": partitioned})
-                        (part if partitioned else whole).append(statistics.median(g["peak"] for g in got))
+                        for key in ("build", "peak"):
+                            peaks.setdefault((partitioned, key), []).append(statistics.median(g[key] for g in got))
                         times[partitioned].append(max(g["seconds"] for g in got))
                 ranks(world, {"what": "save", "args": gargs, "save": f"{tmp}/ckpt"})
                 psi = _psi(gargs)
                 out = Path(tmp, "hf")
-                exported = export_ratio(Path(tmp, "ckpt"), 4 * psi, out)
+                exported, export_bytes = export_peak(Path(tmp, "ckpt"), 4 * psi, out)
                 load = ranks(world, {"what": "load", "args": gargs, "weights": str(out)})
-                seconds = statistics.median(times[True]) / statistics.median(times[False])
-                table.add_row(
-                    f"{psi / 1e6:.1f}M",
-                    str(world),
-                    f"{statistics.median(part):.2f}",
-                    f"{statistics.median(whole):.2f}",
-                    f"{statistics.median(g['ratio'] for g in load):.3f}",
-                    f"{exported:.3f}",
-                    f"{seconds:.2f}",
-                )
-                Console().print(table)
+                ratios = sorted(a / b for a, b in zip(times[True], times[False], strict=True))
+                cells = [f"{psi / 1e6:.1f}M", str(world)]
+                cells += [f"{statistics.median(peaks[(p, k)]):.2f}" for k in ("build", "peak") for p in (True, False)]
+                cells += [f"{statistics.median(g['ratio'] for g in load):.3f}", f"{exported:.3f}"]
+                seconds = f"{statistics.median(ratios):.2f} ({ratios[0]:.2f}-{ratios[-1]:.2f})"
+                table.add_row(*cells, format_bytes(export_bytes), seconds)
+                Console(width=160).print(table)
 
 
 def _psi(gargs: dict[str, Any]) -> int:

@@ -173,12 +173,14 @@ def _admit_sized(
         planned = plan_for(spec, default_gpu_memory)
     except ValueError as e:
         return Admission(spec=spec, reason=Reason.INVALID_SPEC, message=str(e))
-    if refusal := startup.does_not_fit(spec, startup.start_up_plan(spec, host_bytes_per_pod(spec))):
+    # The offloaded states first: they are the manifest's own choice and stay for the whole run.
+    start_up = startup.start_up_plan(spec, host_bytes_per_pod(spec))
+    if refusal := _host_does_not_fit(spec) or startup.does_not_fit(spec, start_up):
         return Admission(spec=spec, reason=Reason.MEMORY_PLAN_DOES_NOT_FIT, message=refusal)
     if planned is None:
         return Admission(spec=spec, stage_choice=choice)
     result, p = planned
-    if refusal := _does_not_fit(spec, result, p) or _host_does_not_fit(spec):
+    if refusal := _does_not_fit(spec, result, p):
         return Admission(spec=spec, plan=result, reason=Reason.MEMORY_PLAN_DOES_NOT_FIT, message=refusal)
     return Admission(spec=spec, plan=result, stage_choice=choice)
 

@@ -141,9 +141,11 @@ def does_not_fit(spec: ZeroTrainingJobSpec, plan: StartUpPlan | None) -> str | N
     if plan.per_pod <= usable:
         return None
     need = -(-plan.per_pod * 10 // 8 // 2**30)  # with the headroom, in whole GiB
+    offloaded = plan.per_pod - spec.nproc_per_node * plan.per_rank
+    beside = f" + {format_bytes(offloaded)} of offloaded states" if offloaded else ""
     return (
         f"resources.memory: got {limit!r}; its ranks start with {format_bytes(plan.per_pod)} of host memory "
         f"({spec.nproc_per_node} × {format_bytes(plan.per_rank)}: each rank's slice of every parameter and a unit "
-        f"built whole), more than the {format_bytes(usable)} usable of it; set resources.memory to at least "
+        f"built whole{beside}), more than the {format_bytes(usable)} usable of it; set resources.memory to at least "
         f"{need}Gi, or use more ranks (each holds 1/{spec.world_size} of the model)"
     )

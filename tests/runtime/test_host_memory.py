@@ -17,22 +17,17 @@ from zerotrain.runtime.job.host_memory import (
 
 BUILD = """
 import sys, torch
-from torch import nn
-from zerotrain.runtime.construction.placeholders import to_meta
+from zerotrain.runtime.construction.partitioned import build_partitioned
+from zerotrain.runtime.examples.gpt import GPT
 from zerotrain.runtime.job.host_memory import returned_while_starting
 
 def rss():
     return int(next(l.split()[1] for l in open("/proc/self/status") if l.startswith("VmRSS"))) * 1024
 
-def build():  # what a partitioned construction does: whole weights built, then handed over; small tensors kept
-    kept = []
-    for _ in range(10):  # a transformer block's four weights of unequal sizes
-        for fan_in, fan_out in ((768, 2304), (768, 768), (768, 3072), (3072, 768)):
-            m = nn.Linear(fan_in, fan_out)
-            to_meta(m.weight)
-            kept.append((m, torch.zeros(3000)))
-    return kept
+def build():  # rank 0 of 8: keeps 1/8 of every weight it builds
+    return build_partitioned(lambda: GPT(seq_len=64, d_model=768, n_layers=12, n_heads=12), lambda m: m, 0, 8, KeyError)
 
+torch.manual_seed(0)
 before = rss()
 if sys.argv[1] == "returned":
     with returned_while_starting():
@@ -50,9 +45,9 @@ def _grown(mode: str) -> int:
 
 @pytest.mark.skipif(_glibc() is None, reason="the heap's behaviour measured here is glibc's")
 def test_weights_freed_while_starting_go_back_to_the_system() -> None:
-    weights = 10 * 12 * 768 * 768 * 4  # 283 MB of weights built and freed; 0.5 MB of small tensors kept
-    assert _grown("heap") > weights // 2  # glibc's own threshold: the freed weights stay in the heap
-    assert _grown("returned") < weights // 10
+    model = 4 * (12 * (12 * 768 * 768 + 13 * 768) + (256 + 64) * 768 + 2 * 768)  # 341 MB of fp32 weights
+    assert _grown("heap") > model // 2  # glibc's own threshold: the freed weights stay in the heap
+    assert _grown("returned") < model // 4  # the rank's slices (model / 8) and little else
 
 
 def test_training_maps_gathered_units_only_where_a_memory_limit_applies() -> None:
