@@ -48,7 +48,7 @@ from zerotrain.zero_config import Stage
 log = logging.getLogger(__name__)
 Key = tuple[str, str]  # (namespace, name)
 # Status fields written by the runtime's rank 0 (runtime.status_report), never by the operator.
-RUNTIME_OWNED = ("step", "lastCheckpoint")
+RUNTIME_OWNED = ("step", "lastCheckpoint", "lastEvaluation")
 
 
 class Result(str, Enum):

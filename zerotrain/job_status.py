@@ -107,6 +107,17 @@ class CheckpointStatus(SpecModel):
     """When it was committed."""
 
 
+class EvaluationStatus(SpecModel):
+    """The newest evaluation (spec.training.evaluation)."""
+
+    step: int
+    """The optimizer step it followed."""
+    loss: float
+    """Its loss: the mean over every rank's evaluation micro-batches."""
+    time: datetime | None = None
+    """When rank 0 reported it."""
+
+
 class ZeroTrainingJobStatus(SpecModel):
     """Observed state of a ZeRO training job."""
 
@@ -126,6 +137,8 @@ class ZeroTrainingJobStatus(SpecModel):
     """When the job succeeded or failed."""
     last_checkpoint: CheckpointStatus | None = None
     """Newest committed checkpoint; a restarted gang resumes from it."""
+    last_evaluation: EvaluationStatus | None = None
+    """Newest evaluation loss and its step, reported by rank 0."""
     memory_plan: MemoryPlan | None = None
     """Per-rank model-state memory by ZeRO stage for this job."""
     stage: Stage | None = None

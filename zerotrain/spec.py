@@ -194,8 +194,58 @@ class OptimizerSpec(SpecModel):
     """SGD momentum."""
 
 
+class LrDecay(str, Enum):
+    """How the learning rate falls after the warm-up."""
+
+    COSINE = "cosine"
+    """Half a cosine from lr down to minLrRatio × lr over decaySteps."""
+    LINEAR = "linear"
+    """A straight line from lr down to minLrRatio × lr over decaySteps."""
+    CONSTANT = "constant"
+    """lr after the warm-up, to the end."""
+
+
+class LrSchedule(SpecModel):
+    """The learning rate of every step: a linear warm-up from 0, then a decay to minLrRatio × lr (the schedules of
+    `transformers`' `get_cosine_with_min_lr_schedule_with_warmup` and torchtitan). Step t (1, 2, … steps) trains at
+    lr × t/warmupSteps while t ≤ warmupSteps, then at lr × (m + (1 − m)·d(p)) with p = min((t − warmupSteps) /
+    decaySteps, 1), m = minLrRatio and d the decay (cosine ½(1 + cos πp), linear 1 − p, constant 1). A pure function
+    of the step, which checkpoints hold: a resumed run trains every step at the same learning rate."""
+
+    warmup_steps: int = Field(default=0, ge=0)
+    """Steps of linear warm-up from 0 (step t at t/warmupSteps of lr); 0 starts at lr."""
+    decay: LrDecay = LrDecay.COSINE
+    """cosine, linear or constant after the warm-up."""
+    decay_steps: int | None = Field(default=None, ge=1)
+    """Steps from the end of the warm-up to the bottom of the decay (minLrRatio × lr, kept after); by default
+    training.steps − warmupSteps, so the run ends at the bottom."""
+    min_lr_ratio: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Where the decay ends, as a fraction of lr (0.1: a tenth)."""
+
+
+class EvaluationSpec(SpecModel):
+    """Forward-only evaluation on the task's held-out micro-batches (`TrainingTask.eval_batches`): every rank runs
+    them in eval mode under no_grad, the loss is averaged over ranks, and nothing of the training changes."""
+
+    every_steps: int = Field(ge=1)
+    """Evaluate after every this many optimizer steps, and after the last."""
+    batches: int = Field(default=10, ge=1)
+    """Evaluation micro-batches per rank each time (the first this many of the task's; the same ones every time)."""
+
+
 class TrainingSpec(SpecModel):
     """The training loop the runtime drives."""
+
+    rules = (
+        Rule(
+            "!has(self.lrSchedule) || !has(self.lrSchedule.warmupSteps) || "
+            "self.lrSchedule.warmupSteps <= (has(self.steps) ? self.steps : 100)",
+            lambda t: t.lr_schedule is None or t.lr_schedule.warmup_steps <= t.steps,
+            "training.lrSchedule.warmupSteps is beyond training.steps: the run would end still warming up; use fewer "
+            "warm-up steps (a few percent of steps is usual) or train longer",
+            ("lr_schedule.warmup_steps", "steps"),
+        ),
+    )
 
     steps: int = Field(default=100, ge=1)
     """Optimizer steps to run."""
@@ -205,6 +255,10 @@ class TrainingSpec(SpecModel):
     """Random seed (model initialisation and data order are identical on every rank)."""
     log_every: int = Field(default=1, ge=1)
     """Report loss and throughput every this many steps."""
+    lr_schedule: LrSchedule | None = None
+    """Warm-up and decay of optimizer.lr over the steps; without it the learning rate stays optimizer.lr."""
+    evaluation: EvaluationSpec | None = None
+    """Evaluate on the task's held-out data every so many steps and at the end; without it nothing is evaluated."""
 
 
 class CheckpointSpec(SpecModel):

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from zerotrain.runtime.job.data import TextBatches, read_text_corpus
+from zerotrain.runtime.job.data import HeldOutBatches, TextBatches, read_text_corpus
 from zerotrain.runtime.job.task import ConfigError, TrainingTask
 
 VOCAB = 256  # bytes
@@ -88,17 +88,28 @@ def build(
     n_heads: int = 4,
     max_bytes: int = 2_000_000,
     text_dir: str | None = None,
+    eval_bytes: int = 0,
 ) -> TrainingTask:
     """The task for one rank.
 
     `batch_size` is the *global* micro-batch in sequences (all ranks together; a multiple of the world size);
-    the data order follows the seed the runtime set (spec.training.seed).
+    the data order follows the seed the runtime set (spec.training.seed). `eval_bytes` > 0 holds the text's last
+    eval_bytes out of training, as the evaluation data (spec.training.evaluation).
     """
     if d_model % n_heads != 0:
         raise ConfigError(
             f"spec.entrypointArgs.d_model: got {d_model}, not divisible by n_heads={n_heads}; use a multiple of n_heads"
         )
     data = read_text_corpus(Path(text_dir) if text_dir else None, max_bytes=max_bytes)
+    held_out = None
+    if eval_bytes:
+        if not 0 < eval_bytes <= data.numel() // 2:
+            raise ConfigError(
+                f"spec.entrypointArgs.eval_bytes: got {eval_bytes}, but the text has {data.numel()} bytes; hold out "
+                f"between 1 and half of them (e.g. {data.numel() // 10})"
+            )
+        data, text = data[:-eval_bytes], data[-eval_bytes:]
+        held_out = HeldOutBatches(text, seq_len=seq_len, batch_size=batch_size, rank=rank, world_size=world_size)
     batches = TextBatches(
         data, seq_len=seq_len, batch_size=batch_size, rank=rank, world_size=world_size, seed=torch.initial_seed()
     )
@@ -111,4 +122,5 @@ def build(
         tokens_per_batch=(batch_size // world_size) * seq_len,
         samples_per_batch=batch_size // world_size,
         unit_modules=[Block.__name__],
+        eval_batches=held_out,
     )

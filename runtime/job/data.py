@@ -117,3 +117,22 @@ class TextBatches:
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Continue at micro-batch `state["micro_batches"]`; no batch before it is drawn."""
         self.index = int(state["micro_batches"])
+
+
+class HeldOutBatches:
+    """Evaluation micro-batches of held-out text: calling it gives a fresh iterator over this rank's rows of global
+    micro-batch 0, 1, … where micro-batch j holds the consecutive windows j·B … (j+1)·B − 1 of `seq_len + 1` bytes
+    from the start of `data`: the same batches every call, and at every world size."""
+
+    def __init__(self, data: torch.Tensor, *, seq_len: int, batch_size: int, rank: int, world_size: int) -> None:
+        self.data, self.seq_len, self.batch_size = data, seq_len, batch_size
+        self.rows = rank_rows(batch_size, rank, world_size)
+        self.micro_batches = data.numel() // ((seq_len + 1) * batch_size)
+        """Whole global micro-batches the held-out text holds."""
+
+    def __call__(self) -> Iterator[torch.Tensor]:
+        width = self.seq_len + 1
+        for j in range(self.micro_batches):
+            rows = torch.arange(j * self.batch_size, (j + 1) * self.batch_size)[self.rows]
+            yield self.data[rows[:, None] * width + torch.arange(width)[None, :]].long()
+

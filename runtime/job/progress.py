@@ -22,17 +22,24 @@ class StepReporter:
         self._last = -math.inf
         self._thread: threading.Thread | None = None
 
-    def report(self, step: int, final: bool = False, checkpoint: tuple[int, str] | None = None) -> None:
-        """Send `step` (and a newly committed checkpoint, which is never throttled away)."""
-        from zerotrain.runtime.job.status_report import report_progress
+    def report(
+        self,
+        step: int,
+        final: bool = False,
+        checkpoint: tuple[int, str] | None = None,
+        evaluation: tuple[int, float] | None = None,
+    ) -> None:
+        """Send `step` (and a newly committed checkpoint or a new evaluation, neither ever throttled away)."""
+        from zerotrain.runtime.job.status_report import Progress, report_progress
 
         busy = self._thread is not None and self._thread.is_alive()
-        if not final and checkpoint is None and (busy or time.monotonic() - self._last < self.interval_s):
+        news = checkpoint is not None or evaluation is not None
+        if not final and not news and (busy or time.monotonic() - self._last < self.interval_s):
             return
         self.close()
         self._last = time.monotonic()
-        ckpt_step, ckpt_path = checkpoint if checkpoint else (None, None)
-        self._thread = threading.Thread(target=report_progress, args=(step, ckpt_step, ckpt_path), daemon=True)
+        progress = Progress(step, checkpoint, evaluation)
+        self._thread = threading.Thread(target=report_progress, args=(progress,), daemon=True)
         self._thread.start()
 
     def close(self) -> None:
@@ -56,6 +63,12 @@ class ProgressLog:
         self._out.write(json.dumps({"checkpoint": path, "checkpoint_step": step}) + "\n")
         self._out.flush()
         self._reporter.report(step, checkpoint=(step, path))
+
+    def evaluation(self, step: int, loss: float, seconds: float) -> None:
+        """The evaluation after `step` (`zerotrain run` shows it; the job's status keeps the last one)."""
+        self._out.write(json.dumps({"eval_step": step, "eval_loss": loss, "eval_s": seconds}) + "\n")
+        self._out.flush()
+        self._reporter.report(step, evaluation=(step, loss))
 
     def resumed(self, step: int, path: str) -> None:
         """The run continues from checkpoint `path` after `step` (`zerotrain run` says so)."""

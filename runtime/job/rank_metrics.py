@@ -46,6 +46,8 @@ class RankPhase(str, Enum):
     BACKWARD = "backward"
     OPTIMIZER = "optimizer"
     CHECKPOINTING = "checkpointing"
+    EVALUATING = "evaluating"
+    """Forward-only on the held-out micro-batches (spec.training.evaluation)."""
     FINISHED = "finished"
 
 
@@ -112,6 +114,10 @@ class Snapshot:
     last_committed_step: int | None = None
     load_seconds: float | None = None
     load_bytes: int | None = None
+    eval_loss: float | None = None
+    """The last evaluation's loss (mean over every rank's evaluation micro-batches)."""
+    eval_step: int | None = None
+    """The step that evaluation followed."""
 
 
 class _Families:
@@ -254,6 +260,10 @@ class SnapshotCollector(Collector):
         yield f.counter("zerotrain_skipped_steps", "Steps skipped on fp16 gradient overflow.", s.steps_skipped)
         yield f.counter("zerotrain_tokens", "Tokens this rank processed.", s.tokens)
         yield f.gauge("zerotrain_training_steps", "Optimizer steps the job trains for.", self.owner.total_steps)
+        yield f.gauge(
+            "zerotrain_eval_loss", "Loss of the last evaluation (mean over every rank's micro-batches).", s.eval_loss
+        )
+        yield f.gauge("zerotrain_eval_step", "The step the last evaluation followed.", s.eval_step)
         if st is None:
             return
         yield f.gauge("zerotrain_step", "The last finished step.", st.step)
@@ -264,7 +274,7 @@ class SnapshotCollector(Collector):
         )
         yield f.gauge("zerotrain_loss", "Loss of the last step (mean over the global batch).", st.loss)
         yield f.gauge("zerotrain_grad_norm", "Global gradient norm of the last step that computed it.", s.grad_norm)
-        yield f.gauge("zerotrain_learning_rate", "Learning rate after the last step.", st.learning_rate)
+        yield f.gauge("zerotrain_learning_rate", "Learning rate the last step trained at.", st.learning_rate)
         yield f.gauge("zerotrain_loss_scale", "fp16 loss scale of the last step (1 otherwise).", st.loss_scale)
 
     def _checkpoint(self, s: Snapshot) -> Iterator[Metric]:
@@ -396,6 +406,9 @@ class RankMetrics:
             last_save_seconds=seconds,
             last_committed_step=step,
         )
+
+    def observe_evaluation(self, step: int, loss: float) -> None:
+        self.snapshot = dataclasses.replace(self.snapshot, eval_loss=loss, eval_step=step)
 
     def observe_blocked(self, seconds: float) -> None:
         """A save held the step loop this long (for an asynchronous one, the snapshot)."""

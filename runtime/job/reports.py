@@ -71,6 +71,7 @@ def summary_record(
         "first_step": result.first_step,
         "losses": result.losses,
         "grad_norms": result.grad_norms,
+        "learning_rates": result.learning_rates,
         "skipped_steps": result.skipped_steps,
         # None when resumed from the final checkpoint: no step was left to run (a gang restarted after it).
         "first_loss": result.losses[0] if result.losses else None,
@@ -78,5 +79,6 @@ def summary_record(
         "elapsed_s": result.elapsed_s,
         "tokens_per_s": result.tokens / result.elapsed_s if result.elapsed_s > 0 else 0.0,
         **throughput(result.tokens, result.samples, result.steps, result.elapsed_s),
+        "evaluations": [{"step": e.step, "loss": e.loss} for e in result.evaluations],
         "ranks": ranks,
     }

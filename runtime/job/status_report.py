@@ -1,8 +1,8 @@
 """Progress reports from the runtime's rank 0 into its ZeroTrainingJob's status, through the kubernetes client.
 
 The operator gives every job's pods a ServiceAccount whose Role allows exactly one thing: `patch` on
-`zerotrainingjobs/status` for this job's name. Rank 0 merge-patches `status.step` and
-`status.lastCheckpoint`; the operator never writes those two fields, so neither side overwrites the other.
+`zerotrainingjobs/status` for this job's name. Rank 0 merge-patches `status.step`, `status.lastCheckpoint` and
+`status.lastEvaluation`; the operator never writes those fields, so neither side overwrites the other.
 
 `report_progress` is a no-op outside a job (ZEROTRAIN_JOB_NAME unset, e.g. `zerotrain run`) and never
 raises into training: a failed report is logged and training goes on.
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -41,27 +42,43 @@ def _api_url() -> str | None:
     return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
 
 
-def status_body(step: int, checkpoint_step: int | None, checkpoint_path: str | None) -> dict[str, object]:
+@dataclass(frozen=True)
+class Progress:
+    """What one report carries."""
+
+    step: int
+    """The latest optimizer step."""
+    checkpoint: tuple[int, str] | None = None
+    """A newly committed checkpoint: (its step, its path)."""
+    evaluation: tuple[int, float] | None = None
+    """A new evaluation: (the step it followed, its loss)."""
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def status_body(progress: Progress) -> dict[str, object]:
     """The merge patch for the job (camelCase, as the CRD's status schema names the fields)."""
-    status: dict[str, object] = {"step": int(step)}
-    if checkpoint_step is not None:
-        status["lastCheckpoint"] = {
-            "step": int(checkpoint_step),
-            "path": checkpoint_path or "",
-            "time": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        }
+    status: dict[str, object] = {"step": int(progress.step)}
+    if progress.checkpoint is not None:
+        step, path = progress.checkpoint
+        status["lastCheckpoint"] = {"step": int(step), "path": path, "time": _now()}
+    if progress.evaluation is not None:
+        step, loss = progress.evaluation
+        status["lastEvaluation"] = {"step": int(step), "loss": float(loss), "time": _now()}
     return {"status": status}
 
 
-def report_progress(step: int, checkpoint_step: int | None = None, checkpoint_path: str | None = None) -> None:
-    """Record the latest optimizer step (and a newly committed checkpoint) in the job's status."""
+def report_progress(progress: Progress) -> None:
+    """Record the latest optimizer step (and a newly committed checkpoint or evaluation) in the job's status."""
     name, namespace = os.environ.get(JOB_NAME_ENV), os.environ.get(NAMESPACE_ENV)
     if not name:
         return
     try:
-        _patch(name, namespace or "default", status_body(step, checkpoint_step, checkpoint_path))
+        _patch(name, namespace or "default", status_body(progress))
     except Exception as e:  # reports are advisory; training must never fail because of one
-        log.warning("could not report step %s to %s/%s: %s", step, namespace, name, e)
+        log.warning("could not report step %s to %s/%s: %s", progress.step, namespace, name, e)
 
 
 def _api(base: str) -> kubernetes.client.ApiClient:

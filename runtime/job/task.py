@@ -57,6 +57,10 @@ class TrainingTask:
     """Samples (rows) in one of this rank's micro-batches, for the data position checkpoints record; 0 if unknown."""
     unit_modules: list[str] = field(default_factory=list)
     """Module class names forming ZeRO units when `spec.zero.unitModules` is empty (e.g. ["Block"])."""
+    eval_batches: Callable[[], Iterator[Any]] | None = None
+    """A fresh iterator over this rank's evaluation micro-batches on every call (the same batches each time, split
+    across ranks like `batches`); `spec.training.evaluation` runs the first `batches` of them. None: the task has no
+    evaluation data, and a manifest asking for evaluation is refused."""
 
 
 def is_script(entrypoint: str) -> bool:

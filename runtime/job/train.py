@@ -26,9 +26,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from zerotrain.lr_schedule import learning_rate
 from zerotrain.pod_contract import PROGRESS_ENV, SUMMARY_ENV
 from zerotrain.runtime.checkpoints.checkpoint import step_of as checkpoint_step
-from zerotrain.runtime.job import out_of_memory
+from zerotrain.runtime.job import evaluation, out_of_memory
 from zerotrain.runtime.job.host_memory import returned_while_starting, training_threshold
 from zerotrain.runtime.job.model_start import EngineFactory, Started, start_engine
 from zerotrain.runtime.job.preemption import (
@@ -95,6 +96,8 @@ class TrainResult:
     """Every step's loss: the mean over micro-batches and ranks, i.e. over the global batch at any world size."""
     grad_norms: list[float] = field(default_factory=list)
     """Global gradient norm of every step, as the engine returned it."""
+    learning_rates: list[float] = field(default_factory=list)
+    """The learning rate every step trained at."""
     elapsed_s: float = 0.0
     """Wall time of the loop."""
     tokens: int = 0
@@ -109,6 +112,8 @@ class TrainResult:
     """fp16 steps skipped because gradients overflowed."""
     last_log: dict[str, Any] = field(default_factory=dict)
     """The progress record of the latest step."""
+    evaluations: list[evaluation.Evaluation] = field(default_factory=list)
+    """Every evaluation this run made (spec.training.evaluation), in step order."""
 
 
 def run_micro_batches(
@@ -170,6 +175,7 @@ def run_steps(
     start = time.perf_counter()
     for step in range(first_step, steps + 1):
         step_start = time.perf_counter()
+        set_learning_rate(engine, spec, step)
         run_micro_batches(engine, task, device, accumulation, step, steps, metrics)
         if metrics is not None:
             metrics.phase(RankPhase.OPTIMIZER)
@@ -196,6 +202,8 @@ def run_steps(
         record_step(engine, task, loop, result, step, step_loss, outcome, time.perf_counter() - step_start)
         if log is not None and logged:
             log.write({**result.last_log, "elapsed_s": time.perf_counter() - start})
+        if not stop and evaluation.due(spec.training.evaluation, step, steps):
+            evaluate_step(engine, task, loop, result, step, device, log)
         if stop:
             result.elapsed_s = time.perf_counter() - start
             cause = preemption.cause if preemption is not None else PEER_REQUEST
@@ -205,6 +213,37 @@ def run_steps(
             raise Preempted(step, where, preemption.elapsed() if preemption else 0.0, cause)
     result.elapsed_s = time.perf_counter() - start
     return result
+
+
+def set_learning_rate(engine: ZeroEngine, spec: ZeroTrainingJobSpec, step: int) -> None:
+    """The schedule's rate for `step` on every param group (left as the optimizer and checkpoints have it without
+    spec.training.lrSchedule)."""
+    if spec.training.lr_schedule is None:
+        return
+    lr = learning_rate(spec.training, step)
+    for group in engine.optimizer.param_groups:
+        group["lr"] = lr
+
+
+def evaluate_step(
+    engine: ZeroEngine,
+    task: TrainingTask,
+    loop: Loop,
+    result: TrainResult,
+    step: int,
+    device: torch.device,
+    log: ProgressLog | None,
+) -> None:
+    """The evaluation after `step`, into the result, the metrics and the progress record (rank 0)."""
+    assert loop.spec.training.evaluation is not None
+    if loop.metrics is not None:
+        loop.metrics.phase(RankPhase.EVALUATING)
+    done = evaluation.evaluate(engine, task, loop.spec.training.evaluation, step, device)
+    result.evaluations.append(done)
+    if loop.metrics is not None:
+        loop.metrics.observe_evaluation(done.step, done.loss)
+    if log is not None:
+        log.evaluation(done.step, done.loss, done.seconds)
 
 
 def record_step(
@@ -239,6 +278,7 @@ def record_step(
         )
     result.losses.append(step_loss)
     result.grad_norms.append(grad_norm)
+    result.learning_rates.append(float(engine.optimizer.param_groups[0]["lr"]))
     result.tokens += step_tokens
     result.samples += step_samples
     result.steps += 1
@@ -249,6 +289,7 @@ def record_step(
         "loss": step_loss,
         "grad_norm": grad_norm,
         "skipped": bool(outcome.overflow),
+        "lr": float(engine.optimizer.param_groups[0]["lr"]),
         "tokens_per_s": step_tokens / step_s if step_s > 0 else 0.0,
         **throughput(step_tokens, step_samples, 1, step_s),
     }
@@ -300,6 +341,7 @@ def _train_engine(
     log: ProgressLog | None,
 ) -> TrainResult:
     engine, task, spec, policy, loaded = started.ready()
+    evaluation.check_task(task, spec.training.evaluation, spec.entrypoint)
     first_step = (loaded.step if loaded is not None else 0) + 1
     result = run_steps(engine, task, spec, ctx, device, log, policy, first_step, metrics, preemption)
     if metrics is not None:

@@ -65,6 +65,10 @@ CASES: list[dict[str, Any]] = [
     {"model": {"pretrained": {"path": "/pretrained", "claimName": "models", "subPath": "llama"}}},
     {"model": {"pretrained": {"path": "weights", "claimName": "models"}}},
     {"model": {"pretrained": {"path": "weights"}}},
+    {"training": {"steps": 10, "lrSchedule": {"warmupSteps": 20}}},
+    {"training": {"steps": 10, "lrSchedule": {"warmupSteps": 10}}},
+    {"training": {"lrSchedule": {"warmupSteps": 101}}},
+    {"training": {"lrSchedule": {"decay": "linear"}}},
     {
         "replicas": 2,
         "nprocPerNode": 2,
@@ -134,5 +138,6 @@ def test_each_rule_s_cel_and_predicate_agree(path: str, model: type[SpecModel], 
 
 
 def test_every_model_rule_is_here() -> None:
-    # Resources, ModelShape, PretrainedSpec's 2, FailurePolicy, Scheduling, the spec's 9, ZeroConfig's 6, elastic
-    assert len(RULES) == 22
+    # Resources, ModelShape, PretrainedSpec's 2, TrainingSpec, FailurePolicy, Scheduling, the spec's 9, ZeroConfig's 6,
+    # elastic
+    assert len(RULES) == 23

@@ -16,7 +16,7 @@ from .conftest import Operator
 from .test_operator_e2e import start_job
 
 
-async def test_report_progress_patches_step_and_checkpoint(
+async def test_report_progress_patches_step_checkpoint_and_evaluation(
     cluster: Cluster, operator: Operator, kube: Kube, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     ns = cluster.namespace
@@ -28,24 +28,27 @@ async def test_report_progress_patches_step_and_checkpoint(
     monkeypatch.setenv("ZEROTRAIN_JOB_NAME", "lambda")
     monkeypatch.setenv("ZEROTRAIN_NAMESPACE", ns)
     monkeypatch.setenv(STATUS_API_ENV, cluster.configuration.host)
-    await asyncio.to_thread(status_report.report_progress, 40, 40, "/checkpoints/step-40")
-    await asyncio.to_thread(status_report.report_progress, 41)
+    checkpoint = status_report.Progress(40, checkpoint=(40, "/checkpoints/step-40"))
+    await asyncio.to_thread(status_report.report_progress, checkpoint)
+    await asyncio.to_thread(status_report.report_progress, status_report.Progress(41, evaluation=(41, 2.5)))
     job = await until_async(lambda: (j := kube.get_job(ns, "lambda")) and j["status"].get("step") == 41 and j)
     assert job["status"]["lastCheckpoint"]["step"] == 40
     assert job["status"]["lastCheckpoint"]["path"] == "/checkpoints/step-40"
+    assert job["status"]["lastEvaluation"]["step"] == 41 and job["status"]["lastEvaluation"]["loss"] == 2.5
     await asyncio.sleep(1.2)  # resync passes: the operator must keep the runtime's fields
     job = await asyncio.to_thread(kube.get_job, ns, "lambda")
     assert job["status"]["step"] == 41 and job["status"]["phase"] == "Running"
+    assert job["status"]["lastEvaluation"]["loss"] == 2.5
 
 
 def test_report_progress_is_a_noop_outside_a_job(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("ZEROTRAIN_JOB_NAME", raising=False)
     monkeypatch.setenv(STATUS_API_ENV, "http://127.0.0.1:9")  # would fail if it tried
-    status_report.report_progress(1, 1, "/x")
+    status_report.report_progress(status_report.Progress(1, checkpoint=(1, "/x")))
 
 
 def test_report_progress_never_raises(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setenv("ZEROTRAIN_JOB_NAME", "j")
     monkeypatch.setenv(STATUS_API_ENV, "http://127.0.0.1:9")  # nothing listens on the discard port
-    status_report.report_progress(5)
+    status_report.report_progress(status_report.Progress(5))
     assert "could not report step 5" in caplog.text

@@ -39,6 +39,8 @@ def test_dashboard_has_the_promised_panels_and_variables() -> None:
         "Step time per rank",
         "Tokens per second",
         "Loss",
+        "Evaluation loss",
+        "Learning rate",
         "Gradient norm",
         "Checkpoint save and load",
         "Gang restarts by cause (operator)",

@@ -209,12 +209,19 @@ class ProgressTail(threading.Thread):
         elif "resumed" in rec:
             say(Text(f"resumed from {rec['resumed']} at step {rec['resumed_step']}"), soft_wrap=True)
             self.progress.update(self.task, completed=rec["resumed_step"])
+        elif "eval_loss" in rec:
+            say(Text(f"evaluation after step {rec['eval_step']}: loss {rec['eval_loss']:.4f} ({rec['eval_s']:.1f} s)"))
         elif "stopped" in rec:
             self.stopped = rec
             self.progress.update(self.task, completed=rec["stopped"])
         else:
             self.progress.update(
-                self.task, completed=rec["step"], total=rec["steps"], loss=f"{rec['loss']:.4f}", tps=throughput(rec)
+                self.task,
+                completed=rec["step"],
+                total=rec["steps"],
+                loss=f"{rec['loss']:.4f}",
+                lr=f"{rec['lr']:.3g}" if "lr" in rec else "-",
+                tps=throughput(rec),
             )
 
     def run(self) -> None:
@@ -316,11 +323,12 @@ def _train_with_progress(
         BarColumn(),
         TextColumn("step {task.completed}/{task.total}", markup=False),
         TextColumn("loss {task.fields[loss]}", markup=False),
+        TextColumn("lr {task.fields[lr]}", markup=False),
         TextColumn("{task.fields[tps]}", markup=False),
         TimeElapsedColumn(),
     )
     with Progress(*columns, console=console, transient=False) as progress:
-        task = progress.add_task("train", total=job.spec.training.steps, loss="-", tps="-")
+        task = progress.add_task("train", total=job.spec.training.steps, loss="-", lr="-", tps="-")
         tail = ProgressTail(progress_file, progress, task)
         followers: list[ProgressTail | PortWatch] = [tail, *([watch] if watch else [])]
         for follower in followers:

@@ -96,6 +96,13 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
         )
     else:
         console.print(f"no steps left: resumed from the checkpoint of the final step {summary['steps']}")
+    if evaluations := summary.get("evaluations"):
+        console.print(
+            f"evaluation loss {evaluations[0]['loss']:.4f} → {evaluations[-1]['loss']:.4f} "
+            f"over {len(evaluations)} evaluation(s), the last after step {evaluations[-1]['step']}",
+            highlight=False,
+            markup=False,
+        )
     world = summary["world_size"]
     group = min((e["memory"].get("shard_group_size", world) for e in summary["ranks"]), default=world)
     sharding = f"N = {world}" if group == world else f"N = {group}: {world} ranks in {world // group} shard groups"

@@ -282,7 +282,18 @@ def training_rows(d: db.Dashboard) -> db.Dashboard:
         .with_panel(series("Loss", "Loss of the last step, mean over the global batch.", "none", q.LOSS, width=8))
         .with_panel(series("Progress", "Steps done over spec.training.steps.", "percentunit", q.PROGRESS, width=8))
         .with_panel(series("Gradient norm", "Global gradient norm before clipping.", "none", q.GRAD_NORM, width=8))
-        .with_panel(series("Learning rate", "After the last step.", "none", q.LEARNING_RATE, width=8))
+        .with_panel(
+            series("Learning rate", "The last step's (spec.training.lrSchedule).", "none", q.LEARNING_RATE, width=8)
+        )
+        .with_panel(
+            series(
+                "Evaluation loss",
+                "The last evaluation's loss, mean over every rank's held-out micro-batches (spec.training.evaluation).",
+                "none",
+                q.EVAL_LOSS,
+                width=8,
+            )
+        )
         .with_panel(
             series(
                 "Loss scale and skipped steps",

@@ -166,6 +166,7 @@ TOKENS_PER_S = Query(
 )
 LOSS = Query(f"avg by ({JOB_KEY}) (zerotrain_loss{{{JOB_SEL}}})", "{{zerotrain_job}}", Scope.JOB)
 GRAD_NORM = Query(f"avg by ({JOB_KEY}) (zerotrain_grad_norm{{{JOB_SEL}}})", "{{zerotrain_job}}", Scope.JOB)
+EVAL_LOSS = Query(f"avg by ({JOB_KEY}) (zerotrain_eval_loss{{{JOB_SEL}}})", "{{zerotrain_job}}", Scope.JOB)
 LEARNING_RATE = Query(f"avg by ({JOB_KEY}) (zerotrain_learning_rate{{{JOB_SEL}}})", "{{zerotrain_job}}", Scope.JOB)
 LOSS_SCALE = Query(f"avg by ({JOB_KEY}) (zerotrain_loss_scale{{{JOB_SEL}}})", "loss scale", Scope.JOB)
 SKIPPED = Query(f"max by ({JOB_KEY}) (zerotrain_skipped_steps_total{{{JOB_SEL}}})", "skipped steps", Scope.JOB)
