@@ -20,7 +20,9 @@ from zerotrain.spec import (
     KIND,
     PLURAL,
     TERMINATION_MARGIN_SECONDS,
+    DataSpec,
     GangMode,
+    PretrainedSpec,
     ZeroTrainingJob,
     ZeroTrainingJobSpec,
 )
@@ -35,6 +37,7 @@ VOLCANO_ANNOTATION = "scheduling.k8s.io/group-name"
 CONFIG_VOLUME = "zerotrain-config"
 CHECKPOINT_VOLUME = "zerotrain-checkpoints"
 PRETRAINED_VOLUME = "zerotrain-pretrained"
+DATA_VOLUME = "zerotrain-data"
 SHM_VOLUME = "zerotrain-shm"
 # The runtime image's user and group; fsGroup makes a checkpoint PVC writable for it where the driver supports it.
 RUNTIME_UID = RUNTIME_GID = 65532
@@ -236,10 +239,9 @@ def _container(job: JobRef, spec: ZeroTrainingJobSpec, replica: int) -> Obj:
         # Container runtimes give /dev/shm 64 MiB; NCCL and torch's shared-memory transports need more.
         {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
     ]
-    pretrained = spec.model.pretrained
-    if pretrained is not None and pretrained.claim_name:
-        mount: Obj = {"name": PRETRAINED_VOLUME, "mountPath": pretrained.path, "readOnly": True}
-        mounts.append(mount | ({"subPath": pretrained.sub_path} if pretrained.sub_path else {}))
+    for name, claim in _read_only_claims(spec):
+        mount: Obj = {"name": name, "mountPath": claim.path, "readOnly": True}
+        mounts.append(mount | ({"subPath": claim.sub_path} if claim.sub_path else {}))
     mounts += [m.to_wire() for m in spec.volume_mounts]
     container: Obj = {
         "name": naming.CONTAINER_NAME,
@@ -265,13 +267,17 @@ def build_pod(job: JobRef, spec: ZeroTrainingJobSpec, replica: int, gang: int) -
     return pod_template.merge(operator_pod(job, spec, replica, gang), spec.pod_template)
 
 
-def _pretrained_volume(spec: ZeroTrainingJobSpec) -> list[Obj]:
-    """The claim holding spec.model.pretrained, read-only (every pod reads it, none writes)."""
-    pretrained = spec.model.pretrained
-    if pretrained is None or not pretrained.claim_name:
-        return []
-    claim = {"claimName": pretrained.claim_name, "readOnly": True}
-    return [{"name": PRETRAINED_VOLUME, "persistentVolumeClaim": claim}]
+def _read_only_claims(spec: ZeroTrainingJobSpec) -> list[tuple[str, PretrainedSpec | DataSpec]]:
+    """The claims every pod reads and none writes: spec.model.pretrained's weights and spec.data, by volume name."""
+    named = ((PRETRAINED_VOLUME, spec.model.pretrained), (DATA_VOLUME, spec.data))
+    return [(name, claim) for name, claim in named if claim is not None and claim.claim_name]
+
+
+def _read_only_volumes(spec: ZeroTrainingJobSpec) -> list[Obj]:
+    return [
+        {"name": name, "persistentVolumeClaim": {"claimName": claim.claim_name, "readOnly": True}}
+        for name, claim in _read_only_claims(spec)
+    ]
 
 
 def operator_pod(job: JobRef, spec: ZeroTrainingJobSpec, replica: int, gang: int) -> Obj:
@@ -301,7 +307,7 @@ def operator_pod(job: JobRef, spec: ZeroTrainingJobSpec, replica: int, gang: int
             {"name": CONFIG_VOLUME, "configMap": {"name": naming.config_map_name(job.name, gang)}},
             checkpoint,
             {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}},
-            *_pretrained_volume(spec),
+            *_read_only_volumes(spec),
             *spec.volumes,
         ],
         "securityContext": dict(POD_SECURITY),

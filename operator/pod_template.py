@@ -38,7 +38,13 @@ SHARED_VALUES = {
     "terminationGracePeriodSeconds": "spec.checkpoint.terminationBudgetSeconds (plus 15 s)",
 }
 # Volumes the operator mounts into every pod.
-OPERATOR_VOLUMES = ("zerotrain-config", "zerotrain-checkpoints", "zerotrain-shm", "zerotrain-pretrained")
+OPERATOR_VOLUMES = (
+    "zerotrain-config",
+    "zerotrain-checkpoints",
+    "zerotrain-shm",
+    "zerotrain-pretrained",
+    "zerotrain-data",
+)
 
 
 def _trainer(spec: Obj) -> Obj | None:

@@ -118,26 +118,31 @@ class ModelShape(SpecModel):
     """Whether the layers apply dropout (each dropout keeps a 1-byte mask per element for backward)."""
 
 
-class PretrainedSpec(SpecModel):
-    """Weights the job starts from instead of the model's own initialisation (fine-tuning). Each rank reads only
-    the byte ranges of its own shard; names must match the model's exactly, up to one prefix (`model.` in the
-    weights' names but not the model's, or the other way round: a model that wraps the pretrained one)."""
-
-    rules = (
+def _claim_rules(field: str, what: str, example: str) -> tuple[Rule, Rule]:
+    """A read-only claim mounted at `path`: subPath needs the claim, and the mount point must be absolute."""
+    return (
         Rule(
             "!has(self.subPath) || has(self.claimName)",
             lambda p: p.sub_path is None or p.claim_name is not None,
-            "pretrained.subPath is a directory inside pretrained.claimName; set claimName, or drop subPath and "
-            "point path at the weights",
+            f"{field}.subPath is a directory inside {field}.claimName; set claimName, or drop subPath and point path "
+            f"at {what}",
             ("sub_path", "claim_name"),
         ),
         Rule(
             "!has(self.claimName) || self.path.startsWith('/')",
             lambda p: p.claim_name is None or p.path.startswith("/"),
-            "pretrained.path is where the claim is mounted in the pods: use an absolute path such as /pretrained",
+            f"{field}.path is where the claim is mounted in the pods: use an absolute path such as {example}",
             ("path",),
         ),
     )
+
+
+class PretrainedSpec(SpecModel):
+    """Weights the job starts from instead of the model's own initialisation (fine-tuning). Each rank reads only
+    the byte ranges of its own shard; names must match the model's exactly, up to one prefix (`model.` in the
+    weights' names but not the model's, or the other way round: a model that wraps the pretrained one)."""
+
+    rules = _claim_rules("pretrained", "the weights", "/pretrained")
 
     path: str = Field(min_length=1)
     """The weights as every rank sees them: a directory as Hugging Face writes it (`model.safetensors`, or
@@ -155,6 +160,21 @@ class PretrainedSpec(SpecModel):
     unused_keys: list[str] = Field(default_factory=list, max_length=256)
     """Glob patterns of tensors in the weights the model does not have, left unread (a head the model replaces).
     Any other is refused, naming both sides."""
+
+
+class DataSpec(SpecModel):
+    """Training data on a PersistentVolumeClaim, mounted read-only at `path` in every pod (locally, `path` is read
+    as it is). The entry point names the files under it: the built-in Hugging Face entry point takes token files
+    (`zerotrain data prepare` writes them) as entrypointArgs.train and eval, paths or globs under this path."""
+
+    rules = _claim_rules("data", "the data", "/data")
+
+    path: str = Field(min_length=1)
+    """The data's directory as every rank sees it; in a pod, `claimName` is mounted here read-only."""
+    claim_name: str | None = None
+    """PersistentVolumeClaim holding the data, mounted read-only at `path` in every pod."""
+    sub_path: str | None = None
+    """The directory inside the claim that holds the data (mounted at `path`); the claim's root without it."""
 
 
 class ModelInfo(SpecModel):
@@ -516,6 +536,9 @@ class ZeroTrainingJobSpec(SpecModel):
     """Steps, optimizer and seed."""
     model: ModelInfo = Field(default_factory=ModelInfo, json_schema_extra=_IMMUTABLE)
     """Model facts for memory planning."""
+    data: DataSpec | None = None
+    """Training data on a volume every pod mounts read-only (token files for the built-in Hugging Face entry point).
+    """
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, json_schema_extra=_IMMUTABLE)
     """Sharded checkpoints."""
     metrics: MetricsSpec = Field(default_factory=MetricsSpec)

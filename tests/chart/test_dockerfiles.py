@@ -126,8 +126,9 @@ def test_runtime_image_torch_variant_is_a_build_arg() -> None:
     assert torch_installs and all(
         '--index-url "https://download.pytorch.org/whl/${TORCH_VARIANT}"' in cmd for cmd in torch_installs
     )
-    package = [cmd for cmd in _pip_installs(RUNTIME) if cmd.endswith(" .")]
+    package = [cmd for cmd in _pip_installs(RUNTIME) if cmd.endswith(' ".${EXTRAS:+[${EXTRAS}]}"')]
     assert package and all("-c /tmp/torch-constraint.txt" in cmd for cmd in package)
+    assert _arg_default(RUNTIME, "EXTRAS") == ""  # the plain image; EXTRAS=hf adds transformers
 
 
 def test_operator_entrypoint_is_the_chart_command() -> None:

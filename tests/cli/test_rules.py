@@ -65,6 +65,9 @@ CASES: list[dict[str, Any]] = [
     {"model": {"pretrained": {"path": "/pretrained", "claimName": "models", "subPath": "llama"}}},
     {"model": {"pretrained": {"path": "weights", "claimName": "models"}}},
     {"model": {"pretrained": {"path": "weights"}}},
+    {"data": {"path": "/data", "subPath": "tokens"}},
+    {"data": {"path": "/data", "claimName": "corpora", "subPath": "tokens"}},
+    {"data": {"path": "data", "claimName": "corpora"}},
     {"training": {"steps": 10, "lrSchedule": {"warmupSteps": 20}}},
     {"training": {"steps": 10, "lrSchedule": {"warmupSteps": 10}}},
     {"training": {"lrSchedule": {"warmupSteps": 101}}},
@@ -138,6 +141,6 @@ def test_each_rule_s_cel_and_predicate_agree(path: str, model: type[SpecModel], 
 
 
 def test_every_model_rule_is_here() -> None:
-    # Resources, ModelShape, PretrainedSpec's 2, TrainingSpec, FailurePolicy, Scheduling, the spec's 9, ZeroConfig's 6,
+    # Resources, ModelShape, PretrainedSpec's 2, DataSpec's 2, TrainingSpec, FailurePolicy, Scheduling, the spec's 9, ZeroConfig's 6,
     # elastic
-    assert len(RULES) == 23
+    assert len(RULES) == 25

@@ -96,6 +96,25 @@ def test_the_pretrained_claim_is_mounted_read_only_where_the_ranks_read_it(
     assert claim == {"claimName": "models", "readOnly": True}
 
 
+def test_the_data_claim_is_mounted_read_only_beside_the_pretrained_one() -> None:
+    data = {"path": "/data", "claimName": "corpora", "subPath": "tokens"}
+    pretrained = {"path": "/pretrained", "claimName": "models"}
+    pod = builders.build_pod(JOB, spec(data=data, model={"pretrained": pretrained}), 0, 0)
+    kubernetes_validate.validate(pod, "1.30", strict=True)
+    mounts = {m["name"]: m for m in pod["spec"]["containers"][0]["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert mounts[builders.DATA_VOLUME] == {
+        "name": builders.DATA_VOLUME,
+        "mountPath": "/data",
+        "readOnly": True,
+        "subPath": "tokens",
+    }
+    assert volumes[builders.DATA_VOLUME]["persistentVolumeClaim"] == {"claimName": "corpora", "readOnly": True}
+    assert volumes[builders.PRETRAINED_VOLUME]["persistentVolumeClaim"]["claimName"] == "models"
+    local = builders.build_pod(JOB, spec(data={"path": "data"}), 0, 0)  # no claim: nothing mounted
+    assert builders.DATA_VOLUME not in {v["name"] for v in local["spec"]["volumes"]}
+
+
 @pytest.mark.parametrize(("path", "mounted"), [(None, "/checkpoints"), ("/ck", "/ck")])
 def test_the_ranks_read_their_checkpoint_root_from_the_spec_where_the_volume_is_mounted(
     path: str | None, mounted: str
