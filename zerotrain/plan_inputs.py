@@ -1,16 +1,19 @@
 """From a job spec to the planner's input: one derivation for `zerotrain plan -f`, admission and the runtime.
 
 Ψ, N and the device memory come from the spec; the bytes per element from its precision, stage and optimizer
-(`planner.element_bytes`), unless `spec.model.optimizerMultiplier` states K outright.
+(`planner.element_bytes`), unless `spec.model.optimizerMultiplier` states K outright. A spec of the built-in Hugging
+Face entry point that gives neither spec.model.parameters nor spec.model.shape plans from the model's config
+(`zerotrain.hf_config`): Ψ and the units exact, the activations from the GPT formula (approximate for gated MLPs and
+experts); where the config cannot be read (a directory only the pods have), nothing is derived.
 """
 
 from __future__ import annotations
 
-from zerotrain import transformer_plan
+from zerotrain import hf_config, transformer_plan
 from zerotrain.peak import PRECISION_BYTES, PeakInput, config_fields, padded_elements, peak_plan
 from zerotrain.planner import MemoryPlan, PlanInput, element_bytes, host_parameter_bytes, host_state_bytes, plan
 from zerotrain.quantity import parse_bytes
-from zerotrain.spec import OptimizerName, OptimizerSpec, ZeroTrainingJobSpec
+from zerotrain.spec import ModelShape, OptimizerName, OptimizerSpec, ZeroTrainingJobSpec
 from zerotrain.zero_config import Stage
 
 
@@ -25,11 +28,34 @@ SHAPE_TOLERANCE = 0.01
 """How far `spec.model.parameters` may be from the shape's Ψ (the formula's architecture is assumed)."""
 
 
+def hf_model(spec: ZeroTrainingJobSpec) -> hf_config.ModelSize | None:
+    """The model counted from its Hugging Face config, for the built-in entry point when the spec states neither
+    parameters nor shape and the config is readable here; else None."""
+    if spec.entrypoint != hf_config.HF_ENTRYPOINT or spec.model.parameters is not None or spec.model.shape is not None:
+        return None
+    return hf_config.size_from_args(spec.entrypoint_args)
+
+
+def model_units(spec: ZeroTrainingJobSpec) -> tuple[ModelShape, int, int] | None:
+    """What the whole-peak plan counts the model from: the shape its activations follow, one block's parameters and
+    the root's; from spec.model.shape (the GPT formula's counts), else from a Hugging Face config (exact counts);
+    None when neither is known."""
+    shape = spec.model.shape
+    if shape is not None:
+        return shape, transformer_plan.block_parameters(shape), transformer_plan.root_parameters(shape)
+    model = hf_model(spec)
+    if model is None:
+        return None
+    return hf_config.activation_shape(model, spec.entrypoint_args, spec.world_size), model.block, model.root
+
+
 def declared_parameters(spec: ZeroTrainingJobSpec) -> int | None:
-    """Ψ: spec.model.parameters, else the shape's; ValueError naming both when they disagree beyond 1%."""
+    """Ψ: spec.model.parameters, else the shape's, else a Hugging Face config's; ValueError naming both when the
+    parameters and the shape disagree beyond 1%."""
     shape, declared = spec.model.shape, spec.model.parameters
     if shape is None:
-        return declared
+        model = hf_model(spec)
+        return model.parameters if model is not None else declared
     derived = transformer_plan.parameters(shape)
     if declared is not None and abs(declared - derived) > SHAPE_TOLERANCE * declared:
         raise ValueError(
@@ -94,12 +120,13 @@ def gpu_memory_bytes(text: str) -> int:
 
 
 def peak_input(spec: ZeroTrainingJobSpec, foreach_step: bool | None = None) -> PeakInput | None:
-    """The whole-peak plan's input, when the spec gives the model's shape (its units and, unless
-    `spec.model.activationBytes` states them, its activations); None without a shape. `foreach_step`: whether the
-    optimizer steps every view at once (by default: on GPUs, as torch does there)."""
-    shape = spec.model.shape
-    if shape is None:
+    """The whole-peak plan's input, when the spec gives the model's shape or a readable Hugging Face config (its
+    units and, unless `spec.model.activationBytes` states them, its activations); None without either.
+    `foreach_step`: whether the optimizer steps every view at once (by default: on GPUs, as torch does there)."""
+    units = model_units(spec)
+    if units is None:
         return None
+    shape, block, root = units
     declared_parameters(spec)
     z = spec.zero
     # Stage 0 shards nothing, so hybrid sharding changes nothing there: its N is the world (padding, all-reduce).
@@ -116,8 +143,8 @@ def peak_input(spec: ZeroTrainingJobSpec, foreach_step: bool | None = None) -> P
         **config_fields(z),
         world_size=n,
         shard_groups=spec.world_size // n,
-        blocks=[padded_elements(transformer_plan.block_parameters(shape), n)] * shape.layers,
-        root=padded_elements(transformer_plan.root_parameters(shape), n),
+        blocks=[padded_elements(block, n)] * shape.layers,
+        root=padded_elements(root, n),
         compute_bytes=w,
         gradient_bytes=g,
         state_bytes=k,
@@ -154,7 +181,7 @@ def plan_job(spec: ZeroTrainingJobSpec, device_memory: int | None = None) -> Mem
     p = plan_input(spec, device_memory)
     inputs = [plan_input(at_stage(spec, stage), device_memory) for stage in Stage]
     peaks = None
-    if spec.model.shape is not None:
+    if model_units(spec) is not None:
         peaks = []
         for stage in Stage:
             pi = peak_input(at_stage(spec, stage))

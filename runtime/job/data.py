@@ -135,4 +135,3 @@ class HeldOutBatches:
         for j in range(self.micro_batches):
             rows = torch.arange(j * self.batch_size, (j + 1) * self.batch_size)[self.rows]
             yield self.data[rows[:, None] * width + torch.arange(width)[None, :]].long()
-
