@@ -161,27 +161,37 @@ def replay(held: Held, values: torch.Tensor) -> None:
             g.set_state(state)
 
 
+_ACTIVE: list[Recorder] = []
+"""The construction under way. The routed init functions look it up when called, not when made: a library imported
+during one construction keeps them (transformers holds torch.nn.init's functions in a table of its own), and a
+later construction in the process must record into its own recorder, an ordinary call outside one into nothing."""
+
+
+def _routed(original: Callable[..., Any]) -> Callable[..., Any]:
+    def call(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if _ACTIVE:
+            recorder = _ACTIVE[-1]
+            with torch._C.DisableTorchFunction():  # the recorder's own look, not the model's
+                held = recorder.slices.held(tensor)
+                if held is not None:
+                    return recorder.write(original, (tensor, *args), kwargs, [held])
+        return original(tensor, *args, **kwargs)
+
+    return call
+
+
 @contextmanager
 def init_functions_recorded(recorder: Recorder) -> Iterator[None]:
     """While open, torch.nn.init's functions that a mode cannot see (`_UNSEEN_INIT`) record a call on a
     placeholder whole, as the mode records the others; `trunc_normal_` captured under another name (Hugging Face
     keeps the originals) still reaches its helper, which is patched too. Anything else reaching `is_meta` refuses."""
     originals = {name: getattr(nn_init, name) for name in (*_UNSEEN_INIT, "_no_grad_trunc_normal_")}
-
-    def routed(original: Callable[..., Any]) -> Callable[..., Any]:
-        def call(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            with torch._C.DisableTorchFunction():  # the recorder's own look, not the model's
-                held = recorder.slices.held(tensor)
-                if held is not None:
-                    return recorder.write(original, (tensor, *args), kwargs, [held])
-            return original(tensor, *args, **kwargs)
-
-        return call
-
+    _ACTIVE.append(recorder)
     try:
         for name, original in originals.items():
-            setattr(nn_init, name, routed(original))
+            setattr(nn_init, name, _routed(original))
         yield
     finally:
+        _ACTIVE.remove(recorder)
         for name, original in originals.items():
             setattr(nn_init, name, original)

@@ -332,3 +332,35 @@ def test_the_start_up_plan_bounds_the_measured_start_up_peak() -> None:
         # bound, within a third of what is measured.
         assert got["peak"] <= plan.per_rank <= got["peak"] * 4 // 3, (got, plan)
         assert plan.engine == pytest.approx(got["built"], rel=0.02)  # the engine as built, data aside
+
+
+class _Recorder:
+    """Stands in for a construction's recorder: every tensor is one it holds, every write is noted."""
+
+    def __init__(self) -> None:
+        self.writes: list[str] = []
+        self.slices = self
+
+    def held(self, tensor: torch.Tensor) -> object:
+        return tensor
+
+    def write(self, original: Any, args: tuple[Any, ...], kwargs: dict[str, Any], held: list[object]) -> None:
+        self.writes.append(original.__name__)
+
+
+def test_an_init_function_kept_from_one_construction_records_into_the_next_and_is_plain_outside() -> None:
+    from torch.nn import init as nn_init
+
+    from zerotrain.runtime.construction.deferred import init_functions_recorded
+
+    first, second = _Recorder(), _Recorder()
+    with init_functions_recorded(first):  # type: ignore[arg-type]
+        kept = nn_init.kaiming_normal_  # as transformers keeps torch.nn.init's functions in a table
+    assert nn_init.kaiming_normal_ is not kept  # torch's own is back
+    torch.manual_seed(0)
+    plain = kept(torch.empty(4, 4))  # no construction under way: the original's values
+    torch.manual_seed(0)
+    assert torch.equal(plain, nn_init.kaiming_normal_(torch.empty(4, 4))) and first.writes == []
+    with init_functions_recorded(second):  # type: ignore[arg-type]
+        kept(torch.empty(4, 4))
+    assert second.writes == ["kaiming_normal_"] and first.writes == []
