@@ -128,11 +128,17 @@ def config_source(ck: Opened, copy_from: Path | None) -> Path | None:
     return Path(started) if layout(started).kind is not Kind.CHECKPOINT else None
 
 
+# What Hugging Face keeps beside the weights: configs and tokenizers (vocab.json, merges.txt, tokenizer.model, chat
+# templates); a directory's scripts or manifests are not the model's.
+CONFIG_SUFFIXES = (".json", ".txt", ".model", ".tiktoken", ".jinja")
+
+
 def copy_config(source: Path, out: Path) -> list[str]:
-    """Every file of `source` that is not weights (config.json, generation_config.json, the tokenizer's files)."""
+    """The configuration and tokenizer files of `source` (config.json, generation_config.json, tokenizer.json, …)."""
     copied = []
     for f in sorted(source.iterdir()):
-        if f.is_file() and not f.name.startswith(".") and f.suffix not in WEIGHT_SUFFIXES and f.name != INDEX:
+        keep = f.suffix in CONFIG_SUFFIXES and not f.name.endswith(".index.json")  # another save's weight map
+        if f.is_file() and not f.name.startswith(".") and keep:
             shutil.copy2(f, out / f.name)
             copied.append(f.name)
     return copied

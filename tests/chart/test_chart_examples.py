@@ -86,13 +86,15 @@ def test_example_is_accepted(path: Path) -> None:
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_example_runs_the_chart_runtime_image(path: Path) -> None:
-    """The released runtime image of this version, optionally a CUDA build (tag suffix -cuNNN), for every example
+    """The released runtime image of this version, optionally a CUDA build (tag suffix -cuNNN) or the one with
+    transformers (-hf, Dockerfile.runtime's EXTRAS=hf), for every example
     whose entry point ships in it (a custom job's code is in the user's own image, built FROM it)."""
     release = f"{RUNTIME_IMAGE['repository']}:{zerotrain.__version__}"
     for doc in _docs(path):
         if doc["kind"] == KIND and doc["spec"]["entrypoint"].startswith("zerotrain."):
             image = doc["spec"]["image"]
-            assert image == release or image.startswith(release + "-cu"), f"{path.name}: image {image}, want {release}"
+            variant = image.startswith(release + "-cu") or image == release + "-hf"
+            assert image == release or variant, f"{path.name}: image {image}, want {release}"
 
 
 def test_crd_validation_refuses_what_the_api_server_would() -> None:

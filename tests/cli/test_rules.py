@@ -141,6 +141,6 @@ def test_each_rule_s_cel_and_predicate_agree(path: str, model: type[SpecModel], 
 
 
 def test_every_model_rule_is_here() -> None:
-    # Resources, ModelShape, PretrainedSpec's 2, DataSpec's 2, TrainingSpec, FailurePolicy, Scheduling, the spec's 9, ZeroConfig's 6,
-    # elastic
+    # Resources, ModelShape, PretrainedSpec's 2, DataSpec's 2, TrainingSpec, FailurePolicy, Scheduling, the spec's 9,
+    # ZeroConfig's 6, elastic
     assert len(RULES) == 25
