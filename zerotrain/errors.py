@@ -81,6 +81,7 @@ def describe_validation_error(err: ValidationError, prefix: str = "", model: typ
         else:
             template = _FIXES.get(kind, "")
             fix = template.format(**e.get("ctx", {})) if template else ""
-        shown = "" if kind == "missing" else f"got {value!r}; "
+        # A cross-field rule on a whole object names the values it read: the object itself would be noise.
+        shown = "" if kind == "missing" or isinstance(value, dict) else f"got {value!r}; "
         lines.append(f"{field}: {shown}{msg}" + (f"; {fix}" if fix and fix not in msg else ""))
     return "\n".join(lines)

@@ -23,10 +23,9 @@ partitioned is built whole on every rank (the run says so): then each rank holds
 
 from __future__ import annotations
 
-from zerotrain import transformer_plan
 from zerotrain._model import SpecModel
 from zerotrain.peak import padded_elements, peak_plan
-from zerotrain.plan_inputs import declared_parameters, peak_input, plan_input
+from zerotrain.plan_inputs import declared_parameters, model_units, peak_input, plan_input
 from zerotrain.planner import DEFAULT_HEADROOM, format_bytes, stage_bytes
 from zerotrain.quantity import parse_bytes
 from zerotrain.spec import ZeroTrainingJobSpec
@@ -62,11 +61,8 @@ class StartUpPlan(SpecModel):
 
 
 def _largest_unit(spec: ZeroTrainingJobSpec) -> int | None:
-    shape = spec.model.shape
-    if shape is None:
-        return None
-    blocks = transformer_plan.block_parameters(shape)
-    return max(blocks, transformer_plan.root_parameters(shape))
+    units = model_units(spec)  # spec.model.shape, or a Hugging Face config's exact counts
+    return None if units is None else max(units[1], units[2])
 
 
 def _engine_bytes(spec: ZeroTrainingJobSpec) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -65,3 +66,15 @@ def test_bad_schedule_and_evaluation_are_refused_naming_the_field(training: dict
     assert "\n" not in str(refused.value).strip()
     for needle in needles:
         assert needle in said, said
+
+
+def test_a_steps_override_inside_the_warm_up_is_refused_before_any_rank_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from zerotrain.cli import main
+
+    manifest = Path(__file__).resolve().parents[2] / "examples" / "llama-tiny" / "job.yaml"
+    assert main(["run", str(manifest), "--steps", "3", "--log-dir", str(tmp_path)]) == 2
+    said = capsys.readouterr().err
+    assert "--steps: got 3, fewer than spec.training.lrSchedule.warmupSteps (30)" in " ".join(said.split())
+    assert not any(tmp_path.iterdir())  # nothing started

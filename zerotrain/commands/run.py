@@ -172,6 +172,12 @@ def effective_job(
     if steps is not None:
         if steps < 1:
             raise UserError(f"--steps: got {steps}; must be at least 1; pass the number of optimizer steps")
+        schedule = job.spec.training.lr_schedule
+        if schedule is not None and schedule.warmup_steps > steps:
+            raise UserError(
+                f"--steps: got {steps}, fewer than spec.training.lrSchedule.warmupSteps ({schedule.warmup_steps}): "
+                f"the run would end still warming up; pass at least --steps {schedule.warmup_steps}"
+            )
         training = job.spec.training.model_copy(update={"steps": steps})
         job = job.model_copy(update={"spec": job.spec.model_copy(update={"training": training})})
     return job, nproc if nproc is not None else job.spec.world_size
