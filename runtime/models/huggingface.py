@@ -246,6 +246,62 @@ def _data(
     return batches, evaluation
 
 
+def _prepared(
+    rank: int,
+    world_size: int,
+    config: str | dict[str, Any],
+    train: str | list[str] | None,
+    eval: str | list[str] | None,
+    seq_len: int,
+    batch_size: int,
+    token_dtype: str,
+    model_class: str | None,
+) -> tuple[PretrainedConfig, type[PreTrainedModel], TokenBatches | NoTrainingData, EvalTokenBatches | None]:
+    """Everything `build` checks and opens before it builds the model: the config, the class, the data."""
+    if batch_size < 1:
+        raise ConfigError(f"{FIELD}.batch_size: got {batch_size}; it must be at least 1; use e.g. {DEFAULT_BATCH_SIZE}")
+    rank_rows(batch_size, rank, world_size)
+    transformers = _transformers()
+    loaded = load_config(transformers, config)
+    _check_seq_len(loaded, seq_len)
+    cls = _model_class(transformers, loaded, model_class)
+    vocab = getattr(loaded.get_text_config(), "vocab_size", None)
+    # The data before the model: a wrong path is refused before a large model is built (nothing here draws from
+    # the random state the model's initialisation uses).
+    batches, evaluation = _data(
+        train,
+        eval,
+        rank=rank,
+        world_size=world_size,
+        seq_len=seq_len,
+        batch_size=batch_size,
+        token_dtype=token_dtype,
+        vocab_size=vocab if isinstance(vocab, int) else None,
+    )
+    return loaded, cls, batches, evaluation
+
+
+def describe(world_size: int, args: Mapping[str, Any], evaluation_batches: int | None = None) -> str:
+    """What `zerotrain validate` says of a job of this entry point: its config, class and data checked as `build`
+    checks them, and `evaluation_batches` (spec.training.evaluation.batches) against the held-out data, as the
+    ranks would (ConfigError), without building the model."""
+    known = {k: args[k] for k in ("train", "eval", "seq_len", "batch_size", "token_dtype", "model_class") if k in args}
+    if "config" not in args:
+        raise ConfigError(f"{FIELD}.config: missing; name a directory with config.json, or give the config's fields")
+    defaults: dict[str, Any] = {"seq_len": DEFAULT_SEQ_LEN, "batch_size": DEFAULT_BATCH_SIZE, "token_dtype": "auto"}
+    p = {"train": None, "eval": None, "model_class": None, **defaults, **known}
+    _, cls, batches, evaluation = _prepared(0, world_size, args["config"], **p)
+    train = "no train data" if isinstance(batches, NoTrainingData) else f"{batches.files.num_tokens:,} training tokens"
+    held = f", {len(evaluation)} evaluation micro-batches" if evaluation is not None else ""
+    if evaluation_batches is not None and (evaluation is None or len(evaluation) < evaluation_batches):
+        has = "no eval token files" if evaluation is None else f"{len(evaluation)} micro-batches per rank"
+        raise ConfigError(
+            f"spec.training.evaluation.batches: got {evaluation_batches}, but {FIELD}.eval gives {has}; name held-out "
+            "token files (zerotrain data prepare writes val.bin), ask for fewer batches, or drop the evaluation"
+        )
+    return f"model: {cls.__name__} from {FIELD}.config; {train}{held} (seq_len {p['seq_len']})"
+
+
 def build(
     rank: int,
     world_size: int,
@@ -268,28 +324,11 @@ def build(
     (e.g. "LlamaForCausalLM") instead of the config's causal-LM class. `attn_implementation`: as transformers takes
     it (sdpa, eager, flash_attention_2, ...).
     """
-    if batch_size < 1:
-        raise ConfigError(f"{FIELD}.batch_size: got {batch_size}; it must be at least 1; use e.g. {DEFAULT_BATCH_SIZE}")
-    rows = rank_rows(batch_size, rank, world_size)
-    transformers = _transformers()
-    loaded = load_config(transformers, config)
-    _check_seq_len(loaded, seq_len)
-    cls = _model_class(transformers, loaded, model_class)
-    vocab = getattr(loaded.get_text_config(), "vocab_size", None)
-    # The data before the model: a wrong path is refused before a large model is built (nothing here draws from
-    # the random state the model's initialisation uses).
-    batches, evaluation = _data(
-        train,
-        eval,
-        rank=rank,
-        world_size=world_size,
-        seq_len=seq_len,
-        batch_size=batch_size,
-        token_dtype=token_dtype,
-        vocab_size=vocab if isinstance(vocab, int) else None,
+    loaded, cls, batches, evaluation = _prepared(
+        rank, world_size, config, train, eval, seq_len, batch_size, token_dtype, model_class
     )
     model = instantiate(cls, loaded, attn_implementation)
-    per_rank = rows.stop - rows.start
+    per_rank = batch_size // world_size
     return TrainingTask(
         model=model,
         loss=next_token_loss,

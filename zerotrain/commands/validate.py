@@ -12,8 +12,9 @@ from rich.text import Text
 
 from zerotrain import elastic
 from zerotrain.errors import UserError
+from zerotrain.hf_config import HF_ENTRYPOINT
 from zerotrain.manifest import load_job_document, parse_job
-from zerotrain.plan_inputs import host_bytes_per_pod, plan_job
+from zerotrain.plan_inputs import host_bytes_per_pod, model_units, plan_job
 from zerotrain.planner import format_bytes
 from zerotrain.spec import ZeroTrainingJobSpec
 from zerotrain.startup import describe, start_up_plan
@@ -85,6 +86,26 @@ def pretrained_line(spec: ZeroTrainingJobSpec, manifest: str) -> str:
     return f"pretrained: {held.describe()}; {loaded} of the model's tensors match ({found.rule}){new}"
 
 
+def hf_line(spec: ZeroTrainingJobSpec) -> str:
+    """The built-in Hugging Face entry point's config, model class and token files, checked as each rank checks
+    them before it builds the model; files on spec.data's claim, not readable here, are left to the ranks."""
+    from zerotrain.runtime.models.huggingface import describe as describe_hf
+
+    entry_args = dict(spec.entrypoint_args)
+    data = spec.data
+    elsewhere = data is not None and data.claim_name is not None and not Path(data.path).exists()
+    if elsewhere:
+        assert data is not None
+        on_claim = [k for k, v in entry_args.items() if isinstance(v, str) and v.startswith(data.path)]
+        entry_args = {k: v for k, v in entry_args.items() if k not in on_claim}
+        if "config" not in entry_args:
+            return f"model: config and data on claim {data.claim_name}, not readable here: each rank checks them"
+    evaluation = spec.training.evaluation
+    wanted = evaluation.batches if evaluation is not None and not elsewhere else None
+    said = describe_hf(spec.world_size, entry_args, wanted)
+    return said + (f"; files on claim {data.claim_name} are checked by each rank" if elsewhere and data else "")
+
+
 def run(args: argparse.Namespace) -> int:
     from zerotrain.operator.admission import admit
 
@@ -115,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
         if chosen.peak is not None:
             held = f"{format_bytes(chosen.peak.peak)} at its peak ({held})"
         lines.append(f"memory plan: {held} per GPU at stage {stage.value}; {verdict.plan.reason}")
-    elif spec.model.shape is not None:
+    elif model_units(spec) is not None:  # spec.model.shape, or a Hugging Face config
         peak = plan_job(spec).stages[stage].peak
         assert peak is not None
         lines.append(
@@ -132,6 +153,8 @@ def run(args: argparse.Namespace) -> int:
         lines.append(describe(start, spec))
     if spec.model.pretrained is not None:
         lines.append(pretrained_line(spec, args.manifest))
+    if spec.entrypoint == HF_ENTRYPOINT:
+        lines.append(hf_line(spec))
     if spec.elastic is not None:
         lines.append(elastic_line(doc.get("spec"), name or "job", args, spec))
     console = Console()
