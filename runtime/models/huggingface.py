@@ -178,6 +178,12 @@ def _model_class(transformers: ModuleType, config: PretrainedConfig, name: str |
         hint = f"did you mean {', '.join(close)}?" if close else "use a causal-LM class such as LlamaForCausalLM"
         raise ConfigError(f"{FIELD}.model_class: got {name!r}, which transformers has no model class of; {hint}")
     cls = cast("type[PreTrainedModel]", found)
+    causal = set(transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    if name not in causal:  # a bare model or another head has no logits for the next-token loss
+        raise ConfigError(
+            f"{FIELD}.model_class: got {name!r}, which is not a causal language model (no next-token logits); use "
+            f"its family's *ForCausalLM class, or leave model_class unset"
+        )
     wanted = cls.config_class
     if wanted is not None and not isinstance(config, wanted):
         raise ConfigError(

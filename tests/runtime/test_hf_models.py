@@ -329,6 +329,7 @@ def test_configs_and_classes_transformers_lacks_are_refused_in_one_line(tmp_path
     message = _refusal(model_class="LlamaForCausalLm")
     assert "spec.entrypointArgs.model_class: got 'LlamaForCausalLm'" in message and "LlamaForCausalLM" in message
     assert "takes a GPT2Config" in _refusal(model_class="GPT2LMHeadModel")
+    assert "not a causal language model" in _refusal(model_class="LlamaModel")
     assert "seq_len: got 65, beyond the config's max_position_embeddings 64" in _refusal(seq_len=65)
 
 
