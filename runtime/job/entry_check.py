@@ -1,0 +1,63 @@
+"""The entry point checked before any rank starts (`zerotrain validate`, and `zerotrain run` before it launches).
+
+What every rank would refuse, refused once, in seconds: a module that does not import, a function that is not
+there, `entrypointArgs` it does not take, an error the entry point raises itself, a `spec.model.parameters` (or a
+shape's or a Hugging Face config's Ψ) that is not the model's, unit classes the model does not contain. The model
+is built on the meta device: no memory, no initialisation. An entry point whose own code needs real tensors (it
+reads its data into the model, say) cannot be built there; then the ranks check the rest, and the line says so.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from zerotrain.errors import UserError
+from zerotrain.plan_inputs import declared_parameters
+from zerotrain.runtime.job.task import (
+    ConfigError,
+    check_arguments,
+    check_declared_parameters,
+    check_task,
+    is_script,
+    load_entrypoint,
+)
+from zerotrain.runtime.zero.partition import check_unit_classes
+from zerotrain.spec import ZeroTrainingJobSpec
+
+
+def check_entrypoint(spec: ZeroTrainingJobSpec, build: bool = True) -> str:
+    """One line on what was checked; UserError (a ConfigError or the engine's setup error) on what a rank would
+    refuse. `build=False` stops after the import and the arguments (the entry point reads files only the pods
+    have)."""
+    if is_script(spec.entrypoint):
+        return f"entry point: {spec.entrypoint} is a script the launcher runs as every rank; nothing to check before"
+    fn = load_entrypoint(spec.entrypoint)
+    args = dict(spec.entrypoint_args)
+    check_arguments(fn, spec.entrypoint, args)
+    if not build:
+        return f"entry point: {spec.entrypoint} imports and takes its arguments; each rank checks Ψ and the units"
+    torch.manual_seed(spec.training.seed)
+    try:
+        with torch.device("meta"):
+            task = check_task(fn(rank=0, world_size=spec.world_size, **args), spec.entrypoint)
+    except UserError:
+        raise
+    except Exception as e:  # the entry point's own code may need real tensors; the ranks will build it for real
+        reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        return (
+            f"entry point: {spec.entrypoint} imports and takes its arguments; its model cannot be built on the meta "
+            f"device ({reason}), so each rank checks Ψ and the units"
+        )
+    try:
+        declared = declared_parameters(spec)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    check_declared_parameters(task.model, declared)
+    units = list(spec.zero.unit_modules) or list(task.unit_modules)
+    check_unit_classes(task.model, units)
+    count = sum(p.numel() for p in task.model.parameters())
+    held = sum(1 for m in task.model.modules() if type(m).__name__ in set(units))
+    return (
+        f"entry point: {spec.entrypoint} builds a model of {count:,} parameters, {held} unit(s) of "
+        f"{', '.join(units) or '(none: one unit, the whole model)'} (built on the meta device)"
+    )

@@ -1,0 +1,68 @@
+"""`zerotrain validate` imports the entry point, binds its arguments and builds its model on the meta device, so
+what every rank would refuse is refused first, in one line; `zerotrain run` does the same before any rank starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from zerotrain.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def job(tmp_path: Path, **spec: Any) -> str:
+    doc = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())
+    for key, value in spec.items():
+        doc["spec"][key] = {**doc["spec"][key], **value} if key in ("zero", "training") else value
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
+def said(capsys: pytest.CaptureFixture[str]) -> str:
+    out = capsys.readouterr()
+    return " ".join((out.out + out.err).split())
+
+
+@pytest.mark.parametrize(
+    ("spec", "needles"),
+    [
+        ({"entrypoint": "no_such_module:build"}, ["spec.entrypoint", "'no_such_module' cannot be imported"]),
+        ({"entrypoint": "zerotrain.runtime.examples.gpt:biuld"}, ["has no attribute 'biuld'", "build"]),
+        ({"entrypointArgs": {"layers": 4}}, ["spec.entrypointArgs: got {'layers': 4}", "does not accept them"]),
+        ({"model": {"parameters": 900_000}}, ["spec.model.parameters: got 900,000", "842,496", "set spec.model"]),
+        ({"zero": {"unitModules": ["Blocks"]}}, ["zero.unitModules[0]: got 'Blocks'", "'Block'"]),
+        ({"entrypointArgs": {"d_model": 130}}, ["spec.entrypointArgs.d_model: got 130", "n_heads"]),
+    ],
+)
+def test_validate_refuses_what_every_rank_would(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], spec: dict[str, Any], needles: list[str]
+) -> None:
+    assert main(["validate", job(tmp_path, **spec)]) == 2
+    text = said(capsys)
+    for needle in needles:
+        assert needle in text, text
+
+
+def test_a_good_entry_point_is_built_on_the_meta_device_and_no_import_says_it_skipped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["validate", str(ROOT / "examples" / "quickstart.yaml")]) == 0
+    assert "builds a model of 842,496 parameters, 4 unit(s) of Block (built on the meta device)" in said(capsys)
+    broken = job(tmp_path, entrypoint="no_such_module:build")
+    assert main(["validate", broken, "--no-import"]) == 0
+    assert "not imported (--no-import): its arguments, Ψ and units are unchecked" in said(capsys)
+
+
+def test_run_refuses_a_wrong_parameter_count_before_any_rank_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    logs = tmp_path / "logs"
+    assert main(["run", job(tmp_path, model={"parameters": 900_000}), "--log-dir", str(logs)]) == 2
+    text = said(capsys)
+    assert text.count("spec.model.parameters: got 900,000") == 1 and "rank" not in text
+    assert not logs.exists() or not any(logs.iterdir())
