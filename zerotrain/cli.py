@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -27,6 +29,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+EXIT_CLOSED_PIPE = 128 + signal.SIGPIPE
+"""What a process killed by SIGPIPE exits with: `zerotrain plan ... | head` ends as `cat ... | head` would."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -34,6 +40,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as e:
         Console(stderr=True).print(Text.assemble(("error:", "bold red"), f" {e}"), soft_wrap=True)
         return EXIT_BAD_INPUT
+    except BrokenPipeError:
+        # The reader went away (`| head`): nothing left to say. Point stdout at /dev/null so the interpreter's own
+        # flush at exit does not raise again (Python's documented recipe, signal/SIGPIPE).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_CLOSED_PIPE
 
 
 if __name__ == "__main__":

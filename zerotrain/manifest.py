@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,13 @@ def load_job_document(path: str | Path) -> dict[str, Any]:
     except yaml.YAMLError as e:
         raise UserError(f"{p}: not valid YAML: {e}") from None
     jobs = [d for d in docs if isinstance(d, dict) and d.get("kind") == KIND]
-    if len(jobs) != 1:
-        raise UserError(f"{p}: expected exactly one {KIND} document, found {len(jobs)}; put one job per file")
-    return jobs[0]
+    if len(jobs) == 1:
+        return jobs[0]
+    if not jobs:
+        kinds = [str(d.get("kind")) for d in docs if isinstance(d, dict)]
+        close = difflib.get_close_matches(KIND, kinds, n=1, cutoff=0.8)
+        if close:  # a misspelt kind, not another resource
+            raise UserError(f"{p}: kind: got {close[0]!r}; did you mean {KIND!r}? set kind: {KIND}")
+        found = f"kinds {', '.join(map(repr, kinds))}" if kinds else "no mapping"
+        raise UserError(f"{p}: kind: no {KIND} document (found {found}); set kind: {KIND} in the job's document")
+    raise UserError(f"{p}: expected exactly one {KIND} document, found {len(jobs)}; put one job per file")

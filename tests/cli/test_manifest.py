@@ -64,7 +64,11 @@ def test_missing_file_and_wrong_kind(tmp_path: Path, capsys: pytest.CaptureFixtu
     other = tmp_path / "pod.yaml"
     other.write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: x}\n")
     assert main(["validate", str(other)]) == 2
-    assert "expected exactly one ZeroTrainingJob" in capsys.readouterr().err
+    assert "kind: no ZeroTrainingJob document (found kinds 'Pod')" in capsys.readouterr().err
+    other.write_text(yaml.safe_dump({**GOOD, "kind": "ZeroTrainingJobs"}))
+    assert main(["validate", str(other)]) == 2
+    said = " ".join(capsys.readouterr().err.split())
+    assert "kind: got 'ZeroTrainingJobs'; did you mean 'ZeroTrainingJob'? set kind: ZeroTrainingJob" in said
 
 
 def test_parse_spec_paths_start_at_spec() -> None:

@@ -11,7 +11,12 @@ from zerotrain.crd import CRD_FILENAME, render_crd_yaml
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("crd", help="generate the CRD YAML", description=__doc__)
-    p.add_argument("-o", "--output", default=f"crds/{CRD_FILENAME}", help="file to write, or - for stdout")
+    p.add_argument(
+        "-o",
+        "--output",
+        default=f"crds/{CRD_FILENAME}",
+        help=f"file to write, or - for stdout (default: crds/{CRD_FILENAME} under the current directory)",
+    )
     p.set_defaults(func=run)
 
 
@@ -23,5 +28,5 @@ def run(args: argparse.Namespace) -> int:
         out = Path(args.output)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text)
-        print(f"wrote {out}")
+        print(f"wrote {out.resolve()}")
     return 0
