@@ -118,6 +118,12 @@ def in_force(spec: ZeroTrainingJobSpec, replicas: int | None) -> int:
     return replicas if replicas in allowed else spec.replicas
 
 
+NO_IMAGE = (
+    "spec.image: missing; the pods run it: set the runtime image (the chart's runtimeImage, e.g. "
+    "ghcr.io/zerotrain/runtime:0.1.0) or an image built FROM it with your code (`zerotrain run` needs none)"
+)
+
+
 def admit(
     raw_spec: Any,
     job_name: str,
@@ -134,6 +140,8 @@ def admit(
         manifest = parse_spec(raw_spec)
     except UserError as e:
         return Admission(spec=None, reason=Reason.INVALID_SPEC, message=str(e))
+    if manifest.image is None:
+        return Admission(spec=manifest, reason=Reason.INVALID_SPEC, message=NO_IMAGE)
     if recompute and manifest.zero.stage is AutoStage.AUTO:
         zero = manifest.zero.model_copy(update={"activation_checkpointing": True})
         manifest = manifest.model_copy(update={"zero": zero})

@@ -232,6 +232,12 @@ def _resources(spec: ZeroTrainingJobSpec) -> Obj:
     return {"requests": dict(amounts), "limits": dict(amounts)} if amounts else {}
 
 
+def image(spec: ZeroTrainingJobSpec) -> str:
+    """spec.image, which admission requires before anything is built."""
+    assert spec.image is not None, "admission refuses a job without spec.image"
+    return spec.image
+
+
 def _container(job: JobRef, spec: ZeroTrainingJobSpec, replica: int) -> Obj:
     mounts: list[Obj] = [
         {"name": CONFIG_VOLUME, "mountPath": naming.CONFIG_DIR, "readOnly": True},
@@ -245,7 +251,7 @@ def _container(job: JobRef, spec: ZeroTrainingJobSpec, replica: int) -> Obj:
     mounts += [m.to_wire() for m in spec.volume_mounts]
     container: Obj = {
         "name": naming.CONTAINER_NAME,
-        "image": spec.image,
+        "image": image(spec),
         "command": ["python", "-m", "zerotrain.runtime", "--config", f"{naming.CONFIG_DIR}/{naming.CONFIG_KEY}"],
         "env": pod_env(job, spec, replica),
         "ports": [{"name": "rendezvous", "containerPort": naming.MASTER_PORT}],
@@ -370,9 +376,9 @@ def build_probe(job: JobRef, spec: ZeroTrainingJobSpec, gang: int, index: int) -
     labels = {**naming.job_labels(job.name), naming.LABEL_GANG: str(gang), naming.LABEL_PROBE: str(index)}
     pod["metadata"] = _metadata(job, naming.probe_name(job.name, index), labels)
     body = pod["spec"]
-    body["containers"] = [_idle(c, spec.image, PROBE_COMMAND) for c in body["containers"]]
+    body["containers"] = [_idle(c, image(spec), PROBE_COMMAND) for c in body["containers"]]
     if body.get("initContainers"):
-        body["initContainers"] = [_idle(c, spec.image, PROBE_INIT_COMMAND) for c in body["initContainers"]]
+        body["initContainers"] = [_idle(c, image(spec), PROBE_INIT_COMMAND) for c in body["initContainers"]]
     for key in ("hostname", "subdomain", "schedulingGates"):
         body.pop(key, None)
     body["terminationGracePeriodSeconds"] = 0

@@ -510,8 +510,9 @@ class ZeroTrainingJobSpec(SpecModel):
         ),
     )
 
-    image: str = Field(min_length=1)
-    """Container image with zerotrain, torch and the entry point's code."""
+    image: str | None = Field(default=None, min_length=1)
+    """Container image with zerotrain, torch and the entry point's code. Required on a cluster (the operator
+    refuses a job without it); `zerotrain run` runs on this machine's Python and needs none."""
     entrypoint: str = Field(json_schema_extra=_IMMUTABLE)
     """`package.module:function` returning model, loss and data for a rank, or a script path ending in .py."""
     args: list[str] = Field(default_factory=list, json_schema_extra=_IMMUTABLE)

@@ -133,7 +133,11 @@ def run(args: argparse.Namespace) -> int:
     doc = load_job_document(args.manifest)
     job = parse_job(doc, source=args.manifest)  # the field-by-field errors first
     name = str(job.metadata.get("name") or "")
-    verdict = admit(doc.get("spec"), name or "job", args.gpu_memory, args.allow_host_path)
+    raw = doc.get("spec")
+    local_only = job.spec.image is None  # run needs none; the operator's other checks still apply
+    if local_only and isinstance(raw, dict):
+        raw = {**raw, "image": "zerotrain-validate-placeholder"}
+    verdict = admit(raw, name or "job", args.gpu_memory, args.allow_host_path)
     if not verdict.admitted:
         raise UserError(f"{args.manifest}: the operator would refuse it ({verdict.reason}): {verdict.message}")
     assert verdict.spec is not None
@@ -143,6 +147,8 @@ def run(args: argparse.Namespace) -> int:
         f"{args.manifest}: ZeroTrainingJob {name or '(unnamed)'} is valid: stage {stage.value}, "
         f"{spec.replicas} pod(s) × {spec.nproc_per_node} rank(s) = {spec.world_size} ranks"
     ]
+    if local_only:
+        lines.append("spec.image: not set: `zerotrain run` needs none, but the operator refuses the job without it")
     if verdict.stage_choice is not None:
         lines.append(f"stage auto chose {verdict.stage_choice.message}")
     group = spec.shard_group_ranks
