@@ -118,11 +118,38 @@ def test_validate_runs_the_operators_admission(tmp_path: Path, capsys: pytest.Ca
     spec = {"replicas": 2, "resources": {"gpu": 1}, "model": {"parameters": 7_000_000_000}, "zero": {"stage": 2}}
     path = write(tmp_path, spec)
     # Ψ of 7e9 is the plan's, not the built-in GPT's: the entry point is left unimported.
-    assert main(["validate", str(path), "--no-import"]) == 0  # no GPU memory known: the plan is not checked, says so
-    assert "memory plan: not checked" in capsys.readouterr().out
+    assert main(["validate", str(path), "--no-import"]) == 0  # no GPU memory known: it says what is missing
+    assert "no GPU memory to check it against: set resources.gpuMemory or pass --gpu-memory" in capsys.readouterr().out
     # With the operator's default GPU memory: refused as the operator refuses it, with its message.
     assert main(["validate", str(path), "--gpu-memory", "80Gi", "--no-import"]) == 2
     refused = admit({**GOOD["spec"], **spec}, "tiny", default_gpu_memory="80Gi")
     assert refused.message and refused.message in " ".join(capsys.readouterr().err.split())
     assert main(["validate", str(path), "--gpu-memory", "141Gi", "--no-import"]) == 0
     assert "70.0 GB of model states per GPU at stage 2" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("manifest", "flags", "needles"),
+    [
+        (
+            "quickstart.yaml",
+            ["--gpu-memory", "1MB"],
+            ["--gpu-memory 1MB: not applied: this job's ranks train on the CPU"],
+        ),
+        (
+            "quickstart.yaml",
+            [],
+            ["per rank at its peak at stage 3; within each rank's 1.7 GB share of resources.memory"],
+        ),
+        ("custom/job.yaml", [], ["of model states (spec.model.shape adds the rest)", "no resources.memory to check"]),
+    ],
+)
+def test_the_memory_line_checks_cpu_ranks_against_their_share_and_names_what_is_missing(
+    capsys: pytest.CaptureFixture[str], manifest: str, flags: list[str], needles: list[str]
+) -> None:
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    assert main(["validate", str(examples / manifest), *flags]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "not checked" not in said
+    for needle in needles:
+        assert needle in said, said

@@ -14,8 +14,9 @@ from zerotrain import elastic
 from zerotrain.errors import UserError
 from zerotrain.hf_config import HF_ENTRYPOINT
 from zerotrain.manifest import load_job_document, parse_job
-from zerotrain.plan_inputs import host_bytes_per_pod, model_units, plan_job
-from zerotrain.planner import format_bytes
+from zerotrain.plan_inputs import declared_parameters, host_bytes_per_pod, plan_job
+from zerotrain.planner import DEFAULT_HEADROOM, MemoryPlan, format_bytes
+from zerotrain.quantity import parse_bytes
 from zerotrain.spec import ZeroTrainingJobSpec
 from zerotrain.startup import describe, start_up_plan
 from zerotrain.weights_layout import layout
@@ -91,6 +92,37 @@ def pretrained_line(spec: ZeroTrainingJobSpec, manifest: str) -> str:
     return f"pretrained: {held.describe()}; {loaded} of the model's tensors match ({found.rule}){new}"
 
 
+def memory_lines(spec: ZeroTrainingJobSpec, planned: MemoryPlan | None, gpu_memory: str | None) -> list[str]:
+    """The memory plan against what the ranks have: each GPU's memory, or a CPU rank's share of resources.memory;
+    "not checked" only when something is missing, naming it."""
+    stage, cpu = spec.zero.fixed_stage, spec.resources.gpu == 0
+    lines = []
+    if cpu and gpu_memory:
+        lines.append(
+            f"--gpu-memory {gpu_memory}: not applied: this job's ranks train on the CPU (resources.gpu 0); "
+            "their memory is resources.memory"
+        )
+    if planned is not None:
+        chosen = planned.stages[stage]
+        held = f"{format_bytes(chosen.model_state_bytes)} of model states"
+        if chosen.peak is not None:
+            held = f"{format_bytes(chosen.peak.peak)} at its peak ({held})"
+        return [*lines, f"memory plan: {held} per GPU at stage {stage.value}; {planned.reason}"]
+    if declared_parameters(spec) is None:
+        return [*lines, "memory plan: not checked: the model's size is unknown; set spec.model.parameters or shape"]
+    chosen = plan_job(spec).stages[stage]
+    need = chosen.peak.peak if chosen.peak is not None else chosen.model_state_bytes
+    held = "at its peak" if chosen.peak is not None else "of model states (spec.model.shape adds the rest)"
+    line = f"memory plan: {format_bytes(need)} per rank {held} at stage {stage.value}"
+    if not cpu:
+        return [*lines, line + "; no GPU memory to check it against: set resources.gpuMemory or pass --gpu-memory"]
+    if spec.resources.memory is None:
+        return [*lines, line + "; no resources.memory to check it against (locally, the machine's memory)"]
+    share = int((parse_bytes(spec.resources.memory) or 0) * (1 - DEFAULT_HEADROOM)) // spec.nproc_per_node
+    verdict = "within" if need <= share else "MORE than"
+    return [*lines, line + f"; {verdict} each rank's {format_bytes(share)} share of resources.memory"]
+
+
 def entrypoint_line(spec: ZeroTrainingJobSpec, args: argparse.Namespace) -> str:
     """The entry point imported, its arguments bound, its model built on the meta device and checked against the
     spec, as `zerotrain run` and the pod launcher check it before any rank starts."""
@@ -157,25 +189,7 @@ def run(args: argparse.Namespace) -> int:
             f"hybrid sharding: {spec.world_size // group} groups of {group} ranks, each holding one copy of the model "
             f"states (planned at N = {group}); only the gradient all-reduce of each shard crosses between groups"
         )
-    if verdict.plan is not None:
-        chosen = verdict.plan.stages[stage]
-        held = f"{format_bytes(chosen.model_state_bytes)} of model states"
-        if chosen.peak is not None:
-            held = f"{format_bytes(chosen.peak.peak)} at its peak ({held})"
-        lines.append(f"memory plan: {held} per GPU at stage {stage.value}; {verdict.plan.reason}")
-    elif model_units(spec) is not None:  # spec.model.shape, or a Hugging Face config
-        peak = plan_job(spec).stages[stage].peak
-        assert peak is not None
-        lines.append(
-            f"memory plan: {format_bytes(peak.peak)} per rank at its peak at stage {stage.value} "
-            f"({format_bytes(peak.model_states)} of model states); no GPU memory to check it against "
-            "(resources.gpuMemory or --gpu-memory)"
-        )
-    else:
-        lines.append(
-            "memory plan: not checked (set spec.model.parameters or spec.model.shape, and resources.gpuMemory or "
-            "--gpu-memory)"
-        )
+    lines += memory_lines(spec, verdict.plan, args.gpu_memory)
     lines.append(entrypoint_line(spec, args))
     if (start := start_up_plan(spec, host_bytes_per_pod(spec))) is not None:
         lines.append(describe(start, spec))
