@@ -77,7 +77,8 @@ def summary_record(
         "first_loss": result.losses[0] if result.losses else None,
         "final_loss": result.losses[-1] if result.losses else None,
         "elapsed_s": result.elapsed_s,
-        "tokens_per_s": result.tokens / result.elapsed_s if result.elapsed_s > 0 else 0.0,
+        # None for a task counted in samples (its throughput is in samples/s), not a throughput of 0.
+        "tokens_per_s": result.tokens / result.elapsed_s if result.tokens and result.elapsed_s > 0 else None,
         **throughput(result.tokens, result.samples, result.steps, result.elapsed_s),
         "evaluations": [{"step": e.step, "loss": e.loss} for e in result.evaluations],
         "ranks": ranks,

@@ -290,7 +290,7 @@ def record_step(
         "grad_norm": grad_norm,
         "skipped": bool(outcome.overflow),
         "lr": float(engine.optimizer.param_groups[0]["lr"]),
-        "tokens_per_s": step_tokens / step_s if step_s > 0 else 0.0,
+        "tokens_per_s": step_tokens / step_s if step_tokens and step_s > 0 else None,
         **throughput(step_tokens, step_samples, 1, step_s),
     }
 

@@ -25,6 +25,7 @@ def test_the_custom_example_trains_from_anywhere_and_its_loss_falls(tmp_path: Pa
     assert result["world_size"] == 2 and result["stage"] == 2 and len(result["losses"]) == 60
     assert result["final_loss"] < 0.8 * result["first_loss"], result["losses"]
     assert "samples/s" in proc.stdout
+    assert result["tokens_per_s"] is None and result["throughput_unit"] == "samples/s"  # no tokens: no "0 tokens/s"
 
 
 def test_a_module_neither_beside_the_manifest_nor_on_the_path_names_where_it_looked(tmp_path: Path) -> None:
