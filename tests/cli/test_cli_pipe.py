@@ -17,3 +17,14 @@ def test_a_closed_pipe_ends_the_command_without_a_traceback() -> None:
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141, err  # 128 + SIGPIPE
     assert "Traceback" not in err and "BrokenPipeError" not in err and "Exception ignored" not in err, err
+
+
+def test_each_checkpoint_action_describes_itself_not_its_parent() -> None:
+    said = {}
+    for action in ("inspect", "export"):
+        done = subprocess.run(
+            [sys.executable, "-m", "zerotrain.cli", "checkpoint", action, "--help"], capture_output=True, text=True
+        )
+        said[action] = " ".join(done.stdout.split())
+    assert "List every checkpoint under a checkpoint root" in said["inspect"]
+    assert "Write the newest complete checkpoint" in said["export"] and "List every" not in said["export"]

@@ -3,7 +3,7 @@
 `inspect` lists every checkpoint under a checkpoint root (or one checkpoint): step, samples, world size, stage,
 bytes per rank, and whether it is complete (committed, every digest verified). `export` writes the newest
 complete checkpoint (or the one named) as one safetensors file of the model's weights, or as a
-torch.distributed.checkpoint directory that FSDP2 and torchtitan load.
+torch.distributed.checkpoint directory that FSDP2 and torchtitan load, or a directory as Hugging Face saves a model.
 """
 
 from __future__ import annotations
@@ -19,6 +19,14 @@ from rich.table import Table
 from rich.text import Text
 
 from zerotrain.planner import format_bytes
+
+INSPECT = """List every checkpoint under a checkpoint root (or one checkpoint): step, samples, world size, stage, bytes
+per rank, and whether it is complete (committed, every digest verified)."""
+
+EXPORT = """Write the newest complete checkpoint under a root (or the one named) as one safetensors file of the model's
+weights and buffers (safetensors), a torch.distributed.checkpoint directory with the optimizer state (dcp), or
+sharded safetensors with their index as transformers saves a model (huggingface). Reads a chunk at a time: never the
+whole model."""
 
 
 class ExportFormat(str, enum.Enum):
@@ -45,11 +53,11 @@ class OutputFormat(str, enum.Enum):
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("checkpoint", help="inspect or export sharded checkpoints", description=__doc__)
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
-    i = actions.add_parser("inspect", help="list checkpoints and verify them", description=__doc__)
+    i = actions.add_parser("inspect", help="list checkpoints and verify them", description=INSPECT)
     i.add_argument("dir", help="a checkpoint root (a run's --checkpoint-dir) or one step-* directory")
     i.add_argument("--output", choices=[o.value for o in OutputFormat], default=OutputFormat.TABLE.value)
     i.set_defaults(func=inspect)
-    e = actions.add_parser("export", help="export the model of a checkpoint", description=__doc__)
+    e = actions.add_parser("export", help="export the model of a checkpoint", description=EXPORT)
     e.add_argument("dir", help="a checkpoint root (its newest complete checkpoint is used) or one step-* directory")
     e.add_argument("--format", choices=[f.value for f in ExportFormat], default=ExportFormat.SAFETENSORS.value)
     e.add_argument(
