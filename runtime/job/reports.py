@@ -64,6 +64,7 @@ def gather_reports(engine: ZeroEngine, ctx: RankContext, device: torch.device) -
 def summary_record(
     spec: ZeroTrainingJobSpec, ctx: RankContext, result: TrainResult, ranks: list[Any]
 ) -> dict[str, Any]:
+    training_s = result.elapsed_s - result.eval_seconds  # the progress bar's figure leaves evaluation out too
     return {
         "world_size": ctx.world_size,
         "stage": int(spec.zero.fixed_stage),
@@ -78,8 +79,8 @@ def summary_record(
         "final_loss": result.losses[-1] if result.losses else None,
         "elapsed_s": result.elapsed_s,
         # None for a task counted in samples (its throughput is in samples/s), not a throughput of 0.
-        "tokens_per_s": result.tokens / result.elapsed_s if result.tokens and result.elapsed_s > 0 else None,
-        **throughput(result.tokens, result.samples, result.steps, result.elapsed_s),
+        "tokens_per_s": result.tokens / training_s if result.tokens and training_s > 0 else None,
+        **throughput(result.tokens, result.samples, result.steps, training_s),
         "evaluations": [{"step": e.step, "loss": e.loss} for e in result.evaluations],
         "ranks": ranks,
     }

@@ -114,6 +114,8 @@ class TrainResult:
     """The progress record of the latest step."""
     evaluations: list[evaluation.Evaluation] = field(default_factory=list)
     """Every evaluation this run made (spec.training.evaluation), in step order."""
+    eval_seconds: float = 0.0
+    """Seconds those evaluations took: left out of the throughput, which is the training's."""
 
 
 def run_micro_batches(
@@ -201,7 +203,10 @@ def run_steps(
                 log.checkpoint(step, str(saved))
         record_step(engine, task, loop, result, step, step_loss, outcome, time.perf_counter() - step_start)
         if log is not None and logged:
-            log.write({**result.last_log, "elapsed_s": time.perf_counter() - start})
+            elapsed = time.perf_counter() - start
+            # The bar shows the run's throughput so far, the figure the summary ends with (evaluation left out).
+            so_far = throughput(result.tokens, result.samples, result.steps, elapsed - result.eval_seconds)
+            log.write({**result.last_log, "elapsed_s": elapsed, **so_far})
         if not stop and evaluation.due(spec.training.evaluation, step, steps):
             evaluate_step(engine, task, loop, result, step, device, log)
         if stop:
@@ -240,6 +245,7 @@ def evaluate_step(
         loop.metrics.phase(RankPhase.EVALUATING)
     done = evaluation.evaluate(engine, task, loop.spec.training.evaluation, step, device)
     result.evaluations.append(done)
+    result.eval_seconds += done.seconds
     if loop.metrics is not None:
         loop.metrics.observe_evaluation(done.step, done.loss)
     if log is not None:
