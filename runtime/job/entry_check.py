@@ -9,12 +9,15 @@ reads its data into the model, say) cannot be built there; then the ranks check 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from zerotrain.errors import UserError
 from zerotrain.plan_inputs import declared_parameters
 from zerotrain.runtime.job.task import (
     ConfigError,
+    TrainingTask,
     check_arguments,
     check_declared_parameters,
     check_task,
@@ -25,10 +28,11 @@ from zerotrain.runtime.zero.partition import check_unit_classes
 from zerotrain.spec import ZeroTrainingJobSpec
 
 
-def check_entrypoint(spec: ZeroTrainingJobSpec, build: bool = True) -> str:
+def check_entrypoint(spec: ZeroTrainingJobSpec, build: bool = True, world_size: int | None = None) -> str:
     """One line on what was checked; UserError (a ConfigError or the engine's setup error) on what a rank would
     refuse. `build=False` stops after the import and the arguments (the entry point reads files only the pods
-    have)."""
+    have). `world_size`: the ranks a local run starts (`--nproc`), when not the manifest's."""
+    world = world_size or spec.world_size
     if is_script(spec.entrypoint):
         return f"entry point: {spec.entrypoint} is a script the launcher runs as every rank; nothing to check before"
     fn = load_entrypoint(spec.entrypoint)
@@ -39,7 +43,7 @@ def check_entrypoint(spec: ZeroTrainingJobSpec, build: bool = True) -> str:
     torch.manual_seed(spec.training.seed)
     try:
         with torch.device("meta"):
-            task = check_task(fn(rank=0, world_size=spec.world_size, **args), spec.entrypoint)
+            task = check_task(fn(rank=0, world_size=world, **args), spec.entrypoint)
     except UserError:
         raise
     except Exception as e:  # the entry point's own code may need real tensors; the ranks will build it for real
@@ -55,9 +59,38 @@ def check_entrypoint(spec: ZeroTrainingJobSpec, build: bool = True) -> str:
     check_declared_parameters(task.model, declared)
     units = list(spec.zero.unit_modules) or list(task.unit_modules)
     check_unit_classes(task.model, units)
+    uneven = _unequal_rows(fn, spec, task, world)
     count = sum(p.numel() for p in task.model.parameters())
     held = sum(1 for m in task.model.modules() if type(m).__name__ in set(units))
     return (
         f"entry point: {spec.entrypoint} builds a model of {count:,} parameters, {held} unit(s) of "
         f"{', '.join(units) or '(none: one unit, the whole model)'} (built on the meta device)"
+    ) + (f"\n{uneven}" if uneven else "")
+
+
+def _rows(batch: object) -> int | None:
+    """The leading size of a batch's first tensor (a tensor, or nested in a tuple, list or dict)."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else None
+    items = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
+    return next((r for r in map(_rows, items) if r is not None), None)
+
+
+def _unequal_rows(fn: Callable[..., object], spec: ZeroTrainingJobSpec, first: TrainingTask, world: int) -> str | None:
+    """One line when the first and the last rank draw micro-batches of different sizes: the mean over ranks of
+    per-rank mean losses is then not the global batch's (the run differs from one process, silently)."""
+    if world < 2:
+        return None
+    try:
+        with torch.device("meta"):
+            last = check_task(fn(rank=world - 1, world_size=world, **dict(spec.entrypoint_args)), spec.entrypoint)
+        rows = (_rows(next(iter(first.batches))), _rows(next(iter(last.batches))))
+    except Exception:  # data the launcher cannot draw: the ranks will
+        return None
+    if None in rows or rows[0] == rows[1]:
+        return None
+    return (
+        f"warning: rank 0 draws micro-batches of {rows[0]} rows and rank {world - 1} of {rows[1]}: unequal shares, "
+        f"so the loss and the update are not one process's on the global batch; make the global batch a multiple of "
+        f"the {world} ranks"
     )

@@ -152,14 +152,14 @@ def local_plan(nproc: int) -> LaunchPlan:
     return LaunchPlan("127.0.0.1", free_port(), 1, 0, nproc)
 
 
-def preflight(spec: ZeroTrainingJobSpec) -> str:
+def preflight(spec: ZeroTrainingJobSpec, world_size: int | None = None) -> str:
     """Configuration errors every rank would hit, reported once before any rank starts: the entry point (imported,
     its arguments bound, its model built on the meta device and checked against the spec: `entry_check`), and the
     pretrained weights' files (their names and shapes are matched in the ranks, before the model is allocated).
-    Returns the entry check's line."""
+    Returns the entry check's line (and a warning line, if any); `world_size`: a local run's --nproc."""
     if is_script(spec.entrypoint) and not Path(spec.entrypoint).is_file():
         raise ConfigError(f"spec.entrypoint: script {spec.entrypoint!r} does not exist; fix the path")
-    checked = check_entrypoint(spec)
+    checked = check_entrypoint(spec, world_size=world_size)
     if spec.model.pretrained is not None:
         layout(spec.model.pretrained.path)
     return checked

@@ -66,3 +66,19 @@ def test_run_refuses_a_wrong_parameter_count_before_any_rank_starts(
     text = said(capsys)
     assert text.count("spec.model.parameters: got 900,000") == 1 and "rank" not in text
     assert not logs.exists() or not any(logs.iterdir())
+
+
+@pytest.mark.slow
+def test_unequal_rows_per_rank_are_said_in_one_line_by_validate_and_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    custom = ROOT / "examples" / "custom" / "job.yaml"
+    doc = yaml.safe_load(custom.read_text())
+    doc["spec"]["replicas"] = 3  # 64 rows chunked: 22, 22 and 20
+    (tmp_path / "regression.py").write_text((custom.parent / "regression.py").read_text())  # found beside the job
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
+    assert main(["validate", str(tmp_path / "job.yaml")]) == 0
+    assert "warning: rank 0 draws micro-batches of 22 rows and rank 2 of 20" in said(capsys)
+    logs = tmp_path / "logs"
+    assert main(["run", str(custom), "--nproc", "4", "--steps", "1", "--no-metrics", "--log-dir", str(logs)]) == 0
+    assert "warning" not in said(capsys)  # 64 rows split evenly over 4

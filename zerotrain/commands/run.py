@@ -261,7 +261,9 @@ def run(args: argparse.Namespace) -> int:
     # Entry points are found in the working directory and beside the manifest (`runtime.task.add_entrypoint_dirs`).
     beside = {ENTRYPOINT_PATH_ENV: str(Path(args.manifest).resolve().parent)}
     with scoped_environ(beside):
-        preflight(job.spec)
+        checked = preflight(job.spec, nproc)
+    for line in checked.splitlines()[1:]:  # warnings: what the run will do that the reader may not expect
+        console.print(Text(line), soft_wrap=True)
     with tempfile.TemporaryDirectory(prefix="zerotrain-run-") as tmp:
         config = Path(tmp, "job.json")
         config.write_text(job.model_dump_json(by_alias=True, exclude_none=True))
