@@ -64,7 +64,7 @@ def gather_reports(engine: ZeroEngine, ctx: RankContext, device: torch.device) -
 def summary_record(
     spec: ZeroTrainingJobSpec, ctx: RankContext, result: TrainResult, ranks: list[Any]
 ) -> dict[str, Any]:
-    training_s = result.elapsed_s - result.eval_seconds  # the progress bar's figure leaves evaluation out too
+    training_s = result.train_seconds  # the progress bar's last figure: up to the last step, evaluation left out
     return {
         "world_size": ctx.world_size,
         "stage": int(spec.zero.fixed_stage),

@@ -116,6 +116,8 @@ class TrainResult:
     """Every evaluation this run made (spec.training.evaluation), in step order."""
     eval_seconds: float = 0.0
     """Seconds those evaluations took: left out of the throughput, which is the training's."""
+    train_seconds: float = 0.0
+    """Seconds of the loop up to the latest step, evaluations left out: what the throughput is over."""
 
 
 def run_micro_batches(
@@ -202,10 +204,11 @@ def run_steps(
             if log is not None and saved is not None:
                 log.checkpoint(step, str(saved))
         record_step(engine, task, loop, result, step, step_loss, outcome, time.perf_counter() - step_start)
+        elapsed = time.perf_counter() - start
+        result.train_seconds = elapsed - result.eval_seconds
         if log is not None and logged:
-            elapsed = time.perf_counter() - start
-            # The bar shows the run's throughput so far, the figure the summary ends with (evaluation left out).
-            so_far = throughput(result.tokens, result.samples, result.steps, elapsed - result.eval_seconds)
+            # The bar shows the run's throughput so far: at the last step, the summary's figure exactly.
+            so_far = throughput(result.tokens, result.samples, result.steps, result.train_seconds)
             log.write({**result.last_log, "elapsed_s": elapsed, **so_far})
         if not stop and evaluation.due(spec.training.evaluation, step, steps):
             evaluate_step(engine, task, loop, result, step, device, log)
