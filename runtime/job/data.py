@@ -69,7 +69,45 @@ def rank_rows(rows: int, rank: int, world_size: int, field: str = "spec.entrypoi
     return slice(rank * per_rank, (rank + 1) * per_rank)
 
 
-class TextBatches:
+class WindowStream:
+    """Iterating yields this rank's rows of global micro-batch 0, 1, 2, … (`global_batch`), each a pure function of
+    (seed, index, batch_size); the position is the micro-batches drawn, which checkpoints hold. The text and token
+    file sources differ only in where a window's ids come from."""
+
+    seed: int
+    batch_size: int
+    rows: slice
+    """This rank's rows of every global micro-batch."""
+    index: int = 0
+    """Global micro-batches drawn so far (the same at every world size)."""
+
+    def global_batch(self, index: int, rows: slice = slice(None)) -> torch.Tensor:
+        raise NotImplementedError
+
+    def window_starts(self, index: int, high: int, rows: slice) -> torch.Tensor:
+        """Rows `rows` of global micro-batch `index`'s window offsets in [0, high)."""
+        gen = torch.Generator().manual_seed(self.seed * _SEED_STRIDE + index)
+        # Every rank draws all B offsets so the stream does not depend on the world size.
+        return torch.randint(0, high, (self.batch_size,), generator=gen)[rows]
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return self
+
+    def __next__(self) -> torch.Tensor:
+        batch = self.global_batch(self.index, self.rows)
+        self.index += 1
+        return batch
+
+    def state_dict(self) -> dict[str, int]:
+        """The data position: global micro-batches drawn so far (the same at every world size)."""
+        return {"micro_batches": self.index}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue at micro-batch `state["micro_batches"]`; no batch before it is drawn."""
+        self.index = int(state["micro_batches"])
+
+
+class TextBatches(WindowStream):
     """Global micro-batches of byte windows; iterating yields this rank's rows of micro-batch 0, 1, 2, …
 
     Each row holds `seq_len + 1` bytes (as int64 token ids): inputs are the first `seq_len`, targets the last.
@@ -96,27 +134,9 @@ class TextBatches:
 
     def global_batch(self, index: int, rows: slice = slice(None)) -> torch.Tensor:
         """Rows `rows` (default all) of global micro-batch `index`, shape (rows, seq_len + 1), int64."""
-        gen = torch.Generator().manual_seed(self.seed * _SEED_STRIDE + index)
-        # Every rank draws all B offsets so the stream does not depend on the world size.
-        starts = torch.randint(0, self.data.numel() - self.seq_len - 1, (self.batch_size,), generator=gen)[rows]
+        starts = self.window_starts(index, self.data.numel() - self.seq_len - 1, rows)
         window = torch.arange(self.seq_len + 1)
         return self.data[starts[:, None] + window[None, :]].long()
-
-    def __iter__(self) -> Iterator[torch.Tensor]:
-        return self
-
-    def __next__(self) -> torch.Tensor:
-        batch = self.global_batch(self.index, self.rows)
-        self.index += 1
-        return batch
-
-    def state_dict(self) -> dict[str, int]:
-        """The data position: global micro-batches drawn so far (the same at every world size)."""
-        return {"micro_batches": self.index}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        """Continue at micro-batch `state["micro_batches"]`; no batch before it is drawn."""
-        self.index = int(state["micro_batches"])
 
 
 class HeldOutBatches:

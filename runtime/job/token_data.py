@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from zerotrain.runtime.job.data import _SEED_STRIDE, rank_rows
+from zerotrain.runtime.job.data import WindowStream, rank_rows
 from zerotrain.runtime.job.task import ConfigError
 
 # Explicitly little-endian: the files are the same bytes on every machine.
@@ -207,7 +207,7 @@ def _check_vocab_size(vocab_size: int | None) -> None:
         raise ConfigError(f"spec.entrypointArgs.vocab_size: got {vocab_size}; must be positive; use the tokenizer's")
 
 
-class TokenBatches:
+class TokenBatches(WindowStream):
     """Global micro-batches of token windows; iterating yields this rank's rows of micro-batch 0, 1, 2, …
 
     Each row holds `seq_len + 1` token ids (int64): inputs are the first `seq_len`, targets the last.
@@ -238,31 +238,12 @@ class TokenBatches:
 
     def global_batch(self, index: int, rows: slice = slice(None)) -> torch.Tensor:
         """Rows `rows` (default all) of global micro-batch `index`, shape (rows, seq_len + 1), int64."""
-        gen = torch.Generator().manual_seed(self.seed * _SEED_STRIDE + index)
-        # Every rank draws all B offsets so the stream does not depend on the world size.
-        high = len(self.files) - self.seq_len
-        starts = torch.randint(0, high, (self.batch_size,), generator=gen)[rows].tolist()
+        starts = self.window_starts(index, len(self.files) - self.seq_len, rows).tolist()
         if not starts:
             return torch.empty((0, self.seq_len + 1), dtype=torch.int64)
         batch = torch.stack([self.files.read(s, s + self.seq_len + 1) for s in starts])
         _check_vocab(self.files, batch, starts, self.vocab_size)
         return batch
-
-    def __iter__(self) -> Iterator[torch.Tensor]:
-        return self
-
-    def __next__(self) -> torch.Tensor:
-        batch = self.global_batch(self.index, self.rows)
-        self.index += 1
-        return batch
-
-    def state_dict(self) -> dict[str, int]:
-        """The data position: global micro-batches drawn so far (the same at every world size)."""
-        return {"micro_batches": self.index}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        """Continue at micro-batch `state["micro_batches"]`; no batch before it is drawn."""
-        self.index = int(state["micro_batches"])
 
 
 class EvalTokenBatches:
