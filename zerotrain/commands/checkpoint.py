@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
+from zerotrain.commands.tables import Rows, print_rows
 from zerotrain.planner import format_bytes
 
 INSPECT = """List every checkpoint under a checkpoint root (or one checkpoint): step, samples, world size, stage, bytes
@@ -90,15 +90,14 @@ def inspect(args: argparse.Namespace) -> int:
     if args.output == OutputFormat.JSON.value:
         print(json.dumps(rows, indent=2))
         return 0
-    Console().print(table(rows))
+    print_rows(table(rows), Console())
     return 0 if any(r["complete"] for r in rows) else 1
 
 
-def table(rows: list[dict[str, Any]]) -> Table:
-    """Checkpoints as a table; every value is plain Text, so names and paths print as they are."""
-    t = Table(title="checkpoints", title_justify="left")
-    for column in ("checkpoint", "step", "samples", "world", "stage", "bytes per rank", "complete"):
-        t.add_column(column, justify="left" if column in ("checkpoint", "complete") else "right", no_wrap=True)
+def table(rows: list[dict[str, Any]]) -> Rows:
+    """Checkpoints as table rows; every value is plain Text, so names and paths print as they are."""
+    columns = ("checkpoint", "step", "samples", "world", "stage", "bytes per rank", "complete")
+    t = Rows("checkpoints", columns, left=frozenset({"checkpoint", "complete"}))
     for r in rows:
         sizes = list(r["bytes_per_rank"].values())
         spread = format_bytes(min(sizes)) if sizes and min(sizes) == max(sizes) else "-"
@@ -107,7 +106,7 @@ def table(rows: list[dict[str, Any]]) -> Table:
         verdict = "yes (verified)" if r["complete"] else f"no: {r.get('problem', '')}"
         cells = [Path(r["path"]).name, r.get("step"), r.get("samples") or "-", r.get("world_size", "-")]
         cells += [r.get("stage", "-"), f"{len(sizes)} × {spread}", verdict]
-        t.add_row(*(Text(str(c), style="green" if c == verdict and r["complete"] else "") for c in cells))
+        t.add(*(Text(str(c), style="green" if c == verdict and r["complete"] else "") for c in cells))
     return t
 
 

@@ -9,14 +9,14 @@ from enum import Enum
 
 from pydantic import ValidationError
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from zerotrain.autostage import resolve_stage
+from zerotrain.commands.tables import Rows, print_rows
 from zerotrain.errors import UserError
 from zerotrain.manifest import load_job
 from zerotrain.plan_inputs import declared_parameters, host_bytes_per_pod, plan_input, plan_job
-from zerotrain.planner import MemoryPlan, PlanInput, format_bytes, plan
+from zerotrain.planner import MemoryPlan, PlanInput, StagePlan, format_bytes, plan
 from zerotrain.quantity import parse_bytes, parse_count
 from zerotrain.spec import ZeroTrainingJobSpec
 from zerotrain.startup import describe, start_up_plan
@@ -171,28 +171,24 @@ def run(args: argparse.Namespace) -> int:
 
 def render(result: MemoryPlan, console: Console) -> None:
     """The plan as a table, in decimal GB as the ZeRO paper counts."""
-    title = f"Ψ = {result.parameters:.3g} parameters, N = {result.data_parallel}, K = {result.optimizer_multiplier:g}"
-    table = Table(title=title)
-    for col in ("stage", "params", "grads", "optimizer", "model states / device", "comm / step"):
-        table.add_column(col, justify="right")
+    title = f"model states per device: Ψ = {result.parameters:.3g} parameters, N = {result.data_parallel}, "
+    title += f"K = {result.optimizer_multiplier:g}"
+    columns = ["stage", "params", "grads", "optimizer", "total", "comm / step"]
     if result.usable_memory is not None:
-        table.add_column("fits", justify="center")
+        columns.append("fits")
+    rows = Rows(title, columns, left=frozenset({"fits"}))
+    regathers: list[str] = []
     for sp in result.stages:
         comm = f"{sp.comm_elements_per_step / result.parameters:g}Ψ"
         if sp.comm_elements_with_recompute != sp.comm_elements_per_step:
-            comm += f" ({sp.comm_elements_with_recompute / result.parameters:g}Ψ if recompute re-gathers)"
-        row = [
-            str(sp.stage.value),
-            format_bytes(sp.parameter_bytes),
-            format_bytes(sp.gradient_bytes),
-            format_bytes(sp.optimizer_bytes),
-            format_bytes(sp.model_state_bytes),
-            comm,
-        ]
-        if result.usable_memory is not None:
-            row.append("yes" if sp.fits else "no")
-        table.add_row(*row)
-    console.print(table)
+            again = f"{sp.comm_elements_with_recompute / result.parameters:g}Ψ"
+            comm += f" or {again}"
+            regathers.append(f"stage {sp.stage.value} moves {again} when activation recompute re-gathers its units")
+        cells = [str(sp.stage.value), *map(format_bytes, _state_bytes(sp)), comm]
+        rows.add(*cells, *(["yes" if sp.fits else "no"] if result.usable_memory is not None else []))
+    print_rows(rows, console)
+    for line in regathers:
+        console.print(Text(line), soft_wrap=True)
     if any(sp.peak is not None for sp in result.stages):
         render_peaks(result, console)
     if result.host_state_bytes:
@@ -206,35 +202,40 @@ def render(result: MemoryPlan, console: Console) -> None:
         console.print(Text(result.reason), soft_wrap=True)
 
 
-# (column, PeakPlan field) of the whole-peak table.
-PEAK_COLUMNS = (
-    ("states", "model_states"),
-    ("gathered", "gathered_parameters"),
-    ("acts", "activations"),
-    ("comm", "communication_buffers"),
-    ("arenas", "gradient_arenas"),
-    ("fp32 g", "fp32_gradients"),
-    ("autograd g", "unsharded_gradients"),
-    ("step", "optimizer_step"),
+def _state_bytes(sp: StagePlan) -> tuple[float, float, float, float]:
+    return (sp.parameter_bytes, sp.gradient_bytes, sp.optimizer_bytes, sp.model_state_bytes)
+
+
+# (row, PeakPlan field) of the whole-peak table.
+PEAK_TERMS = (
+    ("model states", "model_states"),
+    ("gathered units", "gathered_parameters"),
+    ("activations", "activations"),
+    ("comm buffers", "communication_buffers"),
+    ("grad arenas", "gradient_arenas"),
+    ("fp32 grads", "fp32_gradients"),
+    ("autograd grads", "unsharded_gradients"),
+    ("optimizer step", "optimizer_step"),
 )
 
 
 def render_peaks(result: MemoryPlan, console: Console) -> None:
-    """The whole peak per rank by category (docs/memory.md explains each term)."""
-    peaks = [sp.peak for sp in result.stages if sp.peak is not None]
-    # Only the terms some stage has, so the table fits a terminal.
-    columns = [(c, f) for c, f in PEAK_COLUMNS if any(getattr(p, f) for p in peaks)]
-    top = max(p.peak for p in peaks)
-    unit, scale = next(((u, f) for u, f in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)) if top >= f), ("B", 1))
-    table = Table(title=f"whole peak per rank ({unit}; docs/memory.md explains each term)")
-    for col in ("stage", *(c for c, _ in columns), "peak", "at"):
-        table.add_column(col, justify="right", no_wrap=True)
-    for sp in result.stages:
-        if sp.peak is None:
-            continue
-        cells = [f"{getattr(sp.peak, f) / scale:.1f}" for _, f in columns]
-        table.add_row(str(sp.stage.value), *cells, f"{sp.peak.peak / scale:.1f}", sp.peak.peak_phase)
-    console.print(table)
+    """The whole peak per rank, a row per term and a column per stage, so it fits a terminal whatever the terms
+    (docs/memory.md explains each)."""
+    stages = [sp for sp in result.stages if sp.peak is not None]
+    peaks = [sp.peak for sp in stages if sp.peak is not None]
+    rows = Rows(
+        "whole peak per rank (docs/memory.md explains each term)",
+        ["term", *(f"stage {sp.stage.value}" for sp in stages)],
+        left=frozenset({"term"}),
+    )
+    for name, attr in PEAK_TERMS:
+        if any(getattr(p, attr) for p in peaks):
+            rows.add(name, *(format_bytes(getattr(p, attr)) if getattr(p, attr) else "-" for p in peaks))
+    rows.end_section()
+    rows.add("peak", *(format_bytes(p.peak) for p in peaks))
+    rows.add("at", *(p.peak_phase for p in peaks))
+    print_rows(rows, console)
     host = max(sp.peak.host_activations for sp in result.stages if sp.peak is not None)
     if host:
         console.print(Text(f"offloaded activation checkpoints: {format_bytes(host)} of host memory per rank"))

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
+from zerotrain.commands.tables import Rows, print_rows
 from zerotrain.planner import format_bytes
 
 
@@ -106,25 +106,17 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
     world = summary["world_size"]
     group = min((e["memory"].get("shard_group_size", world) for e in summary["ranks"]), default=world)
     sharding = f"N = {world}" if group == world else f"N = {group}: {world} ranks in {world // group} shard groups"
-    memory = Table(title=f"memory per rank (stage {summary['stage']}, {sharding})")
-    for col in ("rank", "category", "measured", "predicted"):
-        memory.add_column(col, justify="left" if col == "category" else "right")
-    comm = Table(title="communication per rank")
-    for col in ("rank", "op", "calls", "bytes", "seconds"):
-        comm.add_column(col, justify="left" if col == "op" else "right")
+    title = f"memory per rank (stage {summary['stage']}, {sharding})"
+    memory = Rows(title, ("rank", "category", "measured", "predicted"), left=frozenset({"category"}))
+    comm = Rows("communication per rank", ("rank", "op", "calls", "bytes", "seconds"), left=frozenset({"op"}))
     for entry in summary["ranks"]:
         rank = str(entry["rank"])
         for category, measured, predicted in memory_rows(entry.get("memory")):
-            memory.add_row(rank, Text(category), _bytes(measured), _bytes(predicted))
-        memory.add_section()
+            memory.add(rank, Text(category), _bytes(measured), _bytes(predicted))
+        memory.end_section()
         for op, stats in comm_rows(entry.get("comm")):
-            comm.add_row(
-                rank,
-                Text(op),
-                str(stats.get("calls", "-")),
-                _bytes(stats.get("bytes")),
-                f"{stats.get('seconds', 0.0):.3f}",
-            )
-        comm.add_section()
-    console.print(memory)
-    console.print(comm)
+            calls, seconds = str(stats.get("calls", "-")), f"{stats.get('seconds', 0.0):.3f}"
+            comm.add(rank, Text(op), calls, _bytes(stats.get("bytes")), seconds)
+        comm.end_section()
+    print_rows(memory, console)
+    print_rows(comm, console)
