@@ -1,5 +1,5 @@
 # Two commands from a fresh clone: `make demo` (a real run of the embedded default) and `make test`.
-# Both create or update .venv themselves; constraints.txt keeps torch on the local CPU build.
+# Both create or update .venv themselves, with torch's CPU build (TORCH_INDEX_URL below) at constraints.txt's pin.
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -12,9 +12,22 @@ STAMP  := $(VENV)/.zerotrain-installed
 # `python -m ...` run from here still finds the standard library's operator module (Python >= 3.11).
 export PYTHONSAFEPATH := 1
 
+# Where torch comes from. The default is PyTorch's CPU index: its 2.13.0+cpu sorts above PyPI's 2.13.0 (a multi-GB
+# CUDA build on Linux), and where that index cannot be reached pip falls back to PyPI. Choose CUDA with e.g.
+# `make test TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128`, or PyPI's own build with TORCH_INDEX_URL=.
+TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
+# On pip's command line --extra-index-url replaces the extra indexes of pip's configuration and environment, so
+# those are passed along. Only the torch step sees the torch index: pip asks every index for every package, and an
+# unreachable one costs about 8 s of retries per package.
+PIP_EXTRA_INDEXES = $(shell $(PYTHON) -m pip config list 2>/dev/null \
+	| sed -nE "s/^(:env:|global|install)\.extra-index-url='(.*)'$$/\2/p")
+TORCH_INDEXES = $(foreach url,$(PIP_EXTRA_INDEXES) $(TORCH_INDEX_URL),--extra-index-url $(url))
+PIP_INSTALL = $(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt
+
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	$(PIP_INSTALL) --no-deps $(TORCH_INDEXES) torch
+	$(PIP_INSTALL) -e '.[dev]'
 	touch $@
 
 demo: $(STAMP)
@@ -30,7 +43,7 @@ test: lint $(STAMP) system-deps
 # zerotrain's stages side by side with DDP, ZeroRedundancyOptimizer, FSDP2 and DeepSpeed (when installed): about
 # 15 min on 2 cores, not part of `make test`. JSON in bench/results/, plots in docs/; BENCH_ARGS=--worlds 2,4 etc.
 bench: $(STAMP)
-	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,bench]'
+	$(PIP_INSTALL) -e '.[dev,bench]'
 	DS_BUILD_OPS=0 $(BIN)/pip install --quiet --disable-pip-version-check --no-build-isolation -c constraints.txt deepspeed \
 		|| echo "DeepSpeed did not install; bench/compare.py skips it and says why"
 	$(BIN)/python bench/compare.py $(BENCH_ARGS)
