@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.zerotrain-installed
 
-.PHONY: demo test bench lint typecheck crd monitoring system-deps clean
+.PHONY: demo test test-fast bench lint typecheck crd monitoring system-deps clean
 
 # The repository root has a folder named `operator`; keep the working directory off sys.path so
 # `python -m ...` run from here still finds the standard library's operator module (Python >= 3.11).
@@ -39,6 +39,12 @@ demo: $(STAMP)
 # `.venv/bin/pytest FILE` alone runs serially as before.
 test: lint $(STAMP) system-deps
 	$(BIN)/pytest -n 3 --dist loadfile
+
+# The inner loop, under 3 min on 2 cores: ruff, every test not marked slow but the runs of the docs' and benches'
+# commands, and one multi-process test (stages 0-3 on 2 gloo ranks against AdamW, marked smoke). CI runs `make test`.
+test-fast: $(STAMP) system-deps
+	$(BIN)/ruff check .
+	$(BIN)/pytest -n 3 --dist loadfile -q -m "smoke or not slow" --ignore=tests/docs --ignore=tests/bench
 
 # zerotrain's stages side by side with DDP, ZeroRedundancyOptimizer, FSDP2 and DeepSpeed (when installed): about
 # 15 min on 2 cores, not part of `make test`. JSON in bench/results/, plots in docs/; BENCH_ARGS=--worlds 2,4 etc.

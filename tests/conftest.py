@@ -4,7 +4,20 @@ from __future__ import annotations
 
 import os
 
+import pytest
+from budget import budget
+
 # The repository root holds a folder named `operator` (installed as zerotrain.operator). `python -m ...` started
 # from the root would put it on sys.path ahead of the standard library's `operator` and break start-up;
 # safe-path mode (Python >= 3.11) keeps the working directory off sys.path for every child process.
 os.environ["PYTHONSAFEPATH"] = "1"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """pytest-timeout's limit per test, scaled by the suite's budget (tests/budget.py) like every wait inside it."""
+    default = float(config.getini("timeout") or 0)
+    for item in items:
+        marker = item.get_closest_marker("timeout")
+        limit = float(marker.args[0]) if marker is not None and marker.args else default
+        if limit > 0:
+            item.add_marker(pytest.mark.timeout(budget(limit)), append=False)

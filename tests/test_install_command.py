@@ -20,7 +20,9 @@ CPU = "https://download.pytorch.org/whl/cpu"
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU make, which runs the README's commands")
 
 
-def pip_lines(tmp_path: Path, config: str | None, *make_args: str, env: dict[str, str] | None = None) -> list[list[str]]:
+def pip_lines(
+    tmp_path: Path, config: str | None, *make_args: str, env: dict[str, str] | None = None
+) -> list[list[str]]:
     """The pip install command lines of a fresh .venv's set-up, under a pip configuration of `config` (None: no
     configuration file at all, as on an ordinary machine)."""
     conf = tmp_path / "pip.conf"

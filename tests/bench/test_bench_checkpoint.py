@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from budget import budget
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
@@ -17,7 +18,7 @@ def test_both_modes_save_and_the_figures_are_written(tmp_path: Path) -> None:
     out = tmp_path / "checkpoint.json"
     args = ["--d-model", "64", "--layers", "1", "--saves", "2", "--every", "1", "--out", str(out)]
     proc = subprocess.run(
-        [sys.executable, str(BENCH / "bench_checkpoint.py"), *args], capture_output=True, text=True, timeout=300
+        [sys.executable, str(BENCH / "bench_checkpoint.py"), *args], capture_output=True, text=True, timeout=budget(300)
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads(out.read_text())

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from budget import budget
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -17,7 +19,7 @@ def test_gang_pace_prints_both_systems_and_their_ratio() -> None:
         [sys.executable, str(ROOT / "bench" / "bench_gang_pace.py"), "--pods", "8", "--reps", "1"],
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=budget(180),
         env=env,
         check=True,
     ).stdout

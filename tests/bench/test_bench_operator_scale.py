@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from budget import budget
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -19,7 +21,7 @@ def test_operator_scale_prints_the_operator_and_the_plain_client_figures() -> No
         [sys.executable, str(ROOT / "bench" / "bench_operator_scale.py"), *args],
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=budget(240),
         env=env,
         check=True,
     ).stdout

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from budget import budget
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
@@ -53,7 +54,7 @@ def _tiny(tmp_path: Path, *extra: str, timeout: float = 240) -> tuple[dict, str]
     args += ["--d-model", "32", "--layers", "1", "--heads", "4", "--seq-len", "16", "--batch", "4"]
     args += ["--max-bytes", "20000", "--out", str(out), "--plots", str(tmp_path)]
     proc = subprocess.run(
-        [sys.executable, str(BENCH / "compare.py"), *args], capture_output=True, text=True, timeout=timeout
+        [sys.executable, str(BENCH / "compare.py"), *args], capture_output=True, text=True, timeout=budget(timeout)
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(out.read_text()), proc.stdout

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from budget import budget
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
@@ -32,13 +33,13 @@ import gpu_throughput  # noqa: E402
 from zerotrain.runtime.examples.gpt import GPT  # noqa: E402
 
 
-def _check(args: list[str], timeout: float = 150) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+def _check(args: list[str], timeout: float = 240) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     out = Path(args[args.index("--out") + 1])
     proc = subprocess.run(
         [sys.executable, str(BENCH / "gpu_check.py"), "--device", "cpu", "--quick", *args],
         capture_output=True,
         text=True,
-        timeout=timeout,
+        timeout=budget(timeout),
     )
     doc = json.loads((out / "gpu_check.json").read_text())
     return proc, doc
@@ -233,7 +234,7 @@ def test_the_zerotrain_wheel_holds_every_source_file_at_its_package_path(tmp_pat
 def _sh(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHON": sys.executable}
     return subprocess.run(
-        ["bash", str(BENCH / "gpu_check.sh"), *args], capture_output=True, text=True, timeout=120, env=env
+        ["bash", str(BENCH / "gpu_check.sh"), *args], capture_output=True, text=True, timeout=budget(120), env=env
     )
 
 

@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import yaml
+from budget import budget
 from chart_util import by_kind, one, render
 from e2e.prometheus import binary
 
@@ -36,7 +37,7 @@ def test_chart_prometheus_rule_is_off_by_default_and_passes_promtool(tmp_path: P
     path = tmp_path / "rules.yaml"
     path.write_text(yaml.safe_dump(rule["spec"]))
     result = subprocess.run(
-        [binary("promtool"), "check", "rules", str(path)], capture_output=True, text=True, timeout=60
+        [binary("promtool"), "check", "rules", str(path)], capture_output=True, text=True, timeout=budget(60)
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"SUCCESS: {len(ALERTS)} rules found" in result.stdout

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import kmock
 import pytest
+from budget import budget
 from chart_util import Obj, one, render
 from e2e.emulator import ZeroEmulator
 
@@ -78,7 +79,7 @@ def _start(container: Obj, env: dict[str, str], cwd: Path) -> subprocess.Popen[b
 
 async def _until_served(proc: subprocess.Popen[bytes], urls: list[str]) -> dict[str, tuple[int, str]]:
     answers: dict[str, tuple[int, str]] = {}
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + budget(60)
     while time.monotonic() < deadline and proc.poll() is None:
         answers = {url: await asyncio.to_thread(_get, url) for url in urls}
         if all(status == 200 for status, _ in answers.values()):
@@ -94,7 +95,7 @@ async def _terminate(proc: subprocess.Popen[bytes]) -> str:
 
 async def _until_holder(kube: Kube, env: dict[str, str], identity: str, proc: subprocess.Popen[bytes]) -> bool:
     path = path_of(LEASE_API, "leases", env["ZEROTRAIN_LEASE_NAMESPACE"], env["ZEROTRAIN_LEASE_NAME"])
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + budget(60)
     while time.monotonic() < deadline and proc.poll() is None:
         try:
             lease = await asyncio.to_thread(kube.request, "GET", path, retry=False)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import tomllib
 import yaml
+from budget import budget
 from chart_util import CHART_DIR, ROOT
 from dockerfile_parse import DockerfileParser
 from packaging.requirements import Requirement
@@ -63,7 +64,7 @@ def test_hadolint_passes(path: Path) -> None:
     hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
     if hadolint is None:
         pytest.skip("hadolint not installed (it comes with the dev extra: pip install -e '.[dev]')")
-    result = subprocess.run([hadolint, "--no-color", str(path)], capture_output=True, text=True, timeout=60)
+    result = subprocess.run([hadolint, "--no-color", str(path)], capture_output=True, text=True, timeout=budget(60))
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -194,7 +195,9 @@ def test_operator_code_runs_without_torch() -> None:
         "from zerotrain.cli import main\n"
         "sys.exit(main(['operator', '--help']))\n"
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd="/")
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=budget(120), cwd="/"
+    )
     assert result.returncode == 0, f"the operator needs torch:\n{result.stderr[-3000:]}"
     assert "--namespace" in result.stdout
 
@@ -219,7 +222,7 @@ def test_the_wheel_the_images_install_holds_every_module(tmp_path: Path) -> None
         cwd=context,
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=budget(240),
     )
     assert result.returncode == 0, result.stderr[-3000:]
     (wheel,) = tmp_path.glob("zerotrain-*.whl")

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from budget import budget
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFEST = ROOT / "examples" / "custom" / "job.yaml"
@@ -19,7 +20,7 @@ def test_the_custom_example_trains_from_anywhere_and_its_loss_falls(tmp_path: Pa
     summary = tmp_path / "summary.json"
     argv = [sys.executable, "-m", "zerotrain.cli", "run", str(MANIFEST), "--steps", "60", "--no-metrics"]
     argv += ["--summary-file", str(summary), "--log-dir", str(tmp_path / "logs")]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=budget(240), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads(summary.read_text())
     assert result["world_size"] == 2 and result["stage"] == 2 and len(result["losses"]) == 60
@@ -35,7 +36,7 @@ def test_a_module_neither_beside_the_manifest_nor_on_the_path_names_where_it_loo
         [sys.executable, "-m", "zerotrain.cli", "run", str(job), "--no-metrics"],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=budget(120),
         cwd=ROOT,
     )
     assert proc.returncode == 2, proc.stdout + proc.stderr

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from budget import budget
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "llama-tiny"
@@ -40,7 +41,7 @@ def test_the_examples_three_commands_train_export_and_generate(tmp_path: Path) -
         if command.startswith("zerotrain run"):
             command += " --steps 32 --no-metrics --summary-file summary.json"  # past the warm-up; one evaluation
         done = subprocess.run(
-            ["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+            ["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=budget(300)
         )
         assert done.returncode == 0, f"{command}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
         outputs.append(done.stdout + done.stderr)

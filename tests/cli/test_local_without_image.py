@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from budget import budget
 
 from zerotrain.cli import main
 from zerotrain.operator.admission import NO_IMAGE, admit
@@ -38,6 +39,6 @@ def test_validate_and_the_operator_say_what_a_job_without_image_lacks(
 @pytest.mark.slow
 def test_a_job_without_image_runs_locally(tmp_path: Path) -> None:
     argv = [sys.executable, "-m", "zerotrain.cli", "run", str(imageless(tmp_path)), "--steps", "2", "--no-metrics"]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=budget(240), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "step 2/2" in proc.stdout

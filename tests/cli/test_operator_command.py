@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from budget import budget
 
 ZEROTRAIN = Path(sys.executable).parent / "zerotrain"
 EXIT_BAD_INPUT = 2
@@ -25,7 +26,7 @@ def run_operator(home: Path, *args: str, **env: str) -> subprocess.CompletedProc
         env={**clean, "HOME": str(home), "PYTHONSAFEPATH": "1", **env},
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=budget(30),
     )
 
 

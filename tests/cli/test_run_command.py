@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from budget import budget
 
 from zerotrain.cli import main
 from zerotrain.commands.run import default_log_dir, effective_job
@@ -26,7 +27,7 @@ def test_quickstart_trains_on_two_ranks_and_the_loss_falls(tmp_path: Path) -> No
         [sys.executable, "-m", "zerotrain.cli", *argv],
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=budget(240),
         cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -103,7 +104,7 @@ def test_script_entry_point_runs_as_every_rank_with_spec_env(tmp_path: Path) -> 
         [sys.executable, "-m", "zerotrain.cli", "run", str(job), "--nproc", "3", "--no-metrics"],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=budget(120),
         cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -120,7 +121,7 @@ def test_a_configuration_the_engine_refuses_exits_2(tmp_path: Path) -> None:
         [sys.executable, "-m", "zerotrain.cli", "run", str(job), "--steps", "2", "--no-metrics"],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=budget(120),
         cwd=tmp_path,
     )
     assert proc.returncode == 2, proc.stdout + proc.stderr
@@ -166,7 +167,7 @@ def test_a_local_run_with_shard_groups_trains_and_says_how_it_sharded(tmp_path: 
     summary_file = tmp_path / "summary.json"
     argv = [sys.executable, "-m", "zerotrain.cli", "run", str(job), "--nproc", "4", "--steps", "4"]
     argv += ["--summary-file", str(summary_file), "--no-metrics"]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=budget(300), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary = json.loads(summary_file.read_text())
     assert summary["final_loss"] < summary["first_loss"]

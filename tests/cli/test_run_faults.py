@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from budget import budget
 from test_run_preemption import job, rank_pids, start, wait_for_step
 
 from zerotrain.cli import main
@@ -76,7 +77,7 @@ def custom_job(tmp_path: Path, **args: int) -> Path:
 
 def run(tmp_path: Path, manifest: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     argv = [sys.executable, "-m", "zerotrain.cli", "run", str(manifest), "--log-dir", str(tmp_path / "logs"), *extra]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=budget(240), cwd=tmp_path)
 
 
 @pytest.mark.slow
@@ -111,7 +112,7 @@ def test_a_rank_killed_mid_run_is_named_first_and_its_peer_says_why_it_stopped(t
     victim = next(p for p in rank_pids(proc.pid) if b"RANK=1\0" in Path(f"/proc/{p}/environ").read_bytes())
     os.kill(victim, signal.SIGKILL)  # as the OOM killer would
     killed_at = time.monotonic()
-    output, _ = proc.communicate(timeout=60)
+    output, _ = proc.communicate(timeout=budget(60))
     out = " ".join(output.split())
     assert proc.returncode == 128 + signal.SIGKILL, output
     assert time.monotonic() - killed_at < 15, "the launcher took too long to notice"

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from budget import budget
 from safetensors.torch import load_file
 from test_run_resume import by_step, tiny_job
 
@@ -90,7 +91,7 @@ def step_of_rank0(port: int) -> int:
 
 def wait_for_step(run: Run, step: int) -> None:
     port = run.rank0_port()
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + budget(120)
     while step_of_rank0(port) < step:
         assert run.proc.poll() is None, run.communicate(10)[0]
         assert time.monotonic() < deadline, "training did not reach the step in time"
@@ -131,7 +132,7 @@ def straight(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor
     """The final training state of the job run once through, never stopped (one run for every way of stopping)."""
     tmp_path = tmp_path_factory.mktemp("straight")
     run = start(tmp_path, job(tmp_path), tmp_path / "ckpt")
-    output, _ = run.communicate(timeout=240)
+    output, _ = run.communicate(timeout=budget(240))
     assert run.returncode == 0, output
     return masters(by_step(tmp_path / "ckpt")[STEPS])
 
@@ -149,7 +150,7 @@ def test_a_stop_signal_commits_the_current_step_and_a_rerun_continues_exactly(
     # A terminal's Ctrl-C reaches the launcher alone: torch starts each rank in a session of its own.
     for pid in [proc.pid] if target == "launcher" else rank_pids(proc.pid):
         os.kill(pid, sig)
-    output, _ = proc.communicate(timeout=120)
+    output, _ = proc.communicate(timeout=budget(120))
     # Unfinished work is never a success for the local command (a pod's launcher exits 0: the operator reads why).
     assert proc.returncode == status, output
     assert account in output and "Traceback" not in output, output
@@ -162,7 +163,7 @@ def test_a_stop_signal_commits_the_current_step_and_a_rerun_continues_exactly(
     assert f"step {stopped_at}/{STEPS}" in output  # the bar ends where the ranks stopped
 
     rerun = start(tmp_path, manifest, ckpt)
-    output, _ = rerun.communicate(timeout=240)
+    output, _ = rerun.communicate(timeout=budget(240))
     assert rerun.returncode == 0 and f"resumed from {path} at step {stopped_at}" in output, output
     ran = STEPS - stopped_at
     assert f"over steps {stopped_at + 1}–{STEPS} ({ran}, resumed after {stopped_at})" in output, output
@@ -186,7 +187,7 @@ def test_asynchronous_saves_commit_as_they_go_and_a_stop_waits_for_the_one_in_fl
     proc = start(tmp_path, manifest, ckpt)
     wait_for_step(proc, 12)
     os.kill(proc.pid, signal.SIGTERM)
-    output, _ = proc.communicate(timeout=120)
+    output, _ = proc.communicate(timeout=budget(120))
     assert proc.returncode == 143 and "Traceback" not in output, output
     saved = by_step(ckpt)
     stopped_at = max(saved)
@@ -196,7 +197,7 @@ def test_asynchronous_saves_commit_as_they_go_and_a_stop_waits_for_the_one_in_fl
     assert f"every rank stopped after step {stopped_at} of {STEPS}, checkpoint {saved[stopped_at]} committed" in output
 
     rerun = start(tmp_path, manifest, ckpt)
-    output, _ = rerun.communicate(timeout=240)
+    output, _ = rerun.communicate(timeout=budget(240))
     assert rerun.returncode == 0 and f"at step {stopped_at}" in output, output
     got = masters(by_step(ckpt)[STEPS])
     assert got.keys() == straight.keys() and len(got) > 0
@@ -252,7 +253,7 @@ def test_a_second_ctrl_c_stops_every_rank_at_once_and_the_last_commit_stands(tmp
     ckpt = tmp_path / "ckpt"
     proc = start(tmp_path, slow_job(tmp_path, step_s=30.0), ckpt)
     port = proc.rank0_port()
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + budget(120)
     while not by_step_or_none(ckpt):  # step 1 committed: the ranks are 30 s into step 2
         assert proc.proc.poll() is None and time.monotonic() < deadline, proc.output
         time.sleep(0.1)
@@ -262,7 +263,7 @@ def test_a_second_ctrl_c_stops_every_rank_at_once_and_the_last_commit_stands(tmp
     assert proc.proc.poll() is None and step_of_rank0(port) == 1, proc.output  # finishing step 2 first
     os.kill(proc.pid, signal.SIGINT)
     again = time.monotonic()
-    output, _ = proc.communicate(timeout=60)
+    output, _ = proc.communicate(timeout=budget(60))
     # Killed, not waited for: the step had ~28 s left and the budget 120 s.
     assert time.monotonic() - again < 15, output
     assert proc.returncode == 130, output
@@ -283,8 +284,8 @@ def test_a_launcher_killed_outright_leaves_no_rank_behind(tmp_path: Path) -> Non
     ranks = rank_pids(proc.pid)
     assert len(ranks) == 2
     os.kill(proc.pid, signal.SIGKILL)
-    proc.communicate(timeout=30)
-    deadline = time.monotonic() + 15
+    proc.communicate(timeout=budget(30))
+    deadline = time.monotonic() + budget(15)
     try:
         while alive := [p for p in ranks if Path(f"/proc/{p}").exists() and b"zombie" not in state(p)]:
             assert time.monotonic() < deadline, f"ranks {alive} outlived their launcher"

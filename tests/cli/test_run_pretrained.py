@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from budget import budget
 from test_run_resume import ROOT, run, tiny_job
 
 
@@ -54,13 +55,16 @@ def test_pretrained_weights_then_the_jobs_own_checkpoint_then_the_weights_again(
 def test_a_missing_pretrained_path_is_refused_before_any_rank_starts(tmp_path: Path) -> None:
     job = with_pretrained(tiny_job(tmp_path, 2), tmp_path / "nowhere")
     argv = [sys.executable, "-m", "zerotrain.cli", "run", str(job), "--no-metrics"]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=budget(120), cwd=tmp_path)
     assert proc.returncode == 2
     said = _said(proc.stderr)
     assert f"spec.model.pretrained.path: got '{tmp_path / 'nowhere'}'; does not exist" in said
     assert "logs:" not in proc.stdout  # nothing started
     proc = subprocess.run(
-        [sys.executable, "-m", "zerotrain.cli", "validate", str(job)], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "zerotrain.cli", "validate", str(job)],
+        capture_output=True,
+        text=True,
+        timeout=budget(120),
     )
     assert proc.returncode == 2 and "spec.model.pretrained.path" in proc.stderr
     assert ROOT.is_dir()

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
+from budget import budget
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,7 +41,7 @@ def run(tmp_path: Path, job: Path, name: str, checkpoints: Path | None, *extra: 
     argv += extra
     if checkpoints is not None:
         argv += ["--checkpoint-dir", str(checkpoints)]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=budget(240), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return json.loads(summary.read_text()), proc.stdout + proc.stderr
 

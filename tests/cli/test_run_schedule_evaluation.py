@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
+from budget import budget
 
 from zerotrain.lr_schedule import learning_rate
 from zerotrain.spec import TrainingSpec
@@ -49,7 +50,7 @@ def run(tmp_path: Path, manifest: Path, name: str, nproc: int, checkpoints: Path
     argv += ["--no-metrics", "--nproc", str(nproc)]
     if checkpoints is not None:
         argv += ["--checkpoint-dir", str(checkpoints)]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=budget(240), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return json.loads(summary.read_text()), proc.stdout + proc.stderr
 

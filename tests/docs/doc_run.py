@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from budget import budget
 from md_extract import ROOT, Block
 
 sys.path.insert(0, str(ROOT / "tests" / "chart"))
@@ -60,7 +61,7 @@ def cli(args: list[str], cwd: Path, timeout: float = 240) -> Ran:
     env = {**os.environ, "PYTHONSAFEPATH": "1", "COLUMNS": "160", "NO_COLOR": "1"}
     env.pop("ZEROTRAIN_DEBUG", None)
     argv = [zerotrain_exe(), *args]
-    p = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    p = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=budget(timeout), check=False)
     return Ran(["zerotrain", *args], cwd, p.returncode, p.stdout, p.stderr)
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import kubernetes
 import yaml
+from budget import budget
 from prometheus_client.parser import text_string_to_metric_families
 
 from zerotrain.crd import build_crd
@@ -56,7 +57,7 @@ class Cluster:
 
 async def until(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
     """Poll `predicate` (sync, cheap or run in a thread by the caller) until truthy."""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + budget(timeout)
     while True:
         value = predicate()
         if value:
@@ -68,7 +69,7 @@ async def until(predicate: Callable[[], Any], timeout: float = 10.0, interval: f
 
 async def until_async(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05) -> Any:
     """Like `until`, but runs a blocking predicate (API calls) in a thread (emulator gotcha G4)."""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + budget(timeout)
     last: Any = None
     while time.monotonic() < deadline:
         last = await asyncio.to_thread(predicate)

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
+from budget import budget
 
 from zerotrain.runtime.job.launch import free_port
 
@@ -53,7 +54,7 @@ class Prometheus:
         return result if isinstance(result, list) else []
 
     def wait_for(self, expr: str, predicate: Any, timeout: float = 60.0) -> list[dict[str, Any]]:
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + budget(timeout)
         while True:
             result = self.query(expr)
             if predicate(result):
@@ -82,7 +83,7 @@ def running_prometheus(config: dict[str, Any], workdir: Path) -> Iterator[Promet
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     server = Prometheus(f"http://127.0.0.1:{port}", proc)
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + budget(30)
         while True:
             with contextlib.suppress(OSError), urllib.request.urlopen(f"{server.url}/-/ready", timeout=2) as r:
                 if r.status == 200:
@@ -94,7 +95,7 @@ def running_prometheus(config: dict[str, Any], workdir: Path) -> Iterator[Promet
     finally:
         proc.terminate()
         try:
-            proc.wait(timeout=15)
+            proc.wait(timeout=budget(15))
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()

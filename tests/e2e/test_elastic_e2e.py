@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
+from budget import budget
 
 from zerotrain.operator.kube import Kube, path_of
 
@@ -73,7 +74,7 @@ def reference_losses(tmp_path: Path) -> list[float]:
     summary = tmp_path / "reference.json"
     argv = [sys.executable, "-m", "zerotrain.cli", "run", str(path), "--no-metrics", "--summary-file", str(summary)]
     argv += ["--nproc", "2"]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=budget(240), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return [float(x) for x in json.loads(summary.read_text())["losses"]]
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from budget import budget
 
 from zerotrain.monitoring.alerts import ALERTS
 from zerotrain.monitoring.dashboard import annotation_queries, panel_queries
@@ -92,7 +93,7 @@ def test_dashboard_and_alert_queries_answer_for_every_rank(tmp_path: Path) -> No
         zerotrain("run", str(manifest), "--steps", "2", "--checkpoint-dir", str(ckpt), "--no-metrics"),
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=budget(180),
         cwd=tmp_path,
     )
     assert first.returncode == 0, first.stdout + first.stderr
@@ -110,7 +111,7 @@ def test_dashboard_and_alert_queries_answer_for_every_rank(tmp_path: Path) -> No
             run_against_prometheus(cfg, tmp_path, proc)
         finally:
             proc.send_signal(signal.SIGTERM)
-            out, _ = proc.communicate(timeout=60)
+            out, _ = proc.communicate(timeout=budget(60))
     text = out.decode()
     assert f"port {port} taken, rank 0 on" in text, text
     served = re.search(r"rank 0 http://127\.0\.0\.1:(\d+)/metrics", text)
@@ -118,7 +119,7 @@ def test_dashboard_and_alert_queries_answer_for_every_rank(tmp_path: Path) -> No
 
 
 def run_against_prometheus(cfg: Path, tmp_path: Path, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + budget(120)
     while not cfg.exists():
         assert proc.poll() is None and time.monotonic() < deadline, "zerotrain run wrote no Prometheus configuration"
         time.sleep(0.2)

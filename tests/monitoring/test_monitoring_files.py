@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
+from budget import budget
 from e2e.prometheus import binary
 
 from zerotrain.monitoring.__main__ import DASHBOARD, RULES, rules_yaml
@@ -163,6 +164,10 @@ def test_alert_fires_on_its_case_and_only_there(
     }
     (tmp_path / "test.yaml").write_text(yaml.safe_dump(unit, sort_keys=False))
     result = subprocess.run(
-        [binary("promtool"), "test", "rules", "test.yaml"], capture_output=True, text=True, timeout=60, cwd=tmp_path
+        [binary("promtool"), "test", "rules", "test.yaml"],
+        capture_output=True,
+        text=True,
+        timeout=budget(60),
+        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stdout + result.stderr

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import urllib3
+from budget import budget
 
 from zerotrain.operator import naming
 from zerotrain.operator.cache import Key, ObjectCache
@@ -27,7 +28,7 @@ def pod(job: str, name: str, rv: str, phase: str = "Running") -> Obj:
 
 
 def until(predicate: Callable[[], bool], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + budget(timeout)
     while not predicate():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.01)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from budget import budget
+
 
 def test_operator_modules_do_not_import_torch() -> None:
     code = (
@@ -33,5 +35,5 @@ def test_the_spec_and_the_operator_run_no_runtime_code() -> None:
 
 def assert_runs_fresh(code: str) -> None:
     """`code` exits 0 printing ok in a new interpreter (nothing already imported by the test run)."""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=budget(120))
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 import torch.multiprocessing as mp
+from budget import budget
 
 from zerotrain.runtime.job.launch import free_port
 
@@ -87,7 +88,7 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: floa
     for p in procs:
         p.start()
     results: dict[int, tuple[bool, Any]] = {}
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + budget(timeout)
     try:
         while len(results) < world_size:
             try:

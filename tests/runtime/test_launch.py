@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
+from budget import budget
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from zerotrain import gpu_env
@@ -200,7 +201,7 @@ def test_two_pods_of_one_rank_rendezvous_and_finish(tmp_path: Path) -> None:
     config = write_job(tmp_path, {"entrypoint": str(script), "args": [str(tmp_path)], "replicas": 2})
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "NPROC_PER_NODE": "1", "WORLD_SIZE": "2"}
     pods = [pod(config, {**env, "NODE_RANK": str(n)}, tmp_path) for n in (0, 1)]
-    outputs = [p.communicate(timeout=120)[0] for p in pods]
+    outputs = [p.communicate(timeout=budget(120))[0] for p in pods]
     assert [p.returncode for p in pods] == [0, 0], outputs
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [(r["RANK"], r["LOCAL_RANK"], r["WORLD_SIZE"], r["GROUP_RANK"]) for r in ranks] == [
@@ -225,7 +226,7 @@ def test_the_ranks_of_a_gpu_job_inherit_the_gpu_defaults(tmp_path: Path, no_gpu_
     script.write_text(ENV_SCRIPT)
     config = write_job(tmp_path, {"entrypoint": str(script), "args": [str(out)], "resources": {"gpu": 1}})
     proc = pod(config, {"MASTER_PORT": str(free_port()), "NCCL_DEBUG": "INFO"}, tmp_path)
-    output = proc.communicate(timeout=120)[0]
+    output = proc.communicate(timeout=budget(120))[0]
     assert proc.returncode == 0, output
     seen = json.loads(out.read_text())
     assert {k: seen.get(k) for k in gpu_env.GPU_ENV} == {**gpu_env.GPU_ENV, "NCCL_DEBUG": "INFO"}
@@ -240,7 +241,7 @@ def test_a_failing_rank_sets_the_pod_exit_status(tmp_path: Path) -> None:
     )
     env = {"NPROC_PER_NODE": "2", "WORLD_SIZE": "2", "MASTER_PORT": str(free_port()), "PYTHONPATH": str(tmp_path)}
     proc = pod(config, env, tmp_path)
-    out = proc.communicate(timeout=120)[0]
+    out = proc.communicate(timeout=budget(120))[0]
     assert proc.returncode == 3, out
     assert "rank 1 failed first: it exited with status 3" in out
     message = (tmp_path / "termination-0").read_text()
@@ -252,7 +253,7 @@ def test_a_failing_rank_sets_the_pod_exit_status(tmp_path: Path) -> None:
 def test_an_entry_point_that_cannot_be_imported_exits_2_before_any_rank(tmp_path: Path) -> None:
     config = write_job(tmp_path, {"entrypoint": "zt_missing_module:build", "nprocPerNode": 2})
     proc = pod(config, {"NPROC_PER_NODE": "2", "WORLD_SIZE": "2"}, tmp_path)
-    out = proc.communicate(timeout=60)[0]
+    out = proc.communicate(timeout=budget(60))[0]
     assert proc.returncode == 2, out
     assert "spec.entrypoint: got 'zt_missing_module:build', but module 'zt_missing_module' cannot be imported" in out
     assert (tmp_path / "termination-0").read_text().startswith("invalid-config: spec.entrypoint: got")
@@ -262,7 +263,7 @@ def test_an_entry_point_that_cannot_be_imported_exits_2_before_any_rank(tmp_path
 def test_world_size_contradicting_the_manifest_exits_2(tmp_path: Path) -> None:
     config = write_job(tmp_path, {"entrypoint": "zerotrain.runtime.examples.gpt:build", "replicas": 2})
     proc = pod(config, {"NPROC_PER_NODE": "1", "WORLD_SIZE": "4", "MASTER_ADDR": "127.0.0.1"}, tmp_path)
-    out = proc.communicate(timeout=60)[0]
+    out = proc.communicate(timeout=budget(60))[0]
     assert proc.returncode == 2, out
     assert "NNODES=4, NPROC_PER_NODE=1, but the manifest has spec.replicas=2" in out
 
@@ -284,13 +285,13 @@ def test_sigterm_is_forwarded_to_the_ranks_and_a_preempted_pod_exits_0(tmp_path:
     config = write_job(tmp_path, {"entrypoint": str(script), "args": [str(tmp_path)], "nprocPerNode": 2})
     proc = pod(config, {"NPROC_PER_NODE": "2", "WORLD_SIZE": "2", "MASTER_PORT": str(free_port())}, tmp_path)
     ready = [tmp_path / "ready0", tmp_path / "ready1"]
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + budget(90)
     while not all(r.exists() and r.read_text() for r in ready):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
         time.sleep(0.2)
     rank_pids = [int(r.read_text()) for r in ready]
     proc.send_signal(signal.SIGTERM)
-    out = proc.communicate(timeout=60)[0]
+    out = proc.communicate(timeout=budget(60))[0]
     assert proc.returncode == 0, out
     # The operator's observe.PREEMPTED_MESSAGE: a Succeeded pod whose message starts so was preempted.
     assert (tmp_path / "termination-0").read_text().startswith("preempted: ")

@@ -166,6 +166,7 @@ def _check_comm(r: dict, stage: int, world: int, skip_first: bool = False) -> No
 
 
 @pytest.mark.slow
+@pytest.mark.smoke
 def test_every_stage_matches_adamw_on_two_ranks_with_tied_weights_and_uneven_sizes() -> None:
     cases = [Case(stage=s) for s in range(4)] + [Case(stage=3, prefetch=0)]
     cases += [Case(stage=s, bucket=BUCKET) for s in (1, 2, 3)]
