@@ -61,6 +61,7 @@ class Reason:
     SPEC_VALID = "SpecValid"
     LOWEST_STAGE_THAT_FITS = "LowestStageThatFits"
     OUT_OF_MEMORY = "OutOfMemory"
+    INVALID_CONFIG = "InvalidConfig"
 
 
 def get_condition(status: ZeroTrainingJobStatus, kind: ConditionType) -> Condition | None:

@@ -8,6 +8,7 @@ from enum import Enum
 from typing import Any
 
 from zerotrain.operator import kueue, naming
+from zerotrain.pod_contract import INVALID_CONFIG_OUTCOME
 
 
 class PodPhase(str, Enum):
@@ -80,6 +81,9 @@ class ObservedPod:
     """The kubelet's message for `waiting`."""
     gated: bool = False
     """Kueue holds it (its admission scheduling gate): the gang waits for quota, it is not stuck."""
+    invalid_config: str = ""
+    """The launcher's refusal before any rank started (the entry point, the pretrained files: the checks `zerotrain
+    validate` runs), when that is how it ended: the same gang would be refused again."""
     out_of_memory: str = ""
     """Why it ran out of memory, when it did: the rank's own account (`runtime.job.out_of_memory`), or the
     kubelet's OOMKilled."""
@@ -184,6 +188,7 @@ def observe_pod(pod: dict[str, Any]) -> ObservedPod:
         waiting_message=waiting_message,
         gated=kueue.is_gated(pod),
         out_of_memory=_out_of_memory(term, said),
+        invalid_config=_invalid_config(said),
         scheduled=placed.get("status") == "True"
         or bool((pod.get("spec") or {}).get("nodeName"))
         or phase != PodPhase.PENDING,
@@ -202,6 +207,13 @@ def _out_of_memory(term: dict[str, Any], said: str) -> str:
     if term.get("reason") == "OOMKilled":
         return "the kernel's OOM killer stopped the container at its memory limit (OOMKilled)"
     return ""
+
+
+def _invalid_config(said: str) -> str:
+    prefix = f"{INVALID_CONFIG_OUTCOME}: "
+    if not said.startswith(prefix):
+        return ""
+    return said.removeprefix(prefix).splitlines()[0].rsplit(" (exit status", 1)[0]
 
 
 def observe_pods(pods: list[dict[str, Any]]) -> list[ObservedPod]:

@@ -196,6 +196,12 @@ def _judge(
     )
     disrupted = [p for p in current if p.disruption is not None]
     missing = [r for r in range(spec.replicas) if r not in by_replica]
+    if failed and failed[0].invalid_config:
+        # Refused before any rank started, by the checks `zerotrain validate` runs: a new gang would be refused
+        # alike, so no back-off is spent and the refusal itself is the condition's message.
+        refused = failed[0]
+        message = f"pod {refused.name} (node rank {refused.replica}) refused the job before any rank started: "
+        return _fail(d, current, Reason.INVALID_CONFIG, message + refused.invalid_config, now)
     if failed and failed[0].out_of_memory and not failed[0].peer_lost:
         return _out_of_memory(spec, d, current, failed[0], now, replan)
     if failed:

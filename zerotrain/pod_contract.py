@@ -22,6 +22,9 @@ RENDEZVOUS_ENV = ("MASTER_ADDR", "MASTER_PORT", "NNODES", "NODE_RANK", "NPROC_PE
 # Read by the runtime when present (tests and the process kubelet set them; a pod has the defaults).
 TERMINATION_LOG_ENV = "ZEROTRAIN_TERMINATION_LOG"  # else Kubernetes' terminationMessagePath
 TERMINATION_LOG = "/dev/termination-log"
+# The first word of the termination message when the pod's launcher refused the job before any rank started (the
+# entry check and the other checks of `runtime.job.launch.preflight`): the operator reports its line as the cause.
+INVALID_CONFIG_OUTCOME = "invalid-config"
 STATUS_API_ENV = "ZEROTRAIN_STATUS_API"  # the API server's URL, else the in-cluster service's
 SERVICE_ACCOUNT_DIR_ENV = "ZEROTRAIN_SERVICE_ACCOUNT_DIR"  # else the pod's projected service-account token
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"

@@ -54,6 +54,7 @@ from typing import Any
 
 from zerotrain.gpu_env import gpu_env_missing
 from zerotrain.pod_contract import (
+    INVALID_CONFIG_OUTCOME,
     LAUNCHER_PID_ENV,
     MASTER_PORT,
     TERMINATION_LOG,
@@ -208,7 +209,7 @@ class Outcome(str, Enum):
     PREEMPTED = "preempted"
     RANK_FAILED = "rank-failed"
     INTERRUPTED = "interrupted"
-    INVALID_CONFIG = "invalid-config"
+    INVALID_CONFIG = INVALID_CONFIG_OUTCOME
 
 
 @dataclass(frozen=True)

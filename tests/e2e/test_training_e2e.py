@@ -22,7 +22,7 @@ from zerotrain.runtime.job.preemption import PEER_REQUEST
 from .cluster import Cluster
 from .conftest import Operator
 from .process_kubelet import PodProcess, ProcessKubelet, is_alive
-from .test_operator_e2e import JOBS, PLURAL, job_manifest, wait_status
+from .test_operator_e2e import JOBS, PLURAL, condition, job_manifest, wait_status
 
 STEPS = 120
 INTERVAL = 5
@@ -147,3 +147,25 @@ def stopped_cleanly(pod: PodProcess) -> bool:
     a launcher that has reported but not yet exited."""
     log = pod.root / "termination-log"
     return pod.exit_code == 0 or (pod.deleted and log.is_file() and log.read_text().startswith("preempted:"))
+
+
+@pytest.mark.slow
+async def test_an_entry_point_the_pods_refuse_fails_the_job_with_their_line(
+    cluster: Cluster, operator: Operator, kube: Kube, tmp_path: Path
+) -> None:
+    """The operator imports no torch, so admission cannot bind entrypointArgs; each pod's launcher does, before any
+    rank starts, and the job's condition is its line: not a rank failure, no back-off spent."""
+    ns, name = cluster.namespace, "refused"
+    misspelt = {**TINY, "entrypointArgs": {**TINY["entrypointArgs"], "n_layer": 2}}  # build() takes n_layers
+    async with ProcessKubelet(cluster, name, tmp_path) as kubelet:
+        await asyncio.to_thread(kube.request, "POST", path_of(JOBS, PLURAL, ns), job_manifest(name, ns, **misspelt))
+        job = await wait_status(kube, ns, name, lambda s: s.get("phase") == "Failed", START_S)
+        assert not kubelet.errors, kubelet.errors
+    failed = condition(job, "Failed")
+    assert failed is not None and failed["reason"] == "InvalidConfig", job["status"]
+    assert "refused the job before any rank started: spec.entrypointArgs: got" in failed["message"], failed
+    assert "unexpected keyword argument 'n_layer'" in failed["message"], failed
+    assert job["status"]["restarts"]["total"] == 0
+    # A rank's stderr reaches the pod's log "[rankN]:"-prefixed: none started.
+    assert kubelet.pods and not any("[rank" in p.output() for p in kubelet.pods), kubelet.pods[0].output()
+    assert all(p.exit_code == 2 for p in kubelet.pods), [p.exit_code for p in kubelet.pods]

@@ -248,3 +248,33 @@ def test_a_container_the_kernel_oom_killed_is_out_of_memory() -> None:
     assert "OOMKilled" in observe_pod(pod).out_of_memory
     pod["status"]["containerStatuses"][0]["state"]["terminated"]["reason"] = "Error"
     assert observe_pod(pod).out_of_memory == ""
+
+
+def test_a_launcher_that_refused_the_job_fails_it_at_once_with_its_line() -> None:
+    # What `python -m zerotrain.runtime` writes when its entry check refuses the job, before any rank starts.
+    line = "spec.entrypointArgs: build() got an unexpected keyword argument 'n_layer'; fix the name or remove it"
+    failed = {
+        "metadata": {"name": "j-worker-0", "labels": {"zerotrain.dev/gang": "0", "zerotrain.dev/replica-index": "0"}},
+        "status": {"phase": "Failed", "containerStatuses": [exited(2, f"invalid-config: {line} (exit status 2)")]},
+    }
+    observed = observe_pod(failed)
+    assert observed.invalid_config == line
+    # No exit-code rule lists 2 here: the refusal is judged by what it says, not by its code.
+    s = spec(failurePolicy={"permanentExitCodes": [], "backoffLimit": 5})
+    d = compute_status(s, [observed, pod(1)], created(), NOW, BACKOFF)
+    failed_condition = get_condition(d.status, ConditionType.FAILED)
+    assert d.status.phase == Phase.FAILED and failed_condition is not None
+    assert failed_condition.reason == Reason.INVALID_CONFIG
+    assert failed_condition.message == f"pod j-worker-0 (node rank 0) refused the job before any rank started: {line}"
+    assert d.status.restarts.failures == 0 and d.delete_pods == ["j-worker-1"]
+    events = transitions(created(), d.status)
+    assert ("Warning", Reason.INVALID_CONFIG) in [(e.type, e.reason) for e in events], events
+
+
+def test_a_rank_failure_is_not_read_as_a_refusal() -> None:
+    said = "rank-failed: rank 0 failed first: it exited with status 1: invalid-config: in the user's own text"
+    failed = {
+        "metadata": {"name": "p", "labels": {}},
+        "status": {"phase": "Failed", "containerStatuses": [exited(1, said)]},
+    }
+    assert observe_pod(failed).invalid_config == ""
