@@ -1,26 +1,63 @@
-"""zerotrain.runtime: the torch.distributed ZeRO runtime.
+"""zerotrain.runtime: the torch.distributed ZeRO runtime, and its public API.
 
-`ZeroConfig` (with `Stage` and `Precision`) lives in the torch-free core (`zerotrain.zero_config`) and is
-re-exported here; the engine is loaded on first use.
+What an entry point and a user of the engine import, from here and nowhere deeper (the subpackages `job`, `zero`,
+`checkpoints`, `construction` and `models` are internal and move as the code does):
+
+- the entry-point contract: `TrainingTask` (what `spec.entrypoint` returns), `ConfigError` (a configuration the
+  job cannot run: exit status 2, reported as the job's InvalidConfig condition);
+- data helpers: `rank_rows` (this rank's rows of a global micro-batch), `TokenFiles`, `TokenBatches` and
+  `EvalTokenBatches` (token files from `zerotrain data prepare`);
+- the engine: `ZeroEngine`, `ZeroConfig`, `Stage`, `Precision`.
+
+`ZeroConfig` (with `Stage` and `Precision`) lives in the torch-free core (`zerotrain.zero_config`); the rest is
+loaded on first use, so importing this package does not import torch.
 """
 
 from __future__ import annotations
 
+import importlib
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zerotrain.zero_config import Precision, Stage, ZeroConfig
+
+if TYPE_CHECKING:
+    from zerotrain.runtime.job.data import rank_rows
+    from zerotrain.runtime.job.task import ConfigError, TrainingTask
+    from zerotrain.runtime.job.token_data import EvalTokenBatches, TokenBatches, TokenFiles
+    from zerotrain.runtime.zero.engine import ZeroEngine
 
 # torch's CPU wheel does not depend on numpy and warns at import when it is absent; the runtime never
 # hands tensors to numpy, so the warning (printed once per rank) is only noise.
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
 
-__all__ = ["Precision", "Stage", "ZeroConfig", "ZeroEngine"]
+# The public name → the internal module defining it.
+_HOMES = {
+    "ConfigError": "zerotrain.runtime.job.task",
+    "TrainingTask": "zerotrain.runtime.job.task",
+    "rank_rows": "zerotrain.runtime.job.data",
+    "TokenFiles": "zerotrain.runtime.job.token_data",
+    "TokenBatches": "zerotrain.runtime.job.token_data",
+    "EvalTokenBatches": "zerotrain.runtime.job.token_data",
+    "ZeroEngine": "zerotrain.runtime.zero.engine",
+}
+
+__all__ = [
+    "ConfigError",
+    "EvalTokenBatches",
+    "Precision",
+    "Stage",
+    "TokenBatches",
+    "TokenFiles",
+    "TrainingTask",
+    "ZeroConfig",
+    "ZeroEngine",
+    "rank_rows",
+]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "ZeroEngine":
-        from zerotrain.runtime.zero.engine import ZeroEngine
-
-        return ZeroEngine
-    raise AttributeError(f"module 'zerotrain.runtime' has no attribute {name!r}")
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'zerotrain.runtime' has no attribute {name!r}")
+    return getattr(importlib.import_module(home), name)

@@ -7,7 +7,7 @@ image); spec.entrypoint names it as `regression:build` and spec.entrypointArgs a
 import torch
 from torch import nn
 
-from zerotrain.runtime.job.task import TrainingTask
+from zerotrain.runtime import TrainingTask
 
 
 class Block(nn.Module):  # a ZeRO unit: stage 3 gathers one block's parameters at a time

@@ -92,7 +92,10 @@ async def test_a_gang_shrinks_when_a_node_is_lost_and_grows_back_matching_an_uni
         job = await wait(kube, kubelet, name, lambda s: len(s.get("resizes", [])) == 1)
         shrink = job["status"]["resizes"][0]
         assert (shrink["fromReplicas"], shrink["toReplicas"], shrink["cause"]) == (4, 3, "Unschedulable"), shrink
-        assert shrink["gradientAccumulationSteps"] == 4 and "Insufficient cpu" in shrink["message"], shrink
+        # The scheduler's own words on the pod: the modelled one's, or on a real server without nodes its
+        # kube-scheduler's, which writes PodScheduled over the model's.
+        said = ("Insufficient cpu", "no nodes available to schedule pods")
+        assert shrink["gradientAccumulationSteps"] == 4 and any(s in shrink["message"] for s in said), shrink
         job = await wait(
             kube, kubelet, name, lambda s: s.get("phase") == "Running" and s.get("ranks", {}).get("total") == 3
         )
