@@ -119,7 +119,7 @@ def operator_trial(cfg: kubernetes.client.Configuration, ns: str, n: int, name: 
                 raise TimeoutError(f"{len(op.answered)} of {n} pods after 600 s")
             time.sleep(0.2)
         took = op.answered[n - 1] - t0
-        pods = client.list_pods(ns, name)
+        pods = client.list_job_pods(ns, name).items
         client.request("DELETE", path_of(JOBS, PLURAL, ns, name))
         return took, pods[0]
     finally:

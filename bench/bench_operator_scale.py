@@ -280,7 +280,7 @@ class JobWrites:
         events = client.request("GET", path_of("v1", "events", ns)).get("items") or []
         mine = [{"apiVersion": "v1", "kind": "Event", **e} for e in events if e["involvedObject"]["name"] == name]
         patches = round(counts["PATCH", f"{PLURAL}/status"] / jobs)
-        pods = [{"apiVersion": "v1", "kind": "Pod", **p} for p in client.list_pods(ns, name)]
+        pods = [{"apiVersion": "v1", "kind": "Pod", **p} for p in client.list_job_pods(ns, name).items]
         return cls(job, children, pods, patches, mine)
 
     def renamed(self, obj: dict[str, Any], name: str, ns: str, uid: str) -> dict[str, Any]:

@@ -6,13 +6,13 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 import yaml
 
 from zerotrain import elastic, gpu_env
 from zerotrain import pod_contract as contract
 from zerotrain.operator import kueue, naming, pod_template
+from zerotrain.operator.objects import Obj
 from zerotrain.spec import (
     API_VERSION,
     DEFAULT_CHECKPOINT_DIR,
@@ -26,8 +26,6 @@ from zerotrain.spec import (
     ZeroTrainingJob,
     ZeroTrainingJobSpec,
 )
-
-Obj = dict[str, Any]
 
 # Scheduler names used when a gang mode is asked for and spec.scheduling.schedulerName is empty.
 COSCHEDULING_SCHEDULER = "scheduler-plugins-scheduler"

@@ -21,13 +21,11 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from zerotrain.operator import naming
 from zerotrain.operator.kube import Listing
+from zerotrain.operator.objects import Key, Obj
 
-Obj = dict[str, Any]
-Key = tuple[str, str]  # (namespace, name): a job
 GONE_SECONDS = 600.0
 """How long a deleted object's uid is remembered, so nothing brings it back into the cache."""
 

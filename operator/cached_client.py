@@ -8,14 +8,11 @@ Reconciler alone, with no watch to feed one) every read goes to the server, as b
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from zerotrain.operator.api_calls import CACHED_CHILDREN
 from zerotrain.operator.cache import ObjectCache
 from zerotrain.operator.kube import Kube, KubeError
-
-Obj = dict[str, Any]
-Key = tuple[str, str]  # (namespace, name): a job
+from zerotrain.operator.objects import Key, Obj
 
 
 def _key(md: Obj) -> Key:

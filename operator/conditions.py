@@ -34,7 +34,6 @@ class Reason:
     GANG_CREATING = "GangCreating"
     GANG_RESTARTING = "GangRestarting"
     ALL_RANKS_RUNNING = "AllRanksRunning"
-    RANKS_STARTING = "RanksStarting"
     RANK_FAILED = "RankFailed"
     GANG_RECOVERED = "GangRecovered"
     COMPLETED = "Completed"

@@ -18,12 +18,12 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
+from zerotrain.operator.objects import Obj
 from zerotrain.operator.rate_limit import TokenBucket
 
 log = logging.getLogger(__name__)
-Obj = dict[str, Any]
 
 WINDOW_SECONDS = 600.0
 """How long an Event is remembered for deduplication and aggregation (client-go: 10 minutes)."""

@@ -30,11 +30,11 @@ from zerotrain import __version__
 from zerotrain.operator import connection, naming
 from zerotrain.operator.api_calls import PLURALS
 from zerotrain.operator.connection import ConnectionSource
+from zerotrain.operator.objects import Obj
 from zerotrain.operator.rate_limit import RequestBudget
 from zerotrain.spec import GROUP, PLURAL, VERSION
 
 log = logging.getLogger(__name__)
-Obj = dict[str, Any]
 
 
 _RETRYABLE = {409, 429, 500, 502, 503, 504}
@@ -306,9 +306,6 @@ class Kube:
         self._delete(path_of(f"{GROUP}/{VERSION}", PLURAL, namespace, name), "Background")
 
     # -- children --------------------------------------------------------------------------------------------
-
-    def list_pods(self, namespace: str, job: str) -> list[Obj]:
-        return self.list_job_pods(namespace, job).items
 
     def list_job_pods(self, namespace: str, job: str) -> Listing:
         listing = self._list(path_of("v1", "pods", namespace), {"labelSelector": f"{naming.LABEL_JOB}={job}"})

@@ -9,15 +9,13 @@ so it creates none and says why in the job's `Queued` condition.
 
 from __future__ import annotations
 
-from typing import Any
+from zerotrain.operator.objects import Obj
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
 COUNT_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
 ADMISSION_GATE = "kueue.x-k8s.io/admission"
 API = "kueue.x-k8s.io/v1beta1"
-
-Obj = dict[str, Any]
 
 
 def group_name(job: str, gang: int) -> str:

@@ -25,8 +25,6 @@ class JobView:
     """status.phase."""
     restarts_by_cause: dict[str, int] = field(default_factory=dict)
     """status.restarts.byCause (persisted in the job, so it survives an operator restart)."""
-    restarts_total: int = 0
-    """status.restarts.total."""
     replicas: int | None = None
     """status.replicas: the gang's size in force (an elastic job's moves)."""
     stage: Stage | None = None

@@ -10,12 +10,11 @@ Pure: `problems()` is what admission refuses, `merge()` what the builders produc
 from __future__ import annotations
 
 import copy
-from typing import Any
 
 from zerotrain.operator import naming
+from zerotrain.operator.objects import Obj
 from zerotrain.spec import GROUP
 
-Obj = dict[str, Any]
 BASE = "spec.podTemplate"
 # Pod-spec keys the operator sets and a template may not: the gang's identity and rendezvous DNS.
 OWNED_POD_KEYS = ("restartPolicy", "hostname", "subdomain")

@@ -31,6 +31,7 @@ from zerotrain.operator.events import EventRecorder
 from zerotrain.operator.fair_pool import FairPool
 from zerotrain.operator.kube import Kube, KubeError, path_of
 from zerotrain.operator.metrics import JobView, OperatorMetrics
+from zerotrain.operator.objects import Key
 from zerotrain.operator.observe import observe_pods
 from zerotrain.operator.settings import OperatorSettings
 from zerotrain.operator.status import (
@@ -46,7 +47,6 @@ from zerotrain.spec import ZeroTrainingJobSpec
 from zerotrain.zero_config import Stage
 
 log = logging.getLogger(__name__)
-Key = tuple[str, str]  # (namespace, name)
 # Status fields written by the runtime's rank 0 (runtime.status_report), never by the operator.
 RUNTIME_OWNED = ("step", "lastCheckpoint", "lastEvaluation")
 
@@ -541,7 +541,7 @@ class Reconciler:
     def _write(self, body: dict[str, Any], previous: ZeroTrainingJobStatus | None, new: ZeroTrainingJobStatus) -> None:
         md = body["metadata"]
         key = (md["namespace"], md["name"])
-        view = JobView(new.phase, dict(new.restarts.by_cause), new.restarts.total, new.replicas, new.stage)
+        view = JobView(new.phase, dict(new.restarts.by_cause), new.replicas, new.stage)
         self.metrics.set_job(key, view)
         patch = status_patch(previous, new)
         if patch is None:

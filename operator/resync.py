@@ -18,8 +18,9 @@ import threading
 import time
 from collections.abc import Callable
 
+from zerotrain.operator.objects import Key
+
 log = logging.getLogger(__name__)
-Key = tuple[str, str]  # (namespace, name)
 Lister = Callable[[], tuple[list[Key], list[Key]]]
 """LISTs every job (and fills the cache): the jobs present, and those gone without a DELETED event."""
 RESYNC_PARALLELISM = 4  # passes of different jobs at once (passes of one job never overlap: Reconciler coalesces)

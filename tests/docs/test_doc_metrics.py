@@ -105,7 +105,7 @@ def operator_registry() -> CollectorRegistry:
     m.resized(Resize(from_replicas=4, to_replicas=3, cause=ResizeCause.UNSCHEDULABLE, gradient_accumulation_steps=4))
     m.replanned("OutOfMemory")
     m.api_request("POST", "pods", 201, 0.5)
-    view = JobView(next(iter(Phase)), {"failure": 1}, 1, replicas=3, stage=Stage.PARAMETERS)
+    view = JobView(next(iter(Phase)), {"failure": 1}, replicas=3, stage=Stage.PARAMETERS)
     m.set_job(("ns", "job"), view)
     return m.registry
 

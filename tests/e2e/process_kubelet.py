@@ -210,7 +210,7 @@ class ProcessKubelet:
                 self.errors.append(e)
 
     def _sync(self) -> None:
-        listed = self.kube.list_pods(self.namespace, self.job)
+        listed = self.kube.list_job_pods(self.namespace, self.job).items
         stored = {p["metadata"]["uid"]: p for p in listed}
         live = {uid: p for uid, p in stored.items() if not p["metadata"].get("deletionTimestamp")}
         for proc in (p for p in self.pods if p.exit_code is None):

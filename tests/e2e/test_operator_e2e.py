@@ -47,7 +47,7 @@ def get_job(kube: Kube, ns: str, name: str) -> dict[str, Any] | None:
 
 
 def pods(kube: Kube, ns: str, job: str) -> list[dict[str, Any]]:
-    return kube.list_pods(ns, job)
+    return kube.list_job_pods(ns, job).items
 
 
 def condition(job: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
