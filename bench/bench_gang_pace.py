@@ -34,11 +34,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 import kubernetes  # noqa: E402
-from e2e.cluster import KUBECONFIG_ENV  # noqa: E402
+from e2e.cluster import KUBECONFIG_ENV, real_cluster_setup, real_cluster_teardown  # noqa: E402
 from e2e.test_operator_e2e import JOBS, job_manifest  # noqa: E402
 
 from zerotrain.operator.app import operate  # noqa: E402
-from zerotrain.operator.kube import Kube, path_of  # noqa: E402
+from zerotrain.operator.kube import Kube, KubeError, path_of  # noqa: E402
 from zerotrain.operator.metrics import OperatorMetrics  # noqa: E402
 from zerotrain.operator.rate_limit import RequestBudget  # noqa: E402
 from zerotrain.operator.settings import OperatorSettings  # noqa: E402
@@ -58,15 +58,18 @@ class TimedKube(Kube):
 
 
 @contextlib.contextmanager
-def emulator() -> Iterator[kubernetes.client.Configuration]:
-    """A fresh emulator process (bench_operator_scale's), or the real cluster the e2e variable names."""
-    cfg = kubernetes.client.Configuration()
+def emulator(namespace: str) -> Iterator[tuple[kubernetes.client.Configuration, str]]:
+    """A fresh emulator process (bench_operator_scale's) and `namespace`, or on the real cluster the e2e variable
+    names a throw-away namespace of its own (the CRD installed first if missing, or one line saying to)."""
     if path := os.environ.get(KUBECONFIG_ENV):
-        kubernetes.config.load_kube_config(config_file=path, client_configuration=cfg)
-        yield cfg
+        cluster = real_cluster_setup(path)
+        try:
+            yield cluster.configuration, cluster.namespace
+        finally:
+            real_cluster_teardown(cluster)
         return
     with emulator_process() as (cfg, _):
-        yield cfg
+        yield cfg, namespace
 
 
 @contextlib.contextmanager
@@ -139,13 +142,23 @@ def plain_trial(cfg: kubernetes.client.Configuration, ns: str, template: dict[st
         pod["metadata"] = {"name": f"plain-{i}", "namespace": ns, "labels": labels}
         pod.pop("status", None)
         bodies.append(pod)
+    # The pods name the job's ServiceAccount, gone with the job by now: a real server's ServiceAccount admission
+    # refuses a pod whose account is missing, so the plain client makes it first, as the operator did.
+    account = template.get("spec", {}).get("serviceAccountName")
+    sa_path = path_of("v1", "serviceaccounts", ns)
+    sa = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account}}
     try:
+        if account:
+            with contextlib.suppress(KubeError):  # 409: it is there already
+                plain.request("POST", sa_path, sa)
         t0 = time.monotonic()
         with concurrent.futures.ThreadPoolExecutor(threads) as pool:
             list(pool.map(lambda b: plain.request("POST", path_of("v1", "pods", ns), b), bodies))
         took = time.monotonic() - t0
         with concurrent.futures.ThreadPoolExecutor(threads) as pool:
             list(pool.map(lambda b: plain.request("DELETE", path_of("v1", "pods", ns, b["metadata"]["name"])), bodies))
+        if account:
+            plain.request("DELETE", path_of("v1", "serviceaccounts", ns, account))
         return took
     finally:
         plain.close()
@@ -168,13 +181,13 @@ def main() -> None:
     for rep in range(args.reps):
         order = ("ours", "plain") if rep % 2 == 0 or template is None else ("plain", "ours")
         for which in order:
-            with emulator() as cfg:
+            with emulator(args.namespace) as (cfg, ns):
                 if which == "ours":
-                    took, template = operator_trial(cfg, args.namespace, args.pods, f"pace-{rep}")
+                    took, template = operator_trial(cfg, ns, args.pods, f"pace-{rep}")
                     ours.append(args.pods / took)
                 else:
                     assert template is not None
-                    plain.append(args.pods / plain_trial(cfg, args.namespace, template, args.pods, threads))
+                    plain.append(args.pods / plain_trial(cfg, ns, template, args.pods, threads))
             print(f"rep {rep} {which}: {(ours if which == 'ours' else plain)[-1]:.0f} pods/s", flush=True)
     report = {
         "pods": args.pods,

@@ -87,16 +87,48 @@ def real_cluster_setup(path: str) -> Cluster:
     cluster = Cluster(cfg, ns)
     kube = cluster.client()
     try:
-        try:
-            kube.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", build_crd())
-            time.sleep(2.0)  # the CRD must be Established before the first job is created
-        except KubeError as e:
-            if e.status != 409:
-                raise
+        install_crd(kube)
         kube.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
     finally:
         kube.close()
     return cluster
+
+
+CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+
+
+def install_crd(kube: Kube, wait_s: float = 30.0) -> None:
+    """Install the CRD unless it is there, and wait until the server serves it (Established). A kubeconfig that may
+    not install CRDs and finds none stops the run with one line saying how to install it."""
+    crd = build_crd()
+    name = crd["metadata"]["name"]
+    try:
+        kube.request("POST", CRDS, crd)
+    except KubeError as e:
+        if e.status in (401, 403) and _crd(kube, name) is None:
+            raise SystemExit(
+                f"the CRD {name} is not installed and this kubeconfig may not install it ({e.status} {e.reason}): "
+                "install it first, kubectl apply -f crds/"
+            ) from None
+        if e.status not in (401, 403, 409):
+            raise
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        conditions = ((_crd(kube, name) or {}).get("status") or {}).get("conditions") or []
+        if any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions):
+            return
+        time.sleep(0.2)
+    raise SystemExit(f"the CRD {name} was not Established within {wait_s:g} s")
+
+
+def _crd(kube: Kube, name: str) -> dict[str, Any] | None:
+    """The installed CRD, or None when the server has none by that name (or will not say)."""
+    try:
+        return kube.request("GET", f"{CRDS}/{name}")
+    except KubeError as e:
+        if e.status in (403, 404):
+            return None
+        raise
 
 
 def real_cluster_teardown(cluster: Cluster) -> None:
