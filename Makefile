@@ -54,12 +54,12 @@ bench: $(STAMP)
 		|| echo "DeepSpeed did not install; bench/compare.py skips it and says why"
 	$(BIN)/python bench/compare.py $(BENCH_ARGS)
 
-# What bench/gpu_check.sh installs on a bare GPU machine (no network, its own CUDA torch): a zerotrain wheel of this
+# What bench/gpu/gpu_check.sh installs on a bare GPU machine (no network, its own CUDA torch): a zerotrain wheel of this
 # working tree and the cp312 wheels of pydantic and its requirements, in .gpu-bundle/ (git-ignored, about 3 MiB).
-# Bring that folder along and run `bash bench/gpu_check.sh OUTDIR` there (docs/performance.md, "GPU check").
+# Bring that folder along and run `bash bench/gpu/gpu_check.sh OUTDIR` there (docs/performance.md, "GPU check").
 .PHONY: gpu-bundle
 gpu-bundle: $(STAMP)
-	$(BIN)/python bench/gpu_bundle.py build --out .gpu-bundle
+	$(BIN)/python bench/gpu/gpu_bundle.py build --out .gpu-bundle
 
 # The monitoring tests run a real Prometheus and promtool (Debian package `prometheus`); install it when missing.
 system-deps:

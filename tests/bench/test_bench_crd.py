@@ -3,16 +3,12 @@ kubeconfig may not (tests/e2e/cluster.py's install_crd, which both benches' set-
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
+from e2e.cluster import install_crd
 
 from zerotrain.operator.kube import KubeError
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from e2e.cluster import install_crd  # noqa: E402
 
 
 class Refusing:

@@ -1,4 +1,4 @@
-"""bench/gpu_check.py, gpu_check.sh, gpu_throughput.py and gpu_bundle.py: the CPU path of every check runs and
+"""bench/gpu/gpu_check.py, gpu_check.sh, gpu_throughput.py and gpu_bundle.py: the CPU path of every check runs and
 passes, an injected fault fails it, and the bundle picks, pins and verifies what a bare GPU machine installs."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import torch
 from budget import budget
 
 ROOT = Path(__file__).resolve().parents[2]
-BENCH = ROOT / "bench"
-sys.path.insert(0, str(BENCH))
+BENCH = ROOT / "bench" / "gpu"
+sys.path[:0] = [str(BENCH), str(BENCH.parent)]
 
 import gpu_bundle  # noqa: E402
 import gpu_check  # noqa: E402

@@ -168,4 +168,5 @@ async def test_an_entry_point_the_pods_refuse_fails_the_job_with_their_line(
     assert job["status"]["restarts"]["total"] == 0
     # A rank's stderr reaches the pod's log "[rankN]:"-prefixed: none started.
     assert kubelet.pods and not any("[rank" in p.output() for p in kubelet.pods), kubelet.pods[0].output()
-    assert all(p.exit_code == 2 for p in kubelet.pods), [p.exit_code for p in kubelet.pods]
+    # The first refusal fails the job; a pod still checking then is stopped with it (on a real server, often).
+    assert 2 in [p.exit_code for p in kubelet.pods], [(p.exit_code, p.deleted) for p in kubelet.pods]

@@ -1,8 +1,8 @@
-"""The wheels a bare GPU machine needs to run `bench/gpu_check.sh`: build them here, pick and verify them there.
+"""The wheels a bare GPU machine needs to run `bench/gpu/gpu_check.sh`: build them here, pick and verify them there.
 
-    python bench/gpu_bundle.py build --out .gpu-bundle      # `make gpu-bundle`: needs package access
-    python3 bench/gpu_bundle.py select .gpu-bundle          # on the GPU machine: the wheels it lacks, one a line
-    python3 bench/gpu_bundle.py verify .gpu-bundle --checkout .   # the bundled zerotrain is this checkout's code
+    python bench/gpu/gpu_bundle.py build --out .gpu-bundle      # `make gpu-bundle`: needs package access
+    python3 bench/gpu/gpu_bundle.py select .gpu-bundle          # on the GPU machine: the wheels it lacks, one a line
+    python3 bench/gpu/gpu_bundle.py verify .gpu-bundle --checkout .   # the bundled zerotrain is this checkout's code
 
 `build` makes a zerotrain wheel from the working tree (`pip wheel --no-deps`, from a copy of the package sources, so
 the tree itself gains no build files) and downloads, for CPython 3.12 on manylinux x86_64, the wheels that the
@@ -34,7 +34,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MAX_BUNDLE_BYTES = 60 * 2**20
 # setuptools' package-dir mapping (pyproject.toml): installed package prefix -> folder in the checkout.
 PACKAGE_DIRS = {"zerotrain/runtime/": "runtime/", "zerotrain/operator/": "operator/", "zerotrain/": "zerotrain/"}

@@ -1,4 +1,4 @@
-"""bench/gpu_check.py's allocator phase: bf16 stages 0-3 on a mid-size model, torch.cuda.memory_stats (allocated,
+"""bench/gpu/gpu_check.py's allocator phase: bf16 stages 0-3 on a mid-size model, torch.cuda.memory_stats (allocated,
 reserved, retries, fragmentation at peak) beside memory_report()'s measured and predicted (ZeRO formula) model
 states."""
 

@@ -1,4 +1,4 @@
-"""bench/gpu_check.py started again as one phase's process, and what a failed process's output says."""
+"""bench/gpu/gpu_check.py started again as one phase's process, and what a failed process's output says."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def child_args(args: argparse.Namespace) -> list[str]:
 
 
 def phase_command(args: argparse.Namespace, phase: str, **extra: Any) -> list[str]:
-    """The command line of bench/gpu_check.py running `phase`, with `extra` as `--key value` options."""
+    """The command line of bench/gpu/gpu_check.py running `phase`, with `extra` as `--key value` options."""
     cmd = [sys.executable, str(SCRIPT), "--phase", phase, *child_args(args)]
     for k, v in extra.items():
         cmd += [f"--{k.replace('_', '-')}", str(v)]

@@ -1,4 +1,4 @@
-"""bench/gpu_check.py's driver: the environment checks, each phase in its own process group within its timeout and
+"""bench/gpu/gpu_check.py's driver: the environment checks, each phase in its own process group within its timeout and
 the whole budget, and the results in OUTDIR/gpu_check.json."""
 
 from __future__ import annotations

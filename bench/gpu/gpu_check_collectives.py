@@ -1,6 +1,6 @@
-"""bench/gpu_check.py's collectives phase: the raw collectives on zerotrain's group, exact and seen by the profiler
+"""bench/gpu/gpu_check.py's collectives phase: the raw collectives on zerotrain's group, exact and seen by the profiler
 to run on the backend, and the stage-3 engine's own collectives at world size 1 with and without
-ZEROTRAIN_SINGLE_RANK_COLLECTIVES. The raw collectives also run at two ranks (bench/gpu_check_two_ranks.py)."""
+ZEROTRAIN_SINGLE_RANK_COLLECTIVES. The raw collectives also run at two ranks (bench/gpu/gpu_check_two_ranks.py)."""
 
 from __future__ import annotations
 

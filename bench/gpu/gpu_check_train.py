@@ -1,4 +1,4 @@
-"""bench/gpu_check.py's process group, model and training runs: the plain model under torch.optim.AdamW and the
+"""bench/gpu/gpu_check.py's process group, model and training runs: the plain model under torch.optim.AdamW and the
 engine, each leaving its losses, gradient norms and fp32 weights."""
 
 from __future__ import annotations

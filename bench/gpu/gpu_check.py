@@ -1,9 +1,9 @@
 """The GPU paths in one call: NCCL collectives, stage 0-3 parity, the sanitizer, the allocator, bf16 throughput and
 offload.
 
-    bash bench/gpu_check.sh OUTDIR               # on the GPU machine: installs .gpu-bundle, then runs this
-    python bench/gpu_check.py --device cpu       # the same checks on gloo with small sizes, to try the script
-    python bench/gpu_check.py --device cpu --phases parity --out /tmp/gc
+    bash bench/gpu/gpu_check.sh OUTDIR               # on the GPU machine: installs .gpu-bundle, then runs this
+    python bench/gpu/gpu_check.py --device cpu       # the same checks on gloo with small sizes, to try the script
+    python bench/gpu/gpu_check.py --device cpu --phases parity --out /tmp/gc
 
 Each phase runs in its own process with its own timeout, all within one budget (`--budget-s`), and records one line
 per check (printed, and in OUTDIR/gpu_check.json; every phase's full output is in OUTDIR/phases/). The exit status
@@ -22,7 +22,7 @@ is 1 when any check failed, 2 when the machine cannot run the checks at all. Pha
   on "CSAN detected a possible data race"; a planted race must be reported, or the sanitizer proves nothing.
 - allocator: bf16 stages 0-3 on a mid-size model: torch.cuda.memory_stats (allocated, reserved, retries,
   fragmentation at peak) beside memory_report()'s measured and predicted (ZeRO formula) model states.
-- throughput: bench/gpu_throughput.py, bf16 tokens/s of zerotrain stage 3 against FSDP2 in both modes (a 1.01 B
+- throughput: bench/gpu/gpu_throughput.py, bf16 tokens/s of zerotrain stage 3 against FSDP2 in both modes (a 1.01 B
   parameter GPT on CUDA), losses checked against FSDP2's.
 - offload: bf16 stage 3 on the allocator's model, plain, with zero.offload.optimizer: cpu and with parameters: cpu
   too: memory_report()'s device and host categories against the plan, the offloaded tensors on the host (pinned
@@ -38,7 +38,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the gpu_check_* phases, gpu_throughput, gpu_bundle, compare*
+# The gpu_check_* phases, gpu_throughput and gpu_bundle beside it; compare* (the benchmarks' runs) in bench/.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_check_allocator import phase_allocator
 from gpu_check_collectives import phase_collectives
@@ -51,7 +53,7 @@ from gpu_check_sanitizer import phase_csan_control, phase_sanitized_training, ph
 from gpu_check_throughput import phase_throughput
 from gpu_check_two_ranks import phase_two_ranks, phase_two_ranks_rank
 
-BENCH = Path(__file__).resolve().parent
+BENCH = Path(__file__).resolve().parents[1]  # bench/: results go to bench/results
 PHASE_FUNCS: dict[str, Callable[[argparse.Namespace, Checks], None]] = {
     "collectives": phase_collectives,
     "parity": phase_parity,

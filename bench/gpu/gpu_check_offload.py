@@ -1,4 +1,4 @@
-"""bench/gpu_check.py's offload phase: bf16 stage 3 on the allocator model, plain, with the optimizer offloaded
+"""bench/gpu/gpu_check.py's offload phase: bf16 stage 3 on the allocator model, plain, with the optimizer offloaded
 (zero.offload.optimizer: cpu) and with the parameters too (zero.offload.parameters: cpu), and on CUDA FSDP2 with
 CPUOffloadPolicy: memory_report()'s device and host categories against the plan, where the offloaded tensors are,
 the peak allocated, the losses against the plain run, and step times (reported as ratios, never asserted)."""
@@ -125,7 +125,7 @@ def train_zero(device: torch.device, size: Size, name: str) -> Run:
 
 
 def train_fsdp2(device: torch.device, size: Size) -> Run:
-    """FSDP2 per block and at the root, bf16 compute with fp32 reduction (as bench/gpu_throughput.py), its
+    """FSDP2 per block and at the root, bf16 compute with fp32 reduction (as bench/gpu/gpu_throughput.py), its
     sharded parameters, gradients and AdamW on the host (CPUOffloadPolicy, pinned)."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 

@@ -2,23 +2,23 @@
 # The GPU check in one call on a bare machine (docs/performance.md, "GPU check"):
 #
 #   make gpu-bundle                       # first, on a machine with package access: .gpu-bundle/ (git-ignored)
-#   bash bench/gpu_check.sh OUTDIR        # then, from the repository root on the GPU machine (.gpu-bundle/ with it)
+#   bash bench/gpu/gpu_check.sh OUTDIR        # then, from the repository root on the GPU machine (.gpu-bundle/ with it)
 #                                         # (OUTDIR defaults to bench/results/gpu_check)
 #
 # Installs the bundle's wheels that the machine lacks (zerotrain itself, pydantic and its requirements) with
 # `pip install --no-index --no-deps --target` into a fresh folder on PYTHONPATH, never touching the machine's torch
 # (no torch wheel in the bundle, no constraints file), checks that the bundled zerotrain is this checkout's code, then
-# runs bench/gpu_check.py: every check prints one line; OUTDIR gets gpu_check.log (all of this output),
+# runs bench/gpu/gpu_check.py: every check prints one line; OUTDIR gets gpu_check.log (all of this output),
 # gpu_check.json (every check and figure), throughput.json and phases/ (each phase's own log). The whole stays within
 # --budget-s (default 470 s on cuda), each phase within its own timeout. Exit status: 0 all checks passed, 1 a check failed,
 # 2 the machine or the bundle cannot run them.
 #
 # Options: --device cpu (gloo, small sizes: try it anywhere), --bundle DIR (default .gpu-bundle), --no-bundle (use
 # the zerotrain this Python already imports), --allow-stale-bundle, --budget-s N; anything else goes to
-# bench/gpu_check.py (e.g. --phases parity,allocator, --quick). PYTHON names the interpreter (default python3).
+# bench/gpu/gpu_check.py (e.g. --phases parity,allocator, --quick). PYTHON names the interpreter (default python3).
 set -uo pipefail
 
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 case ${1:-} in
   -h | --help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   "" | -*) OUT=$ROOT/bench/results/gpu_check ;;  # no OUTDIR: the git-ignored results folder
@@ -68,7 +68,7 @@ main() {
     [ -f "$BUNDLE/bundle.json" ] || setup_failed "no bundle at $BUNDLE: run \`make gpu-bundle\` where packages can be downloaded, and bring .gpu-bundle/ along"
     local site selected wheels=()
     site=$(mktemp -d "${TMPDIR:-/tmp}/zerotrain-site.XXXXXX")
-    selected=$("$PY" bench/gpu_bundle.py select "$BUNDLE") || setup_failed "the bundle's wheels did not check out"
+    selected=$("$PY" bench/gpu/gpu_bundle.py select "$BUNDLE") || setup_failed "the bundle's wheels did not check out"
     mapfile -t wheels <<<"$selected"
     [ ${#wheels[@]} -gt 0 ] || setup_failed "the bundle selected nothing to install (not even zerotrain)"
     echo "installing into $site: ${wheels[*]##*/}"
@@ -81,7 +81,7 @@ main() {
     fi
     [ ! -e "$site/torch" ] || setup_failed "$site holds a torch: the machine's own must be used"
     export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
-    if ! "$PY" bench/gpu_bundle.py verify "$BUNDLE" --checkout "$ROOT"; then
+    if ! "$PY" bench/gpu/gpu_bundle.py verify "$BUNDLE" --checkout "$ROOT"; then
       [ "$ALLOW_STALE" = 1 ] || setup_failed "the bundle's zerotrain is not this checkout's code (--allow-stale-bundle runs it anyway)"
       echo "running the stale bundle (--allow-stale-bundle)"
     fi
@@ -95,7 +95,7 @@ print("pydantic", pydantic.VERSION, "from", pydantic.__file__)' || setup_failed 
   local left=$((BUDGET - (SECONDS - start)))
   [ "$left" -gt 30 ] || setup_failed "setup used the budget (${BUDGET} s)"
   # The driver keeps every phase within left - 10 s; timeout is only the backstop.
-  timeout -k 5 "$left" "$PY" bench/gpu_check.py --device "$DEVICE" --out "$OUT" --budget-s "$((left - 10))" \
+  timeout -k 5 "$left" "$PY" bench/gpu/gpu_check.py --device "$DEVICE" --out "$OUT" --budget-s "$((left - 10))" \
     "${expect[@]}" "${PASS[@]}"
   local rc=$?
   [ "$rc" != 124 ] || echo "FAILED  gpu_check.py ran past the ${BUDGET} s budget"

@@ -1,4 +1,4 @@
-"""bench/gpu_check.py's throughput phase: bench/gpu_throughput.py (bf16 tokens/s of zerotrain stage 3 against
+"""bench/gpu/gpu_check.py's throughput phase: bench/gpu/gpu_throughput.py (bf16 tokens/s of zerotrain stage 3 against
 FSDP2 in both modes, losses checked against FSDP2's), its checks recorded as this phase's."""
 
 from __future__ import annotations

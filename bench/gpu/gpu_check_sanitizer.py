@@ -1,4 +1,4 @@
-"""bench/gpu_check.py's sanitizer phase: short bf16 stage-2 and stage-3 runs (and fp32 chunked stage 3) under
+"""bench/gpu/gpu_check.py's sanitizer phase: short bf16 stage-2 and stage-3 runs (and fp32 chunked stage 3) under
 TORCH_CUDA_SANITIZER=1, failing on "CSAN detected a possible data race"; a planted race must be reported, or the
 sanitizer proves nothing."""
 

@@ -1,4 +1,5 @@
-"""What bench/gpu_check.py runs with: its phases and their timeouts, the model sizes of each mode, the tolerances."""
+"""What bench/gpu/gpu_check.py runs with: its phases and their timeouts, the model sizes of each mode, the
+tolerances."""
 
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ the same CPU AdamW kernels on the same fp32 values (tests/runtime/test_offload.p
 host AdamW and the device's differ in kernel and summation order, by an fp32 ulp in a master, which can round a
 bf16 weight one unit the other way: BF16_LOSS_ATOL applies there."""
 FSDP2_LOSS_ATOL = 5e-2
-"""FSDP2 with CPUOffloadPolicy against zero3 plain: |loss difference| at any step, bench/gpu_throughput.py's --atol
+"""FSDP2 with CPUOffloadPolicy against zero3 plain: |loss difference| at any step, bench/gpu/gpu_throughput.py's --atol
 for zerotrain against FSDP2 (other bf16 casts and reduction order, same model, data and AdamW)."""
 TOLERANCES = {
     "fp32_atol": FP32_ATOL,
@@ -74,7 +75,7 @@ class Size:
     alloc_steps: int
     sanitizer_steps: int
     throughput: str
-    """bench/gpu_throughput.py's model and step arguments."""
+    """bench/gpu/gpu_throughput.py's model and step arguments."""
     min_params: int = 0
     offload_warmup: int = 1
     """The offload phase (alloc model, alloc_steps): steps left out of the median step time (the first allocates

@@ -1,4 +1,4 @@
-"""bench/gpu_check.py's two_ranks phase: two processes on the same device. NCCL refuses two ranks on one GPU
+"""bench/gpu/gpu_check.py's two_ranks phase: two processes on the same device. NCCL refuses two ranks on one GPU
 ("Duplicate GPU detected"), reported as "not possible" with NCCL's reason; where they run (gloo), the raw
 collectives and parity at 2 ranks."""
 

@@ -1,4 +1,4 @@
-"""bench/gpu_check.py's check records: one printed line per check, appended to a JSON-lines file as it happens."""
+"""bench/gpu/gpu_check.py's check records: one printed line per check, appended to a JSON-lines file as it happens."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""bench/gpu_check.py's parity phase: fp32 stages 0-3 against torch.optim.AdamW, bf16 stages against bf16 stage 0
+"""bench/gpu/gpu_check.py's parity phase: fp32 stages 0-3 against torch.optim.AdamW, bf16 stages against bf16 stage 0
 (also chunked and with overlap_comm false), and bf16 stage 0 against fp32 AdamW loosely."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """bf16 tokens/s of zerotrain stage 3 against FSDP2 (reshard after forward, and keep), one rank per run.
 
-    python bench/gpu_throughput.py --device cuda                 # a 1.01 B-parameter GPT (bench/gpu_check.sh runs it)
-    python bench/gpu_throughput.py --device cpu --d-model 64 --layers 1 --heads 4 --seq-len 32 --batch 4 --steps 3
+    python bench/gpu/gpu_throughput.py --device cuda      # a 1.01 B-parameter GPT (bench/gpu/gpu_check.sh runs it)
+    python bench/gpu/gpu_throughput.py --device cpu --d-model 64 --layers 1 --heads 4 --seq-len 32 --batch 4 --steps 3
 
 bench/compare.py's machinery (its spawn of ranks, compare_systems' training loop, step timing and counted step)
 with the compute in bf16: compare.py itself trains in fp32 only, which on an H200 measures neither system at the
@@ -31,7 +31,9 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling modules, also for spawned ranks
+# Its siblings and bench/'s compare* modules, also for spawned ranks.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
 import torch.distributed as dist
@@ -173,7 +175,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--atol", type=float, default=5e-2, help="largest |loss - FSDP2's loss| at any step")
     add("--min-params", type=int, default=0, help="fail unless the model has at least this many parameters")
     add("--peak-tflops", type=float, default=790.0, help="the device's peak in the chosen precision, for the MFU")
-    add("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "gpu_throughput.json")
+    add("--out", type=Path, default=Path(__file__).resolve().parents[1] / "results" / "gpu_throughput.json")
     add("--inject-loss-offset", action="store_true", help=argparse.SUPPRESS)  # tests: zero3's losses made wrong
     args = parser.parse_args(argv)
     args.systems = [s for s in args.systems.split(",") if s] + (["zero3-local"] if args.zero_local else [])
@@ -199,7 +201,7 @@ def agreement(results: list[dict[str, Any]], atol: float) -> dict[str, str]:
 
 
 def checks(doc: dict[str, Any]) -> list[tuple[str, bool, str, dict[str, Any]]]:
-    """(name, ok, detail, figures) per system and for the comparison, as bench/gpu_check.py records them."""
+    """(name, ok, detail, figures) per system and for the comparison, as bench/gpu/gpu_check.py records them."""
     out: list[tuple[str, bool, str, dict[str, Any]]] = []
     cfg = doc["config"]
     psi = parameter_count(cfg["d_model"], cfg["layers"], cfg["seq_len"])
@@ -261,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         results.append(r)
     failures = agreement(results, args.atol)
     doc = {
-        **results_header("bench/gpu_throughput.py", argv, args),
+        **results_header("bench/gpu/gpu_throughput.py", argv, args),
         "seconds": time.perf_counter() - t0,
         "results": results,
         "failures": failures,
