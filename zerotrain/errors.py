@@ -85,3 +85,8 @@ def describe_validation_error(err: ValidationError, prefix: str = "", model: typ
         shown = "" if kind == "missing" or isinstance(value, dict) else f"got {value!r}; "
         lines.append(f"{field}: {shown}{msg}" + (f"; {fix}" if fix and fix not in msg else ""))
     return "\n".join(lines)
+
+
+class ConfigError(UserError):
+    """The job's configuration cannot run: found in a rank or a launcher (the entry point, the device, the
+    optimizer), which exits with status 2, a permanent failure the operator reports as InvalidConfig."""

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from zerotrain.errors import ConfigError
 from zerotrain.runtime.checkpoints import checkpoint
-from zerotrain.runtime.job.task import ConfigError
 
 if TYPE_CHECKING:
     from zerotrain.runtime.zero.engine import ZeroEngine

@@ -35,6 +35,7 @@ from zerotrain.runtime.construction.weight_files import open_weights
 from zerotrain.runtime.job.elastic_batches import SlotBatches
 from zerotrain.runtime.job.rank_metrics import RankPhase
 from zerotrain.runtime.job.resume import CheckpointPolicy, resume
+from zerotrain.runtime.job.spec_bindings import optimizer_factory
 from zerotrain.runtime.job.task import (
     ConfigError,
     TrainingTask,
@@ -44,7 +45,6 @@ from zerotrain.runtime.job.task import (
     check_task,
     load_entrypoint,
 )
-from zerotrain.runtime.zero.optimizer import optimizer_factory
 from zerotrain.runtime.zero.param_source import ModelValues, ParameterSource
 from zerotrain.spec import PretrainedSpec, ZeroTrainingJobSpec
 
@@ -135,6 +135,7 @@ class EngineFactory(Protocol):
         *,
         init: ParameterSource | None = None,
         device: torch.device | None = None,
+        samples_per_rank_batch: int = 0,
     ) -> ZeroEngine: ...
 
 
@@ -156,12 +157,10 @@ def make_engine(
     if not zero.unit_modules and task.unit_modules:
         zero = zero.model_copy(update={"unit_modules": list(task.unit_modules)})
     optimizer = optimizer_factory(spec.training.optimizer)
+    samples = task.samples_per_batch
     if source is None:
-        engine = factory(task.model.to(device), zero, optimizer=optimizer)
-    else:
-        engine = factory(task.model, zero, optimizer=optimizer, init=source, device=device)
-    engine.samples_per_micro_batch = task.samples_per_batch * engine.world_size  # the checkpoint's position
-    return engine
+        return factory(task.model.to(device), zero, optimizer=optimizer, samples_per_rank_batch=samples)
+    return factory(task.model, zero, optimizer=optimizer, init=source, device=device, samples_per_rank_batch=samples)
 
 
 def elastic_task(spec: ZeroTrainingJobSpec, ctx: RankContext) -> tuple[ZeroTrainingJobSpec, Start]:

@@ -29,8 +29,9 @@ from zerotrain.runtime.job.metrics_endpoint import metrics_endpoint
 from zerotrain.runtime.job.out_of_memory import RankOutOfMemory, apply_memory_limit
 from zerotrain.runtime.job.preemption import EXIT_PREEMPTED, Preempted, Preemption, die_with_launcher, exit_preempted
 from zerotrain.runtime.job.rank_metrics import RankMetrics
+from zerotrain.runtime.job.spec_bindings import device_for
 from zerotrain.runtime.job.train import RankContext, train
-from zerotrain.runtime.zero.process_group import device_for, init_group
+from zerotrain.runtime.zero.process_group import init_group
 from zerotrain.spec import ZeroTrainingJobSpec
 
 

@@ -26,12 +26,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from zerotrain.errors import UserError
+from zerotrain.errors import ConfigError
 from zerotrain.pod_contract import ENTRYPOINT_PATH_ENV
-
-
-class ConfigError(UserError):
-    """The job's configuration cannot run; the rank exits with status 2 (a permanent failure)."""
 
 
 def _as_is(batch: Any) -> Any:

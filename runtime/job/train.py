@@ -41,8 +41,9 @@ from zerotrain.runtime.job.progress import ProgressLog, throughput
 from zerotrain.runtime.job.rank_metrics import RankMetrics, RankPhase, StepValues
 from zerotrain.runtime.job.reports import gather_reports, summary_record
 from zerotrain.runtime.job.resume import CheckpointPolicy, save_checkpoint, settle
+from zerotrain.runtime.job.spec_bindings import device_for
 from zerotrain.runtime.job.task import ConfigError, TrainingTask, is_script
-from zerotrain.runtime.zero.process_group import device_for, init_from_env
+from zerotrain.runtime.zero.process_group import init_from_env
 from zerotrain.spec import ZeroTrainingJobSpec
 
 if TYPE_CHECKING:

@@ -95,10 +95,13 @@ class ZeroEngine:
         *,
         init: ParameterSource | None = None,
         device: torch.device | None = None,
+        samples_per_rank_batch: int = 0,
     ) -> None:
         """`init`: where the units' starting values come from (default: the model's own parameters, rank 0's on
         every rank); `device`: where to train (default: where the model's parameters are; required when they are
-        placeholders on the meta device, as a partitioned construction leaves them)."""
+        placeholders on the meta device, as a partitioned construction leaves them); `samples_per_rank_batch`: the
+        samples in one of this rank's micro-batches, when whoever feeds the data knows it (0: unknown), so that
+        checkpoints record the data position."""
         self.config, self.module = config, model
         # Everything that can be wrong with the input is checked before the first collective.
         opt_mod.check_factory(optimizer)
@@ -153,8 +156,8 @@ class ZeroEngine:
         self.micro_steps = 0
         self.steps = 0
         self._stepped_at = -1  # micro_steps at the last step: a boundary is stepped once
-        # Global samples in one micro-batch, when whoever feeds the data knows it: checkpoints record the position.
-        self.samples_per_micro_batch = 0
+        self.samples_per_micro_batch = samples_per_rank_batch * self.world_size
+        """Global samples in one micro-batch (0: unknown): checkpoints record the position."""
         self.last_grad_norm: float | None = None
         self.unit_in_progress: str | None = None
         """The unit whose forward last began or whose gradients last completed: where a failure happened."""

@@ -16,10 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from zerotrain.runtime.job.task import ConfigError
 from zerotrain.runtime.zero.engine_errors import ZeroSetupError
 from zerotrain.runtime.zero.partition import ParamClass
-from zerotrain.spec import OptimizerName, OptimizerSpec
 
 OptimizerFactory = Callable[[list[dict[str, Any]]], torch.optim.Optimizer]
 
@@ -122,18 +120,3 @@ def configured_state_bytes(opt: torch.optim.Optimizer) -> float | None:
         g = groups[0]
         return 4.0 + (4.0 if g.get("momentum", 0) else 0.0) + (4.0 if g.get("centered") else 0.0)
     return None
-
-
-def optimizer_factory(opt: OptimizerSpec) -> OptimizerFactory:
-    """spec.training.optimizer as the `optimizer=` callable the engine applies to its shard's param groups."""
-    if opt.name == OptimizerName.ADAMW:
-        return lambda groups: torch.optim.AdamW(
-            groups, lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay
-        )
-    if opt.name == OptimizerName.ADAM:
-        return lambda groups: torch.optim.Adam(
-            groups, lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay
-        )
-    if opt.name == OptimizerName.SGD:
-        return lambda groups: torch.optim.SGD(groups, lr=opt.lr, momentum=opt.momentum, weight_decay=opt.weight_decay)
-    raise ConfigError(f"spec.training.optimizer.name: got {opt.name!r}; use one of {[o.value for o in OptimizerName]}")

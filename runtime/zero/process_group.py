@@ -12,9 +12,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from zerotrain.runtime.job.task import ConfigError
 from zerotrain.runtime.zero.engine_errors import ZeroSetupError
-from zerotrain.spec import ZeroTrainingJobSpec
 
 
 def init_from_env(timeout_seconds: float, device: torch.device) -> None:
@@ -107,24 +105,3 @@ def check_backend_serves(backend: str, device: torch.device) -> None:
             f"it does not serve {device.type} tensors, and the model's parameters are on {device}",
             "create it with 'cpu:gloo,cuda:nccl' (as zerotrain does), or move the model to a device the group serves",
         )
-
-
-def device_for(spec: ZeroTrainingJobSpec, local_rank: int) -> torch.device:
-    """One GPU per rank when the job asks for GPUs (spec.resources.gpu > 0), else the CPU; a job that asks for GPUs
-    on a rank that has none is refused before the process group forms, naming the setting."""
-    if spec.resources.gpu == 0:
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        build = "a CPU-only torch build" if torch.version.cuda is None else f"torch built for CUDA {torch.version.cuda}"
-        raise ConfigError(
-            f"spec.resources.gpu: got {spec.resources.gpu}, but this rank sees no CUDA device ({build}, "
-            f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}); set resources.gpu: 0 to "
-            "train on CPU, or run on GPU nodes with a CUDA build of torch"
-        )
-    if local_rank >= torch.cuda.device_count():
-        raise ConfigError(
-            f"spec.resources.gpu: local rank {local_rank} has no GPU of its own ({torch.cuda.device_count()} "
-            "visible); set nprocPerNode to at most the GPUs per node"
-        )
-    torch.cuda.set_device(local_rank)
-    return torch.device("cuda", local_rank)

@@ -9,10 +9,11 @@ import torch.distributed as dist
 from test_train_loop import job_spec
 
 from zerotrain.runtime.job.rank import init_process_group
+from zerotrain.runtime.job.spec_bindings import device_for
 from zerotrain.runtime.job.task import ConfigError
 from zerotrain.runtime.job.train import RankContext
 from zerotrain.runtime.zero.engine_errors import ZeroSetupError
-from zerotrain.runtime.zero.process_group import check_backend_serves, check_local_gpu, control_device, device_for
+from zerotrain.runtime.zero.process_group import check_backend_serves, check_local_gpu, control_device
 from zerotrain.runtime.zero.setup_checks import check_precision
 from zerotrain.zero_config import Precision
 

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from zerotrain.pod_contract import PROGRESS_ENV, SUMMARY_ENV
+from zerotrain.runtime.job.spec_bindings import optimizer_factory
 from zerotrain.runtime.job.task import ConfigError
 from zerotrain.runtime.job.train import RankContext, train
-from zerotrain.runtime.zero.optimizer import optimizer_factory
 from zerotrain.spec import OptimizerName, OptimizerSpec, ZeroTrainingJobSpec
 
 GPT_ARGS = {"seq_len": 32, "batch_size": 4, "d_model": 32, "n_layers": 2, "n_heads": 4, "max_bytes": 100_000}
