@@ -44,12 +44,12 @@ from e2e.cluster import KUBECONFIG_ENV, real_cluster_setup, real_cluster_teardow
 from e2e.kubelet import set_pod_phase  # noqa: E402
 from e2e.test_operator_e2e import JOBS, job_manifest  # noqa: E402
 
-from zerotrain.operator import naming  # noqa: E402
 from zerotrain.operator.app import operate  # noqa: E402
-from zerotrain.operator.kube import Kube, KubeError, path_of, resource_of  # noqa: E402
+from zerotrain.operator.children import naming  # noqa: E402
+from zerotrain.operator.client.kube import Kube, KubeError, path_of, resource_of  # noqa: E402
+from zerotrain.operator.client.rate_limit import RequestBudget  # noqa: E402
+from zerotrain.operator.controller.reconcile import Reconciler  # noqa: E402
 from zerotrain.operator.metrics import OperatorMetrics  # noqa: E402
-from zerotrain.operator.rate_limit import RequestBudget  # noqa: E402
-from zerotrain.operator.reconcile import Reconciler  # noqa: E402
 from zerotrain.operator.settings import OperatorSettings  # noqa: E402
 from zerotrain.spec import PLURAL  # noqa: E402
 

@@ -14,15 +14,15 @@ from typing import Any
 
 import kopf
 
-from zerotrain.operator.cache import ObjectCache
+from zerotrain.operator.client.cache import ObjectCache
+from zerotrain.operator.client.kube import Kube
+from zerotrain.operator.client.leader import LeaderElector, LeaseTimings
+from zerotrain.operator.client.rate_limit import RequestBudget
+from zerotrain.operator.client.reflector import reflectors, stop_all
+from zerotrain.operator.client.resync import Resync
+from zerotrain.operator.controller.reconcile import Reconciler
 from zerotrain.operator.handlers import make_registry
-from zerotrain.operator.kube import Kube
-from zerotrain.operator.leader import LeaderElector, LeaseTimings
 from zerotrain.operator.metrics import OperatorMetrics
-from zerotrain.operator.rate_limit import RequestBudget
-from zerotrain.operator.reconcile import Reconciler
-from zerotrain.operator.reflector import reflectors, stop_all
-from zerotrain.operator.resync import Resync
 from zerotrain.operator.settings import OperatorSettings
 
 log = logging.getLogger(__name__)

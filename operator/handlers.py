@@ -8,8 +8,8 @@ from typing import Any, cast
 
 import kopf
 
-from zerotrain.operator.reconcile import Reconciler
-from zerotrain.operator.resync import Resync
+from zerotrain.operator.client.resync import Resync
+from zerotrain.operator.controller.reconcile import Reconciler
 from zerotrain.spec import GROUP, PLURAL, VERSION
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage()
     settings.persistence.diffbase_storage = NoDiffBase()
     settings.watching.server_timeout = 300
-    # kopf watches only the jobs: the pods and the cached children are followed by operator.reflector.
+    # kopf watches only the jobs: the pods and the cached children are followed by operator.client.reflector.
     settings.networking.request_timeout = 60
 
 

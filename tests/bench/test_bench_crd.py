@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from e2e.cluster import install_crd
 
-from zerotrain.operator.kube import KubeError
+from zerotrain.operator.client.kube import KubeError
 
 
 class Refusing:

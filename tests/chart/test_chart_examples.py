@@ -16,7 +16,7 @@ from chart_util import ROOT, Obj
 
 import zerotrain
 from zerotrain.manifest import parse_job
-from zerotrain.operator.admission import admit
+from zerotrain.operator.controller.admission import admit
 from zerotrain.spec import API_VERSION, KIND
 
 EXAMPLES = sorted((ROOT / "examples").rglob("*.yaml"))

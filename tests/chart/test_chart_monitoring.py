@@ -7,7 +7,7 @@ import re
 
 from chart_util import Obj, one, render
 
-from zerotrain.operator import builders, naming
+from zerotrain.operator.children import builders, naming
 from zerotrain.operator.settings import ENV_PREFIX, OperatorSettings
 from zerotrain.spec import ZeroTrainingJobSpec
 

@@ -22,8 +22,8 @@ from budget import budget
 from chart_util import Obj, one, render
 from e2e.emulator import ZeroEmulator
 
-from zerotrain.operator.kube import Kube, KubeError, path_of
-from zerotrain.operator.leader import LEASE_API
+from zerotrain.operator.client.kube import Kube, KubeError, path_of
+from zerotrain.operator.client.leader import LEASE_API
 from zerotrain.runtime.job.launch import free_port
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""Least privilege: the chart grants exactly the API calls the operator makes (operator.api_calls.API_CALLS)."""
+"""Least privilege: the chart grants exactly the API calls the operator makes (operator.client.api_calls.API_CALLS)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from chart_util import NAMESPACE, Obj, by_kind, one, render
 
-from zerotrain.operator import builders
-from zerotrain.operator.api_calls import API_CALLS, LEADER_CALLS, PLURALS, ApiCall
+from zerotrain.operator.children import builders
+from zerotrain.operator.client.api_calls import API_CALLS, LEADER_CALLS, PLURALS, ApiCall
 from zerotrain.spec import KIND, PLURAL, ZeroTrainingJobSpec
 
 PODGROUP_GROUPS = {"coscheduling": "scheduling.x-k8s.io", "volcano": "scheduling.volcano.sh"}
@@ -40,7 +40,7 @@ def _assert_exact(role: Obj, expected: set[ApiCall]) -> None:
 
 
 def test_api_calls_are_declared() -> None:
-    assert API_CALLS, "zerotrain.operator.api_calls.API_CALLS is empty"
+    assert API_CALLS, "zerotrain.operator.client.api_calls.API_CALLS is empty"
     assert all(isinstance(c, ApiCall) for c in API_CALLS)
 
 

@@ -12,7 +12,7 @@ import yaml
 from zerotrain.autostage import NoStageFits, choose_stage, local_rank_memory, resolve_stage
 from zerotrain.cli import main
 from zerotrain.manifest import load_job
-from zerotrain.operator.admission import admit
+from zerotrain.operator.controller.admission import admit
 from zerotrain.plan_inputs import at_stage, plan_job
 from zerotrain.spec import ZeroTrainingJobSpec
 from zerotrain.zero_config import AutoStage, Stage

@@ -154,7 +154,7 @@ def test_plan_f_prints_the_whole_peak_from_the_config_with_no_parameters_typed(
 def test_a_config_only_the_pods_can_read_derives_nothing_and_stated_models_plan_as_before(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from zerotrain.operator.admission import plan_for
+    from zerotrain.operator.controller.admission import plan_for
 
     def spec(args: dict[str, Any], model: dict[str, Any] | None = None) -> ZeroTrainingJobSpec:
         raw = yaml.safe_load(_manifest(tmp_path, args, model).read_text())["spec"]

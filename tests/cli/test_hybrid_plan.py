@@ -62,7 +62,7 @@ def test_validate_and_plan_say_the_group(tmp_path: Path, capsys: pytest.CaptureF
 
 
 def test_a_group_too_small_names_the_group_as_the_fix() -> None:
-    from zerotrain.operator.admission import admit
+    from zerotrain.operator.controller.admission import admit
 
     # 16 GB of model states at stage 3 over N ranks: more replicas alone add copies, so the fix is the group.
     spec = {

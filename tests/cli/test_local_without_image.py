@@ -12,7 +12,7 @@ import yaml
 from budget import budget
 
 from zerotrain.cli import main
-from zerotrain.operator.admission import NO_IMAGE, admit
+from zerotrain.operator.controller.admission import NO_IMAGE, admit
 
 ROOT = Path(__file__).resolve().parents[2]
 

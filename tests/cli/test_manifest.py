@@ -98,7 +98,7 @@ def test_the_7b_fp32_job_gets_one_number_from_plan_and_admission(
 ) -> None:
     # fp32 AdamW at stage 2 on 2 x 80Gi: 4Ψ of weights + (4 + 8)Ψ/2 of fp32 gradients and Adam state = 70 GB, what
     # the runtime holds (runtime/zero/memory.py applies the same planner.element_bytes).
-    from zerotrain.operator.admission import admit
+    from zerotrain.operator.controller.admission import admit
 
     spec = {
         "replicas": 2,
@@ -113,7 +113,7 @@ def test_the_7b_fp32_job_gets_one_number_from_plan_and_admission(
 
 
 def test_validate_runs_the_operators_admission(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from zerotrain.operator.admission import admit
+    from zerotrain.operator.controller.admission import admit
 
     spec = {"replicas": 2, "resources": {"gpu": 1}, "model": {"parameters": 7_000_000_000}, "zero": {"stage": 2}}
     path = write(tmp_path, spec)

@@ -56,7 +56,7 @@ def test_offloaded_parameters_leave_only_the_gathered_window_on_the_device() -> 
 
 
 def test_a_pod_that_cannot_hold_the_offloaded_states_is_refused() -> None:
-    from zerotrain.operator.admission import admit
+    from zerotrain.operator.controller.admission import admit
 
     raw = {
         "image": "x",

@@ -122,7 +122,7 @@ MATRIX = [
 
 
 def test_every_caller_gets_the_same_numbers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from zerotrain.operator.admission import admit
+    from zerotrain.operator.controller.admission import admit
 
     for i, (stage, precision, reduce, optimizer, replicas) in enumerate(MATRIX):
         spec = {
@@ -148,7 +148,7 @@ def test_every_caller_gets_the_same_numbers(tmp_path: Path, capsys: pytest.Captu
 
 
 def test_the_peak_decides_admission_and_names_the_stage_that_fits(tmp_path: Path) -> None:
-    from zerotrain.operator.admission import admit
+    from zerotrain.operator.controller.admission import admit
 
     # The quickstart's GPT at 64 sequences per rank: activations far beyond its 13 MB of model states.
     shape = {**SHAPE, "microBatchSize": 64}

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from zerotrain import pod_contract
-from zerotrain.operator import builders
+from zerotrain.operator.children import builders
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = [p for d in ("zerotrain", "operator", "runtime") for p in (ROOT / d).rglob("*.py")]

@@ -18,7 +18,7 @@ Executed for real:
 Checked statically (no cluster, registry, GPU machine or nested test run here):
 - `kubectl apply -f PATH`: PATH exists; its ZeroTrainingJobs pass `zerotrain validate`, a folder's CRDs validate
   as CRDs. `kubectl get|describe ztj [NAME]`: `ztj` is a name of the CRD; NAME a job applied before in the block.
-  `kubectl logs -l SELECTOR`: the operator's pods of that job (built by operator/builders.py) match SELECTOR.
+  `kubectl logs -l SELECTOR`: the operator's pods of that job (built by operator/children/builders.py) match SELECTOR.
   `kubectl rollout status deployment/NAME`: the block's `helm install` renders that Deployment in that namespace.
   `kubectl label namespace ... pod-security.kubernetes.io/MODE=LEVEL`: a Pod Security Admission label and level.
 - `make TARGET`: `make -n TARGET` resolves it in the Makefile (running it would install or run the whole suite).
@@ -335,7 +335,7 @@ def check_kubectl(cmd: Command, scratch: Path) -> None:
         selector = flag_value(words, "-l")
         assert selector, f"{cmd.where}: kubectl logs without -l"
         wanted = dict(part.split("=", 1) for part in selector.split(","))
-        from zerotrain.operator.builders import JobRef, build_pods
+        from zerotrain.operator.children.builders import JobRef, build_pods
         from zerotrain.spec import ZeroTrainingJobSpec
 
         matched = []

@@ -23,7 +23,7 @@ from budget import budget
 from prometheus_client.parser import text_string_to_metric_families
 
 from zerotrain.crd import build_crd
-from zerotrain.operator.kube import Kube, KubeError
+from zerotrain.operator.client.kube import Kube, KubeError
 from zerotrain.spec import GROUP, PLURAL, VERSION
 
 from .emulator import ZeroEmulator

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import kmock
 import pytest
 
-from zerotrain.operator.api_calls import API_CALLS, LEADER_CALLS
 from zerotrain.operator.app import operate
-from zerotrain.operator.kube import Kube
+from zerotrain.operator.client.api_calls import API_CALLS, LEADER_CALLS
+from zerotrain.operator.client.kube import Kube
 from zerotrain.operator.metrics import OperatorMetrics
 from zerotrain.operator.settings import OperatorSettings
 

@@ -21,7 +21,7 @@ import jsonpatch
 import kmock
 from kmock._internal import dsl
 
-from zerotrain.operator.api_calls import ApiCall
+from zerotrain.operator.client.api_calls import ApiCall
 from zerotrain.spec import GROUP, KIND, PLURAL, VERSION
 
 CR = f"{GROUP}/{VERSION}/{PLURAL}"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from zerotrain.operator import naming
-from zerotrain.operator.kube import Kube, path_of
+from zerotrain.operator.children import naming
+from zerotrain.operator.client.kube import Kube, path_of
 
 
 def _container_status(image: str, state: dict[str, Any]) -> dict[str, Any]:

@@ -39,8 +39,8 @@ from typing import Any
 
 import yaml
 
-from zerotrain.operator import naming
-from zerotrain.operator.kube import Kube, KubeError, path_of
+from zerotrain.operator.children import naming
+from zerotrain.operator.client.kube import Kube, KubeError, path_of
 from zerotrain.runtime.job.launch import free_port
 
 from .cluster import Cluster, project_token

@@ -21,7 +21,7 @@ import pytest
 import yaml
 from budget import budget
 
-from zerotrain.operator.kube import Kube, path_of
+from zerotrain.operator.client.kube import Kube, path_of
 
 from .cluster import Cluster
 from .conftest import Operator

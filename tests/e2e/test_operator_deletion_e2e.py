@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from zerotrain.operator.kube import Kube, path_of
+from zerotrain.operator.client.kube import Kube, path_of
 from zerotrain.spec import PLURAL
 
 from .cluster import Cluster, until_async

@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from zerotrain.manifest import parse_job
-from zerotrain.operator import naming
-from zerotrain.operator.kube import Kube, KubeError, path_of
+from zerotrain.operator.children import naming
+from zerotrain.operator.client.kube import Kube, KubeError, path_of
 from zerotrain.spec import API_VERSION, GROUP, KIND, PLURAL, VERSION
 
 from .cluster import OPERATOR_AGENTS, Cluster, job_reads_served, until_async

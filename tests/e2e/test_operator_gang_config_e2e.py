@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from zerotrain.operator.kube import Kube, KubeError, path_of
+from zerotrain.operator.client.kube import Kube, KubeError, path_of
 from zerotrain.spec import PLURAL
 
 from .cluster import Cluster, until_async

@@ -3,7 +3,7 @@ pods that exist: the missing ranks created, the existing pods kept, nothing crea
 
 from __future__ import annotations
 
-from zerotrain.operator.kube import Kube, path_of
+from zerotrain.operator.client.kube import Kube, path_of
 from zerotrain.spec import PLURAL
 
 from .cluster import Cluster

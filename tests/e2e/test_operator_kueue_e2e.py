@@ -9,8 +9,8 @@ from typing import Any
 import kmock
 import pytest
 
-from zerotrain.operator import kueue
-from zerotrain.operator.kube import Kube, path_of
+from zerotrain.operator.children import kueue
+from zerotrain.operator.client.kube import Kube, path_of
 from zerotrain.spec import PLURAL
 
 from .cluster import Cluster

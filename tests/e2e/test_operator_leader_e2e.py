@@ -9,8 +9,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from zerotrain.operator.app import lead_then_operate
-from zerotrain.operator.kube import Kube, KubeError, path_of
-from zerotrain.operator.leader import LEASE_API
+from zerotrain.operator.client.kube import Kube, KubeError, path_of
+from zerotrain.operator.client.leader import LEASE_API
 from zerotrain.operator.metrics import OperatorMetrics
 from zerotrain.operator.settings import OperatorSettings
 

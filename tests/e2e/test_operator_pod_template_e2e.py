@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from zerotrain.operator.kube import Kube, path_of
+from zerotrain.operator.client.kube import Kube, path_of
 from zerotrain.spec import PLURAL
 
 from .cluster import Cluster

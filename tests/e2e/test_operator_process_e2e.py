@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from zerotrain.operator.kube import Kube, path_of
+from zerotrain.operator.client.kube import Kube, path_of
 from zerotrain.runtime.job.launch import free_port
 
 from .cluster import Cluster, until, until_async

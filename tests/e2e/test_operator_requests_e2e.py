@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from zerotrain.operator.kube import Kube
+from zerotrain.operator.client.kube import Kube
 
 from .cluster import Cluster
 from .conftest import Operator

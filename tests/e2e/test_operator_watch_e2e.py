@@ -6,8 +6,8 @@ import urllib.parse
 
 import pytest
 
-from zerotrain.operator import naming
-from zerotrain.operator.kube import Kube
+from zerotrain.operator.children import naming
+from zerotrain.operator.client.kube import Kube
 
 from .cluster import Cluster
 from .conftest import Operator

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from zerotrain.operator.kube import Kube, path_of
+from zerotrain.operator.client.kube import Kube, path_of
 from zerotrain.pod_contract import SERVICE_ACCOUNT_DIR_ENV, STATUS_API_ENV
 from zerotrain.runtime.job import status_report
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from zerotrain.operator.kube import Kube, path_of
+from zerotrain.operator.client.kube import Kube, path_of
 from zerotrain.runtime.job.preemption import PEER_REQUEST
 
 from .cluster import Cluster

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from zerotrain.operator.admission import admit
-from zerotrain.operator.conditions import Reason
+from zerotrain.operator.controller.admission import admit
+from zerotrain.operator.controller.conditions import Reason
 from zerotrain.plan_inputs import gpu_memory_bytes as parse_quantity
 from zerotrain.zero_config import Stage
 

@@ -6,10 +6,10 @@ from datetime import datetime, timezone
 
 import pytest
 
-from zerotrain.operator.api_failure import ChildWriteError, classify, clear, failed_status
-from zerotrain.operator.conditions import ConditionType, get_condition
-from zerotrain.operator.kube import KubeError
-from zerotrain.operator.status import transitions
+from zerotrain.operator.client.kube import KubeError
+from zerotrain.operator.controller.api_failure import ChildWriteError, classify, clear, failed_status
+from zerotrain.operator.controller.conditions import ConditionType, get_condition
+from zerotrain.operator.controller.status import transitions
 
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
 

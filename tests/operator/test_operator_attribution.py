@@ -8,9 +8,9 @@ from typing import Any
 
 from zerotrain.job_status import Phase, ZeroTrainingJobStatus
 from zerotrain.manifest import parse_spec
-from zerotrain.operator.conditions import ConditionType, get_condition
-from zerotrain.operator.observe import ObservedPod, PodPhase, observe_pod
-from zerotrain.operator.status import Backoff, compute_status
+from zerotrain.operator.controller.conditions import ConditionType, get_condition
+from zerotrain.operator.controller.observe import ObservedPod, PodPhase, observe_pod
+from zerotrain.operator.controller.status import Backoff, compute_status
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
 PEER_LOST = "rank-failed: PeerLostError: rank 0: all_gather for unit 'Block.1' failed because a peer rank is gone"

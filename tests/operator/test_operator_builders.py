@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from zerotrain.manifest import parse_spec
-from zerotrain.operator import builders, naming
-from zerotrain.operator.builders import JobRef
+from zerotrain.operator.children import builders, naming
+from zerotrain.operator.children.builders import JobRef
 
 JOB = JobRef("llm", "team-a", "uid-1")
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)

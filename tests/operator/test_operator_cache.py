@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from zerotrain.operator import naming
-from zerotrain.operator.cache import ObjectCache, newer
-from zerotrain.operator.kube import Listing
+from zerotrain.operator.children import naming
+from zerotrain.operator.client.cache import ObjectCache, newer
+from zerotrain.operator.client.kube import Listing
 
 Obj = dict[str, Any]
 

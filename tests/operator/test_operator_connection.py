@@ -1,4 +1,4 @@
-"""operator.connection: the places a connection is loaded from, in the client's order, and what a failure says."""
+"""client.connection: the places a connection is loaded from, in the client's order, and what a failure says."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from zerotrain.errors import UserError
-from zerotrain.operator.connection import ConnectionSource, load
-from zerotrain.operator.kube import Kube
+from zerotrain.operator.client.connection import ConnectionSource, load
+from zerotrain.operator.client.kube import Kube
 
 NO_CLUSTER: dict[str, str] = {}
 

@@ -12,10 +12,10 @@ import jsonpatch
 import pytest
 from prometheus_client import generate_latest
 
-from zerotrain.operator.kube import Kube, KubeError
-from zerotrain.operator.reconcile import Reconciler, status_ops
+from zerotrain.operator.client.kube import Kube, KubeError
+from zerotrain.operator.controller.reconcile import Reconciler, status_ops
+from zerotrain.operator.controller.status import ZeroTrainingJobStatus, invalid
 from zerotrain.operator.settings import OperatorSettings
-from zerotrain.operator.status import ZeroTrainingJobStatus, invalid
 
 BODY = {"metadata": {"namespace": "ns", "name": "gone", "uid": "u1"}}
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from zerotrain.operator.builders import JobRef, build_event
-from zerotrain.operator.events import COMBINED, SIMILAR_MAX, SPAM_BURST, EventRecorder
+from zerotrain.operator.children.builders import JobRef, build_event
+from zerotrain.operator.client.events import COMBINED, SIMILAR_MAX, SPAM_BURST, EventRecorder
 
 Obj = dict[str, Any]
 JOB = JobRef(namespace="a", name="flappy", uid="u-1")

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from zerotrain.operator.fair_pool import FairPool
+from zerotrain.operator.client.fair_pool import FairPool
 
 
 def test_a_small_job_is_served_in_turn_with_a_big_gang() -> None:

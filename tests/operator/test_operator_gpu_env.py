@@ -16,9 +16,9 @@ from pod_security import baseline_violations, level
 
 from zerotrain import gpu_env
 from zerotrain.manifest import parse_job, parse_spec
-from zerotrain.operator import builders, pod_template
-from zerotrain.operator.admission import admit
-from zerotrain.operator.builders import JobRef
+from zerotrain.operator.children import builders, pod_template
+from zerotrain.operator.children.builders import JobRef
+from zerotrain.operator.controller.admission import admit
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = JobRef("llm", "team-a", "uid-1")

@@ -8,8 +8,8 @@ import time
 
 import kubernetes
 
-from zerotrain.operator.kube import Kube
-from zerotrain.operator.reconcile import PassOutcome, Reconciler, Result
+from zerotrain.operator.client.kube import Kube
+from zerotrain.operator.controller.reconcile import PassOutcome, Reconciler, Result
 from zerotrain.operator.settings import OperatorSettings
 
 

@@ -12,11 +12,11 @@ import kubernetes
 import pytest
 
 from zerotrain.manifest import parse_spec
-from zerotrain.operator import builders
-from zerotrain.operator.api_calls import API_CALLS, PLURALS, ApiCall
-from zerotrain.operator.builders import JobRef
-from zerotrain.operator.cached_client import CachedClient
-from zerotrain.operator.kube import Kube, KubeError, is_subset, resource_of
+from zerotrain.operator.children import builders
+from zerotrain.operator.children.builders import JobRef
+from zerotrain.operator.client.api_calls import API_CALLS, PLURALS, ApiCall
+from zerotrain.operator.client.cached_client import CachedClient
+from zerotrain.operator.client.kube import Kube, KubeError, is_subset, resource_of
 
 
 class Script:

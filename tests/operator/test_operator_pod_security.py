@@ -8,8 +8,8 @@ import pytest
 from pod_security import violations
 
 from zerotrain.manifest import parse_spec
-from zerotrain.operator import builders
-from zerotrain.operator.builders import JobRef
+from zerotrain.operator.children import builders
+from zerotrain.operator.children.builders import JobRef
 
 JOB = JobRef("llm", "team-a", "uid-1")
 

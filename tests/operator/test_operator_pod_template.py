@@ -10,9 +10,9 @@ import pytest
 from pod_security import violations
 
 from zerotrain.manifest import parse_spec
-from zerotrain.operator import builders
-from zerotrain.operator.admission import admit
-from zerotrain.operator.builders import JobRef
+from zerotrain.operator.children import builders
+from zerotrain.operator.children.builders import JobRef
+from zerotrain.operator.controller.admission import admit
 
 JOB = JobRef("llm", "team-a", "uid-1")
 TEMPLATE: dict[str, Any] = {

@@ -14,8 +14,8 @@ from typing import Any
 import kubernetes
 import pytest
 
-from zerotrain.operator.kube import Kube
-from zerotrain.operator.rate_limit import RequestBudget, TokenBucket
+from zerotrain.operator.client.kube import Kube
+from zerotrain.operator.client.rate_limit import RequestBudget, TokenBucket
 
 
 class FakeTime:

@@ -13,10 +13,10 @@ from typing import Any, cast
 import urllib3
 from budget import budget
 
-from zerotrain.operator import naming
-from zerotrain.operator.cache import Key, ObjectCache
-from zerotrain.operator.kube import Kube, KubeError, Listing
-from zerotrain.operator.reflector import POD_KIND, ChildSink, PodSink, Reflector, stop_all
+from zerotrain.operator.children import naming
+from zerotrain.operator.client.cache import Key, ObjectCache
+from zerotrain.operator.client.kube import Kube, KubeError, Listing
+from zerotrain.operator.client.reflector import POD_KIND, ChildSink, PodSink, Reflector, stop_all
 
 Obj = dict[str, Any]
 

@@ -1,4 +1,4 @@
-"""Elastic gangs in compute_status (`operator.resize`): shrink past the startup timeout to what was scheduled, probe
+"""Elastic gangs in compute_status (`controller.resize`): shrink past the startup timeout to what was scheduled, probe
 for room after the hold-off, grow when probes are placed, never below minReplicas or to a size that does not fit."""
 
 from __future__ import annotations
@@ -9,10 +9,11 @@ from typing import Any
 from zerotrain.elastic import ElasticSpec
 from zerotrain.job_status import Phase, Resize, ResizeCause, ZeroTrainingJobStatus
 from zerotrain.manifest import parse_spec
-from zerotrain.operator import builders, naming, resize
-from zerotrain.operator.conditions import ConditionType, get_condition, is_true
-from zerotrain.operator.observe import ObservedPod, PodPhase, observe_pod
-from zerotrain.operator.status import Backoff, compute_status
+from zerotrain.operator.children import builders, naming
+from zerotrain.operator.controller import resize
+from zerotrain.operator.controller.conditions import ConditionType, get_condition, is_true
+from zerotrain.operator.controller.observe import ObservedPod, PodPhase, observe_pod
+from zerotrain.operator.controller.status import Backoff, compute_status
 from zerotrain.spec import ZeroTrainingJobSpec
 from zerotrain.zero_config import Stage
 

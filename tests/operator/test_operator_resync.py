@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from zerotrain.operator.resync import Resync
+from zerotrain.operator.client.resync import Resync
 
 
 def test_resync_reconciles_the_jobs_seen_and_survives_a_failure() -> None:

@@ -11,10 +11,10 @@ import kubernetes
 import pytest
 
 from zerotrain.manifest import parse_spec
-from zerotrain.operator import builders
-from zerotrain.operator.api_failure import ChildWriteError
-from zerotrain.operator.kube import Kube, KubeError
-from zerotrain.operator.reconcile import Reconciler
+from zerotrain.operator.children import builders
+from zerotrain.operator.client.kube import Kube, KubeError
+from zerotrain.operator.controller.api_failure import ChildWriteError
+from zerotrain.operator.controller.reconcile import Reconciler
 from zerotrain.operator.settings import OperatorSettings
 
 JOB = builders.JobRef("llm", "team-a", "uid-1")

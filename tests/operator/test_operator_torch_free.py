@@ -25,7 +25,7 @@ def test_the_spec_and_the_operator_run_no_runtime_code() -> None:
     code = (
         "import sys\n"
         "import zerotrain.spec, zerotrain.planner, zerotrain.peak, zerotrain.crd, zerotrain.plan_inputs\n"
-        "import zerotrain.operator.app, zerotrain.operator.admission, zerotrain.operator.handlers\n"
+        "import zerotrain.operator.app, zerotrain.operator.controller.admission, zerotrain.operator.handlers\n"
         "loaded = sorted(m for m in sys.modules if m.startswith('zerotrain.runtime'))\n"
         "assert not loaded, loaded\n"
         "print('ok')\n"

@@ -42,7 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def elastic_line(raw: Any, name: str, args: argparse.Namespace, spec: ZeroTrainingJobSpec) -> str:
     """Which sizes of the elastic range the operator could run the gang at, with each one's accumulation, and why
     not the others (a size that does not divide the global batch, a plan that does not fit there)."""
-    from zerotrain.operator.admission import admit
+    from zerotrain.operator.controller.admission import admit
 
     assert spec.elastic is not None
     acc = spec.zero.gradient_accumulation_steps
@@ -160,7 +160,7 @@ def hf_line(spec: ZeroTrainingJobSpec) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from zerotrain.operator.admission import admit
+    from zerotrain.operator.controller.admission import admit
 
     doc = load_job_document(args.manifest)
     job = parse_job(doc, source=args.manifest)  # the field-by-field errors first

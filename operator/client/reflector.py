@@ -24,10 +24,10 @@ from typing import Protocol
 
 import urllib3
 
-from zerotrain.operator import naming
-from zerotrain.operator.api_calls import CACHED_CHILDREN
-from zerotrain.operator.cache import Key, ObjectCache, job_of
-from zerotrain.operator.kube import Kube, KubeError, Listing, Obj, path_of
+from zerotrain.operator.children import naming
+from zerotrain.operator.client.api_calls import CACHED_CHILDREN
+from zerotrain.operator.client.cache import Key, ObjectCache, job_of
+from zerotrain.operator.client.kube import Kube, KubeError, Listing, Obj, path_of
 
 log = logging.getLogger(__name__)
 GONE = 410

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from zerotrain.job_status import Phase, RankCounts, Resize, ZeroTrainingJobStatus
-from zerotrain.operator import resize, startup
-from zerotrain.operator.conditions import ConditionType, Reason, get_condition, is_true, set_condition
-from zerotrain.operator.observe import Disruption, ObservedPod, PodPhase
+from zerotrain.operator.controller import resize, startup
+from zerotrain.operator.controller.conditions import ConditionType, Reason, get_condition, is_true, set_condition
+from zerotrain.operator.controller.observe import Disruption, ObservedPod, PodPhase
 from zerotrain.planner import format_bytes
 from zerotrain.spec import ZeroTrainingJobSpec
 from zerotrain.zero_config import Stage

@@ -6,7 +6,7 @@ what differs, which gives server-side-apply's "a second pass changes nothing" on
 the KMock emulator alike. Conflicts (409), throttling (429) and server errors (5xx) are retried with
 exponential back-off that honours Retry-After.
 
-What it may call is catalogued in operator.api_calls, which the chart's RBAC is checked against.
+What it may call is catalogued in operator.client.api_calls, which the chart's RBAC is checked against.
 """
 
 from __future__ import annotations
@@ -27,11 +27,12 @@ import kubernetes
 import urllib3
 
 from zerotrain import __version__
-from zerotrain.operator import connection, naming
-from zerotrain.operator.api_calls import PLURALS
-from zerotrain.operator.connection import ConnectionSource
+from zerotrain.operator.children import naming
+from zerotrain.operator.client import connection
+from zerotrain.operator.client.api_calls import PLURALS
+from zerotrain.operator.client.connection import ConnectionSource
+from zerotrain.operator.client.rate_limit import RequestBudget
 from zerotrain.operator.objects import Obj
-from zerotrain.operator.rate_limit import RequestBudget
 from zerotrain.spec import GROUP, PLURAL, VERSION
 
 log = logging.getLogger(__name__)

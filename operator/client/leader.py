@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from zerotrain.operator.kube import Kube, KubeError, path_of
+from zerotrain.operator.client.kube import Kube, KubeError, path_of
 
 log = logging.getLogger(__name__)
 LEASE_API = "coordination.k8s.io/v1"

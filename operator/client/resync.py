@@ -5,7 +5,7 @@ undeletable while the operator is down: `kubectl delete ztj`, `kubectl delete ns
 So the operator keeps its own set of the jobs the watch has shown it, and one thread reconciles each of them
 every `resync_seconds`. Jobs need no finalizer: their children go with them through owner references.
 
-A pass over a steady job reads only the operator's cache (operator.cache). Every `relist_seconds` the round starts
+A pass over a steady job reads only the operator's cache (client.cache). Every `relist_seconds` the round starts
 with one LIST of jobs and one of pods per namespace, which adds jobs a stalled watch has not shown and drops those
 gone without a DELETED event.
 """

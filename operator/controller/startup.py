@@ -7,8 +7,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from zerotrain.job_status import ZeroTrainingJobStatus
-from zerotrain.operator.conditions import ConditionType, Reason, get_condition, set_condition
-from zerotrain.operator.observe import ObservedPod, PodPhase
+from zerotrain.operator.controller.conditions import ConditionType, Reason, get_condition, set_condition
+from zerotrain.operator.controller.observe import ObservedPod, PodPhase
 from zerotrain.spec import ZeroTrainingJobSpec
 
 

@@ -1,5 +1,5 @@
-"""What the operator knows of its jobs and their pods, fed by watch streams (kopf's for jobs, operator.reflector's
-for pods and the other children).
+"""What the operator knows of its jobs and their pods, fed by watch streams (kopf's for jobs, client.reflector's for
+pods and the other children).
 
 A steady job's pass reads its body and its pods from here and sends nothing; only a key the cache has not seen
 yet is read from the API server (and kept). Three things keep it true:
@@ -22,8 +22,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from zerotrain.operator import naming
-from zerotrain.operator.kube import Listing
+from zerotrain.operator.children import naming
+from zerotrain.operator.client.kube import Listing
 from zerotrain.operator.objects import Key, Obj
 
 GONE_SECONDS = 600.0

@@ -7,7 +7,7 @@ from datetime import datetime
 from enum import Enum
 from typing import Any
 
-from zerotrain.operator import kueue, naming
+from zerotrain.operator.children import kueue, naming
 from zerotrain.pod_contract import INVALID_CONFIG_OUTCOME
 
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from zerotrain.job_status import ZeroTrainingJobStatus
-from zerotrain.operator.conditions import ConditionType, is_true, set_condition
-from zerotrain.operator.kube import KubeError
+from zerotrain.operator.client.kube import KubeError
+from zerotrain.operator.controller.conditions import ConditionType, is_true, set_condition
 
 
 class FailureReason:

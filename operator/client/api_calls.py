@@ -36,9 +36,9 @@ API_CALLS: frozenset[ApiCall] = frozenset(
     # Never requested, but checked: OwnerReferencesPermissionEnforcement (OpenShift, hardened clusters) refuses a
     # child whose ownerReference sets blockOwnerDeletion unless its creator may update the owner's finalizers.
     | _calls(GROUP, f"{PLURAL}/finalizers", "update")
-    # The operator watches the jobs' pods (operator.reflector) to reconcile on each change; it creates and deletes them.
+    # The operator watches the jobs' pods (client.reflector) to reconcile on each change; it creates and deletes them.
     | _calls("", "pods", "list", "watch", "create", "delete")
-    # Services, ServiceAccounts, Roles and RoleBindings are watched (list+watch, operator.reflector) into its cache.
+    # Services, ServiceAccounts, Roles and RoleBindings are watched (list+watch, client.reflector) into its cache.
     | _calls("", "services", "get", "list", "watch", "create", "patch")
     # One immutable ConfigMap per gang: created with the gang, the previous gang's deleted.
     | _calls("", "configmaps", "get", "create", "patch", "delete")
@@ -47,16 +47,16 @@ API_CALLS: frozenset[ApiCall] = frozenset(
     | _calls(_RBAC, "rolebindings", "get", "list", "watch", "create", "patch")
     | _calls(COSCHEDULING_GROUP, "podgroups", "get", "create", "patch")
     | _calls(VOLCANO_GROUP, "podgroups", "get", "create", "patch")
-    # A job labelled kueue.x-k8s.io/queue-name: its LocalQueue must exist before a gang is created (operator.kueue).
+    # A job labelled kueue.x-k8s.io/queue-name: its LocalQueue must exist before a gang is created (children.kueue).
     | _calls("kueue.x-k8s.io", "localqueues", "get")
     # The operator's Events and kopf's (kopf.event / failed-handler posts); a repeat is a count on the first.
     | _calls("", "events", "create", "patch")
 )
 
-# Leader election, in the operator's own namespace only (a Role there, never cluster-wide): operator.leader.
+# Leader election, in the operator's own namespace only (a Role there, never cluster-wide): operator.client.leader.
 LEADER_CALLS: frozenset[ApiCall] = frozenset(_calls("coordination.k8s.io", "leases", "get", "create", "patch"))
 
-# (apiVersion, plural) of the children the operator watches into its cache besides pods (operator.cache).
+# (apiVersion, plural) of the children the operator watches into its cache besides pods (operator.client.cache).
 CACHED_CHILDREN = (
     ("v1", "services"),
     ("v1", "serviceaccounts"),

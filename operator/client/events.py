@@ -20,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from zerotrain.operator.client.rate_limit import TokenBucket
 from zerotrain.operator.objects import Obj
-from zerotrain.operator.rate_limit import TokenBucket
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 
-from zerotrain.operator import naming
+from zerotrain.operator.children import naming
 from zerotrain.operator.objects import Obj
 from zerotrain.spec import GROUP
 

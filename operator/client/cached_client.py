@@ -1,6 +1,6 @@
 """The reads and writes of a reconcile pass, through the operator's cache where it has one.
 
-Reads come from the cache (operator.cache) when it holds the answer and from the server otherwise (kept for the
+Reads come from the cache (operator.client.cache) when it holds the answer and from the server otherwise (kept for the
 next pass); writes go to the server and their answers into the cache. Without a cache (tests that drive the
 Reconciler alone, with no watch to feed one) every read goes to the server, as before the cache existed.
 """
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zerotrain.operator.api_calls import CACHED_CHILDREN
-from zerotrain.operator.cache import ObjectCache
-from zerotrain.operator.kube import Kube, KubeError
+from zerotrain.operator.client.api_calls import CACHED_CHILDREN
+from zerotrain.operator.client.cache import ObjectCache
+from zerotrain.operator.client.kube import Kube, KubeError
 from zerotrain.operator.objects import Key, Obj
 
 

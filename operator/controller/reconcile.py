@@ -21,20 +21,18 @@ from typing import Any
 from pydantic import ValidationError
 
 from zerotrain.job_status import Phase, ZeroTrainingJobStatus
-from zerotrain.operator import api_failure, builders, kueue, naming, resize
-from zerotrain.operator.admission import Admission, admit
-from zerotrain.operator.api_failure import ChildWriteError
-from zerotrain.operator.cache import ObjectCache
-from zerotrain.operator.cached_client import CachedClient
-from zerotrain.operator.conditions import ConditionType, Reason, is_true, set_condition
-from zerotrain.operator.events import EventRecorder
-from zerotrain.operator.fair_pool import FairPool
-from zerotrain.operator.kube import Kube, KubeError, path_of
-from zerotrain.operator.metrics import JobView, OperatorMetrics
-from zerotrain.operator.objects import Key
-from zerotrain.operator.observe import observe_pods
-from zerotrain.operator.settings import OperatorSettings
-from zerotrain.operator.status import (
+from zerotrain.operator.children import builders, kueue, naming
+from zerotrain.operator.client.cache import ObjectCache
+from zerotrain.operator.client.cached_client import CachedClient
+from zerotrain.operator.client.events import EventRecorder
+from zerotrain.operator.client.fair_pool import FairPool
+from zerotrain.operator.client.kube import Kube, KubeError, path_of
+from zerotrain.operator.controller import api_failure, resize
+from zerotrain.operator.controller.admission import Admission, admit
+from zerotrain.operator.controller.api_failure import ChildWriteError
+from zerotrain.operator.controller.conditions import ConditionType, Reason, is_true, set_condition
+from zerotrain.operator.controller.observe import observe_pods
+from zerotrain.operator.controller.status import (
     TERMINAL,
     Backoff,
     Decision,
@@ -43,6 +41,9 @@ from zerotrain.operator.status import (
     invalid,
     transitions,
 )
+from zerotrain.operator.metrics import JobView, OperatorMetrics
+from zerotrain.operator.objects import Key
+from zerotrain.operator.settings import OperatorSettings
 from zerotrain.spec import ZeroTrainingJobSpec
 from zerotrain.zero_config import Stage
 

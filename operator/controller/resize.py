@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from zerotrain import elastic
 from zerotrain.elastic import ElasticSpec
 from zerotrain.job_status import MAX_RESIZES_KEPT, Phase, Resize, ResizeCause, ZeroTrainingJobStatus
-from zerotrain.operator.observe import ObservedPod, PodPhase
+from zerotrain.operator.controller.observe import ObservedPod, PodPhase
 from zerotrain.spec import ZeroTrainingJobSpec
 from zerotrain.zero_config import Stage
 

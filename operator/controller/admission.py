@@ -10,8 +10,8 @@ from zerotrain import elastic, startup
 from zerotrain.autostage import NoStageFits, StageChoice, resolve_stage
 from zerotrain.errors import UserError
 from zerotrain.manifest import parse_spec
-from zerotrain.operator import builders, naming, pod_template
-from zerotrain.operator.conditions import Reason
+from zerotrain.operator.children import builders, naming, pod_template
+from zerotrain.operator.controller.conditions import Reason
 from zerotrain.plan_inputs import (
     declared_parameters,
     gpu_memory_bytes,

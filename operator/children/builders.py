@@ -11,7 +11,7 @@ import yaml
 
 from zerotrain import elastic, gpu_env
 from zerotrain import pod_contract as contract
-from zerotrain.operator import kueue, naming, pod_template
+from zerotrain.operator.children import kueue, naming, pod_template
 from zerotrain.operator.objects import Obj
 from zerotrain.spec import (
     API_VERSION,
