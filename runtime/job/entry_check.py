@@ -59,6 +59,8 @@ def check_entrypoint(spec: ZeroTrainingJobSpec, build: bool = True, world_size: 
     check_declared_parameters(task.model, declared)
     units = list(spec.zero.unit_modules) or list(task.unit_modules)
     check_unit_classes(task.model, units)
+    if world == spec.world_size:  # the shape is the manifest's layout: another --nproc gives other rows per rank
+        _check_shape(spec, task)
     uneven = _unequal_rows(fn, spec, task, world)
     count = sum(p.numel() for p in task.model.parameters())
     held = sum(1 for m in task.model.modules() if type(m).__name__ in set(units))
@@ -66,6 +68,37 @@ def check_entrypoint(spec: ZeroTrainingJobSpec, build: bool = True, world_size: 
         f"entry point: {spec.entrypoint} builds a model of {count:,} parameters, {held} unit(s) of "
         f"{', '.join(units) or '(none: one unit, the whole model)'} (built on the meta device)"
     ) + (f"\n{uneven}" if uneven else "")
+
+
+def _first_tensor(batch: object) -> torch.Tensor | None:
+    if isinstance(batch, torch.Tensor):
+        return batch
+    items = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
+    return next((t for t in map(_first_tensor, items) if t is not None), None)
+
+
+def _check_shape(spec: ZeroTrainingJobSpec, task: TrainingTask) -> None:
+    """spec.model.shape's micro-batch against rank 0's first micro-batch: the plan counts the activations of
+    microBatchSize sequences of sequenceLength tokens, so a shape that is not the data's plans the wrong peak."""
+    shape = spec.model.shape
+    if shape is None:
+        return
+    try:
+        tokens = _first_tensor(task.inputs(next(iter(task.batches))))
+    except Exception:  # data the launcher cannot draw on the meta device: the plan stands as written
+        return
+    if tokens is None or tokens.dim() < 2:
+        return
+    for field, declared, drawn in (
+        ("microBatchSize", shape.micro_batch_size, int(tokens.shape[0])),
+        ("sequenceLength", shape.sequence_length, int(tokens.shape[1])),
+    ):
+        if declared != drawn:
+            raise ConfigError(
+                f"spec.model.shape.{field}: got {declared}, but rank 0's first micro-batch has {drawn} "
+                f"(input of shape {list(tokens.shape)}); set {field}: {drawn}, so that the plan counts the "
+                "activations the ranks will hold"
+            )
 
 
 def _rows(batch: object) -> int | None:

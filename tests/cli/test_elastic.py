@@ -149,6 +149,7 @@ def test_validate_says_at_which_sizes_the_gang_can_run(tmp_path: Path, capsys: p
     doc["spec"]["zero"]["gradientAccumulationSteps"] = 3
     doc["spec"]["resources"] |= {"gpu": 1, "gpuMemory": "80Gi"}
     doc["spec"]["nprocPerNode"] = 1
+    doc["spec"]["entrypointArgs"]["batch_size"] = 32  # the shape's 8 rows on each of the 4 ranks
     path = tmp_path / "elastic.yaml"
     path.write_text(yaml.safe_dump(doc))
     assert main(["validate", str(path)]) == 0

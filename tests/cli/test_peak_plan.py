@@ -131,6 +131,8 @@ def test_every_caller_gets_the_same_numbers(tmp_path: Path, capsys: pytest.Captu
             "zero": {"stage": stage, "precision": precision, "reduceDtype": reduce},
             "training": {"optimizer": optimizer},
             "model": {"shape": SHAPE},
+            # The GPT's batch_size is the global micro-batch: microBatchSize rows on each rank, as the shape says.
+            "entrypointArgs": {"batch_size": SHAPE["microBatchSize"] * replicas},
         }
         path = _job(tmp_path, spec, f"m{i}")
         assert main(["plan", "-f", str(path), "--output", "json"]) == 0

@@ -110,7 +110,17 @@ def rank_pids(pid: int) -> list[int]:
                 found.append(p)
         except OSError:
             continue
-    return found
+    # Rank 0 first: the local command reports rank 0's account, and a rank whose signal lands after the others
+    # stopped on their vote says, truly, "a stop signal to another rank" (the kills are not simultaneous).
+    return sorted(found, key=_rank_of)
+
+
+def _rank_of(pid: int) -> int:
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:  # gone meanwhile: last
+        return 1 << 30
+    return next((int(v[5:]) for v in environ if v.startswith(b"RANK=")), 1 << 30)
 
 
 def masters(checkpoint: Path) -> dict[str, torch.Tensor]:

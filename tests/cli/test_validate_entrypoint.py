@@ -12,6 +12,7 @@ import yaml
 from zerotrain.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
+SHAPE = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())["spec"]["model"]["shape"]
 
 
 def job(tmp_path: Path, **spec: Any) -> str:
@@ -37,6 +38,14 @@ def said(capsys: pytest.CaptureFixture[str]) -> str:
         ({"model": {"parameters": 900_000}}, ["spec.model.parameters: got 900,000", "842,496", "set spec.model"]),
         ({"zero": {"unitModules": ["Blocks"]}}, ["zero.unitModules[0]: got 'Blocks'", "'Block'"]),
         ({"entrypointArgs": {"d_model": 130}}, ["spec.entrypointArgs.d_model: got 130", "n_heads"]),
+        (
+            {"model": {"parameters": 842496, "shape": {**SHAPE, "microBatchSize": 16}}},
+            [
+                "spec.model.shape.microBatchSize: got 16, but rank 0's first micro-batch has 8",
+                "[8, 128]",
+                "set microBatchSize: 8",
+            ],
+        ),
     ],
 )
 def test_validate_refuses_what_every_rank_would(

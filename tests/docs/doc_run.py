@@ -112,6 +112,19 @@ def quickstart() -> Obj:
     return doc
 
 
+def on_quickstart(over: Obj) -> Obj:
+    """`over` laid onto the quickstart. Its `batch_size` is the global micro-batch, `model.shape.microBatchSize`
+    rows per rank: a fragment that changes the ranks and says nothing of either keeps each rank's micro-batch, as a
+    reader adapting the quickstart would (validate checks the shape against the rows the entry point draws)."""
+    doc = merge(quickstart(), over)
+    said = over.get("spec") or {}
+    spec = doc["spec"]
+    shape = (spec.get("model") or {}).get("shape")
+    if shape and "model" not in said and "batch_size" not in (said.get("entrypointArgs") or {}):
+        spec["entrypointArgs"]["batch_size"] = shape["microBatchSize"] * ranks(doc)
+    return doc
+
+
 def merge(base: Any, over: Any) -> Any:
     """`over` laid onto `base`: mappings merged key by key, anything else replaced."""
     if isinstance(base, dict) and isinstance(over, dict):
@@ -148,12 +161,12 @@ def classify(block: Block) -> YamlKind:
     if data.get("apiVersion") == API_VERSION and data.get("kind") == KIND:
         if data.get("spec") == "...":
             head = {k: v for k, v in data.items() if k != "spec"}
-            return YamlKind("elided-spec", merge(quickstart(), head))
+            return YamlKind("elided-spec", on_quickstart(head))
         return YamlKind("manifest", data)
     if set(data) == {"spec"} and isinstance(data["spec"], dict):
-        return YamlKind("spec-fragment", merge(quickstart(), data))
+        return YamlKind("spec-fragment", on_quickstart(data))
     if first.startswith("  ") and not first.startswith("   "):
-        return YamlKind("spec-fields", merge(quickstart(), {"spec": data}))
+        return YamlKind("spec-fields", on_quickstart({"spec": data}))
     if set(data) <= chart_value_keys():
         return YamlKind("helm-values", values=data)
     return YamlKind("unknown")
