@@ -323,6 +323,8 @@ def same_writes(where: Server, writes: JobWrites, jobs: int, threads: int) -> tu
         for ev in writes.events:
             body = writes.renamed(ev, name, ns, uid)
             body["metadata"] = {"generateName": f"{name}.", "namespace": ns}
+            # A real server requires an Event's object in the Event's namespace (each phase has a namespace of its own).
+            body["involvedObject"] = {**body.get("involvedObject", {}), "namespace": ns, "uid": uid}
             client.create(body)
 
     try:
