@@ -32,6 +32,7 @@ from zerotrain.operator.controller.admission import Admission, admit
 from zerotrain.operator.controller.api_failure import ChildWriteError
 from zerotrain.operator.controller.conditions import ConditionType, Reason, is_true, set_condition
 from zerotrain.operator.controller.observe import observe_pods
+from zerotrain.operator.controller.pass_facts import PassFacts
 from zerotrain.operator.controller.status import (
     TERMINAL,
     Backoff,
@@ -309,6 +310,13 @@ class Reconciler:
             )
             self._write(body, previous, invalid(previous, Reason.ELASTIC_IN_QUEUE, message, now))
             return PassOutcome(Result.INVALID, message)
+        chose = None
+        if verdict.stage_choice is not None:
+            chose = verdict.stage_choice.message
+            if recompute:
+                chose += "; activation checkpointing on since stage 3 ran out of memory"
+        generation = body["metadata"].get("generation")
+        facts = PassFacts(verdict.spec.zero.fixed_stage, verdict.plan, chose, generation, job.queue)
         decision = compute_status(
             verdict.sized,
             observe_pods(self.client.pods(namespace, name)),
@@ -317,25 +325,11 @@ class Reconciler:
             self.backoff,
             replan=verdict.stage_choice is not None,
             sizing=self._sizing(body, verdict, floor, recompute),
+            facts=facts,
         )
-        decision.status.memory_plan = verdict.plan
-        decision.status.stage = verdict.spec.zero.fixed_stage
-        if decision.resize is not None:  # the next gang's plan and stage: admission at the new size
-            resized = self._admit(body, floor, decision.resize.to_replicas, recompute)
-            decision.status.memory_plan, decision.status.stage = resized.plan, decision.resize.stage
-        if verdict.stage_choice is not None:
-            chose = verdict.stage_choice.message
-            if recompute:
-                chose += "; activation checkpointing on since stage 3 ran out of memory"
-            set_condition(decision.status, ConditionType.STAGE_CHOSEN, True, Reason.LOWEST_STAGE_THAT_FITS, chose, now)
-        generation = body["metadata"].get("generation")
-        decision.status.observed_generation = generation
         spec_changed = previous is None or previous.observed_generation != generation
         if decision.create_gang and job.queue and (missing := self._queue_missing(job)):
             return self._queue_unavailable(body, previous, missing, now)
-        if is_true(decision.status, ConditionType.QUEUE_UNAVAILABLE):
-            msg = f"LocalQueue {job.queue!r} found" if job.queue else "the job names no Kueue queue any more"
-            set_condition(decision.status, ConditionType.QUEUE_UNAVAILABLE, False, Reason.QUEUE_FOUND, msg, now)
         try:
             self._act(job, verdict.spec, verdict.sized, decision, decision.create_gang or spec_changed)
         except ChildWriteError as e:
@@ -382,7 +376,7 @@ class Reconciler:
         def check(replicas: int) -> resize.SizeVerdict:
             at = self._admit(body, floor, replicas, recompute)
             stage = at.spec.zero.fixed_stage if at.admitted and at.spec is not None else None
-            return resize.SizeVerdict(at.admitted, stage, at.message)
+            return resize.SizeVerdict(at.admitted, stage, at.message, at.plan)
 
         return resize.Sizing(spec.elastic, spec, check)
 

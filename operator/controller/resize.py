@@ -21,6 +21,7 @@ from zerotrain import elastic
 from zerotrain.elastic import ElasticSpec
 from zerotrain.job_status import MAX_RESIZES_KEPT, Phase, Resize, ResizeCause, ZeroTrainingJobStatus
 from zerotrain.operator.controller.observe import ObservedPod, PodPhase
+from zerotrain.planner import MemoryPlan
 from zerotrain.spec import ZeroTrainingJobSpec
 from zerotrain.zero_config import Stage
 
@@ -35,6 +36,8 @@ class SizeVerdict:
     admitted: bool
     stage: Stage | None = None
     why: str = ""
+    plan: MemoryPlan | None = None
+    """Admission's plan at that size."""
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from zerotrain.job_status import Phase, RankCounts, Resize, ZeroTrainingJobStatus
-from zerotrain.operator.controller import resize, startup
+from zerotrain.operator.controller import pass_facts, resize, startup
 from zerotrain.operator.controller.conditions import ConditionType, Reason, get_condition, is_true, set_condition
 from zerotrain.operator.controller.observe import Disruption, ObservedPod, PodPhase
 from zerotrain.planner import format_bytes
@@ -108,10 +108,30 @@ def compute_status(
     backoff: Backoff = Backoff(),
     replan: bool = False,
     sizing: resize.Sizing | None = None,
+    facts: pass_facts.PassFacts | None = None,
 ) -> Decision:
     """The whole lifecycle in one pure step; see docs/operator.md for the state diagram. `spec` is the gang's
     in force (an elastic job's replicas are the size it runs at). `replan`: the stage is `auto`'s choice, so a
-    rank out of memory moves the job to the next stage instead of failing it. `sizing`: the job is elastic."""
+    rank out of memory moves the job to the next stage instead of failing it. `sizing`: the job is elastic.
+    `facts`: what admission decided (plan, stage, generation...), recorded in the same status."""
+    d = _lifecycle(spec, observed, previous, now, backoff, replan, sizing)
+    if facts is not None:
+        moved = None
+        if sizing is not None and d.resize is not None:
+            moved = pass_facts.Moved(sizing.check(d.resize.to_replicas).plan, d.resize.stage)
+        pass_facts.record(facts, d.status, moved, now)
+    return d
+
+
+def _lifecycle(
+    spec: ZeroTrainingJobSpec,
+    observed: Sequence[ObservedPod],
+    previous: ZeroTrainingJobStatus | None,
+    now: datetime,
+    backoff: Backoff,
+    replan: bool,
+    sizing: resize.Sizing | None,
+) -> Decision:
     st = (previous or ZeroTrainingJobStatus()).model_copy(deep=True)
     if is_true(st, ConditionType.INVALID_SPEC):  # the spec was fixed: admit the job afresh
         st.phase, st.completion_time = Phase.PENDING, None

@@ -9,7 +9,7 @@ import pytest
 
 from zerotrain.job_status import Phase, ZeroTrainingJobStatus
 from zerotrain.manifest import parse_spec
-from zerotrain.operator.controller.conditions import ConditionType, Reason, get_condition, is_true
+from zerotrain.operator.controller.conditions import ConditionType, Reason, get_condition, is_true, set_condition
 from zerotrain.operator.controller.observe import Disruption, ObservedPod, PodPhase, observe_pod
 from zerotrain.operator.controller.status import Backoff, compute_status, invalid, transitions
 
@@ -278,3 +278,24 @@ def test_a_rank_failure_is_not_read_as_a_refusal() -> None:
         "status": {"phase": "Failed", "containerStatuses": [exited(1, said)]},
     }
     assert observe_pod(failed).invalid_config == ""
+
+
+def test_what_admission_decided_is_recorded_in_the_same_status() -> None:
+    from zerotrain.operator.controller.pass_facts import PassFacts
+    from zerotrain.planner import PlanInput, plan
+    from zerotrain.zero_config import Stage
+
+    memory = plan(PlanInput(parameters=1_000_000, data_parallel=8))
+    previous = created()
+    set_condition(previous, ConditionType.QUEUE_UNAVAILABLE, True, Reason.LOCAL_QUEUE_NOT_FOUND, "no queue", NOW)
+    facts = PassFacts(Stage.GRADIENTS, memory, "stage 2 is the lowest that fits", generation=7, queue="team-a")
+    d = compute_status(spec(), [pod(0), pod(1)], previous, NOW, BACKOFF, facts=facts)
+    st = d.status
+    assert (st.stage, st.memory_plan, st.observed_generation) == (Stage.GRADIENTS, memory, 7)
+    chosen = get_condition(st, ConditionType.STAGE_CHOSEN)
+    assert chosen is not None and chosen.message == "stage 2 is the lowest that fits"
+    queue = get_condition(st, ConditionType.QUEUE_UNAVAILABLE)
+    assert queue is not None and queue.status == "False" and queue.message == "LocalQueue 'team-a' found"
+    # Without facts (the tests of the lifecycle alone) nothing of admission's is written.
+    bare = compute_status(spec(), [pod(0), pod(1)], created(), NOW, BACKOFF).status
+    assert bare.memory_plan is None and get_condition(bare, ConditionType.STAGE_CHOSEN) is None
