@@ -9,7 +9,7 @@ reads its data into the model, say) cannot be built there; then the ranks check 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -59,9 +59,10 @@ def check_entrypoint(spec: ZeroTrainingJobSpec, build: bool = True, world_size: 
     check_declared_parameters(task.model, declared)
     units = list(spec.zero.unit_modules) or list(task.unit_modules)
     check_unit_classes(task.model, units)
+    drawn = _draw(task)  # once: the batches are an iterator, a second draw would be the second micro-batch
     if world == spec.world_size:  # the shape is the manifest's layout: another --nproc gives other rows per rank
-        _check_shape(spec, task)
-    uneven = _unequal_rows(fn, spec, task, world)
+        _check_shape(spec, task, drawn)
+    uneven = _unequal_rows(fn, spec, drawn, world)
     count = sum(p.numel() for p in task.model.parameters())
     held = sum(1 for m in task.model.modules() if type(m).__name__ in set(units))
     return (
@@ -70,54 +71,65 @@ def check_entrypoint(spec: ZeroTrainingJobSpec, build: bool = True, world_size: 
     ) + (f"\n{uneven}" if uneven else "")
 
 
-def _first_tensor(batch: object) -> torch.Tensor | None:
+def _draw(task: TrainingTask) -> tuple[object, ...]:
+    """Rank 0's first micro-batch as a 1-tuple, or () when the launcher cannot draw it on the meta device (the
+    ranks will; the checks that need it are skipped)."""
+    try:
+        return (next(iter(task.batches)),)
+    except Exception:
+        return ()
+
+
+def _tensors(batch: object) -> Iterator[torch.Tensor]:
+    """Every tensor of a batch (a tensor, or nested in tuples, lists and dicts), in order."""
     if isinstance(batch, torch.Tensor):
-        return batch
+        yield batch
+        return
     items = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
-    return next((t for t in map(_first_tensor, items) if t is not None), None)
+    for item in items:
+        yield from _tensors(item)
 
 
-def _check_shape(spec: ZeroTrainingJobSpec, task: TrainingTask) -> None:
+def _check_shape(spec: ZeroTrainingJobSpec, task: TrainingTask, drawn: tuple[object, ...]) -> None:
     """spec.model.shape's micro-batch against rank 0's first micro-batch: the plan counts the activations of
     microBatchSize sequences of sequenceLength tokens, so a shape that is not the data's plans the wrong peak."""
     shape = spec.model.shape
-    if shape is None:
+    if shape is None or not drawn:
         return
     try:
-        tokens = _first_tensor(task.inputs(next(iter(task.batches))))
-    except Exception:  # data the launcher cannot draw on the meta device: the plan stands as written
+        tokens = next(_tensors(task.inputs(drawn[0])), None)
+    except Exception:  # inputs the launcher cannot form on the meta device: the plan stands as written
         return
     if tokens is None or tokens.dim() < 2:
         return
-    for field, declared, drawn in (
+    for field, declared, found in (
         ("microBatchSize", shape.micro_batch_size, int(tokens.shape[0])),
         ("sequenceLength", shape.sequence_length, int(tokens.shape[1])),
     ):
-        if declared != drawn:
+        if declared != found:
             raise ConfigError(
-                f"spec.model.shape.{field}: got {declared}, but rank 0's first micro-batch has {drawn} "
-                f"(input of shape {list(tokens.shape)}); set {field}: {drawn}, so that the plan counts the "
+                f"spec.model.shape.{field}: got {declared}, but rank 0's first micro-batch has {found} "
+                f"(input of shape {list(tokens.shape)}); set {field}: {found}, so that the plan counts the "
                 "activations the ranks will hold"
             )
 
 
 def _rows(batch: object) -> int | None:
-    """The leading size of a batch's first tensor (a tensor, or nested in a tuple, list or dict)."""
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.dim() else None
-    items = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
-    return next((r for r in map(_rows, items) if r is not None), None)
+    """The leading size of a batch's first tensor that has one."""
+    return next((int(t.shape[0]) for t in _tensors(batch) if t.dim()), None)
 
 
-def _unequal_rows(fn: Callable[..., object], spec: ZeroTrainingJobSpec, first: TrainingTask, world: int) -> str | None:
+def _unequal_rows(
+    fn: Callable[..., object], spec: ZeroTrainingJobSpec, drawn: tuple[object, ...], world: int
+) -> str | None:
     """One line when the first and the last rank draw micro-batches of different sizes: the mean over ranks of
     per-rank mean losses is then not the global batch's (the run differs from one process, silently)."""
-    if world < 2:
+    if world < 2 or not drawn:
         return None
     try:
         with torch.device("meta"):
             last = check_task(fn(rank=world - 1, world_size=world, **dict(spec.entrypoint_args)), spec.entrypoint)
-        rows = (_rows(next(iter(first.batches))), _rows(next(iter(last.batches))))
+        rows = (_rows(drawn[0]), _rows(next(iter(last.batches))))
     except Exception:  # data the launcher cannot draw: the ranks will
         return None
     if None in rows or rows[0] == rows[1]:

@@ -91,3 +91,25 @@ def test_unequal_rows_per_rank_are_said_in_one_line_by_validate_and_run(
     logs = tmp_path / "logs"
     assert main(["run", str(custom), "--nproc", "4", "--steps", "1", "--no-metrics", "--log-dir", str(logs)]) == 0
     assert "warning" not in said(capsys)  # 64 rows split evenly over 4
+
+
+def test_rank_0s_first_micro_batch_is_drawn_once_for_every_check(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Each rank's second micro-batch is half its first: a check drawing rank 0's batches again would compare its
+    # second against rank 1's first and warn of unequal rows that no step ever has.
+    (tmp_path / "halved.py").write_text(
+        "import itertools\n"
+        "from zerotrain.runtime.examples.gpt import build as gpt\n"
+        "def half(b):\n"
+        "    return b[: b.shape[0] // 2] if hasattr(b, 'shape') else type(b)(half(x) for x in b)\n"
+        "def build(rank, world_size, **kw):\n"
+        "    task = gpt(rank, world_size, **kw)\n"
+        "    first = next(task.batches)\n"
+        "    task.batches = itertools.chain([first, half(first)], task.batches)\n"
+        "    return task\n"
+    )
+    path = job(tmp_path, entrypoint="halved:build")
+    assert main(["validate", path]) == 0
+    text = said(capsys)
+    assert "builds a model of 842,496 parameters" in text and "warning" not in text, text
