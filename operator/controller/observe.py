@@ -203,7 +203,7 @@ OUT_OF_MEMORY_MARKER = "out of memory: rank "
 
 def _out_of_memory(term: dict[str, Any], said: str) -> str:
     if (at := said.find(OUT_OF_MEMORY_MARKER)) >= 0:
-        return said[at:].splitlines()[0].rsplit(" (exit status", 1)[0]
+        return _account(said[at:])
     if term.get("reason") == "OOMKilled":
         return "the kernel's OOM killer stopped the container at its memory limit (OOMKilled)"
     return ""
@@ -213,7 +213,12 @@ def _invalid_config(said: str) -> str:
     prefix = f"{INVALID_CONFIG_OUTCOME}: "
     if not said.startswith(prefix):
         return ""
-    return said.removeprefix(prefix).splitlines()[0].rsplit(" (exit status", 1)[0]
+    return _account(said.removeprefix(prefix))
+
+
+def _account(said: str) -> str:
+    """A launcher's account: its first line, without the "(exit status N)" the launcher appends."""
+    return said.splitlines()[0].rsplit(" (exit status", 1)[0]
 
 
 def observe_pods(pods: list[dict[str, Any]]) -> list[ObservedPod]:
