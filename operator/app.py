@@ -41,7 +41,7 @@ async def operate(
     kube.observer = reconciler.metrics
     resync = Resync(
         settings.resync_seconds,
-        reconciler.reconcile,
+        reconciler.ask,
         lister=lambda: reconciler.relist(list(settings.namespaces)),
         relist_seconds=settings.relist_seconds,
     )

@@ -56,8 +56,9 @@ def job_essence(body: Mapping[str, Any]) -> tuple[Any, ...]:
 def make_registry(reconciler: Reconciler, resync: Resync | None = None) -> kopf.OperatorRegistry:
     """A fresh registry (never kopf's global one), so tests can run several operators in one process.
 
-    The jobs' events are all the operator takes from kopf: each asks for a pass (`Reconciler.ask`, on the
-    operator's threads; a failed pass is retried there with back-off) unless only the status changed. kopf's change
+    The jobs' events are what the operator takes from kopf (with its login, its start-up settings and its
+    lifecycle): each adds the job to the work queue (`Reconciler.ask`; the workers run the pass, and retry a failed
+    one with the job's back-off) unless only the status changed. kopf's change
     handlers (create, update, resume) are not used: they stored their progress and the last handled spec in an
     annotation patch per job, and that patch's own event, and ran each pass on kopf's executor. No handler needs
     a finalizer, so kopf puts none on the jobs.

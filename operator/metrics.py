@@ -123,6 +123,17 @@ class OperatorMetrics:
             "Seconds requests waited for the operator's own client-side rate limit (ZEROTRAIN_API_QPS, _API_BURST).",
             registry=self.registry,
         )
+        self.queue_depth = Gauge(
+            "zerotrain_operator_work_queue_depth",
+            "Jobs whose pass waits for a worker (the delayed ones, due later, not counted).",
+            registry=self.registry,
+        )
+        self.queue_retries = Counter(
+            "zerotrain_operator_work_queue_retries",
+            "Passes that could not act (one raised, or a write was refused) and were queued again after their job's "
+            "back-off.",
+            registry=self.registry,
+        )
         self._jobs: dict[JobKey, JobView] = {}
         self._lock = threading.Lock()
         self.registry.register(JobCollector(self._jobs, self._lock))

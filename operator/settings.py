@@ -49,6 +49,9 @@ class OperatorSettings(BaseModel):
     """Requests the operator may send at once above api_qps after a quiet spell (client-go's burst)."""
     api_connections: int = Field(default=32, ge=1)
     """Connections to the API server the client keeps open, and so the most requests in flight at once."""
+    reconcile_workers: int = Field(default=8, ge=1)
+    """Passes that run at once, of different jobs (client-go's MaxConcurrentReconciles); a job's passes never
+    overlap."""
     pod_create_concurrency: int = Field(default=16, ge=1)
     """Pod creates in flight at once, across all jobs, taken round-robin between the jobs that have some to do."""
     max_pod_creates_per_pass: int = Field(default=500, ge=1)

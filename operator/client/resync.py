@@ -2,8 +2,9 @@
 
 kopf's timers need a finalizer on every job (so it can stop them on deletion), and a finalizer makes a job
 undeletable while the operator is down: `kubectl delete ztj`, `kubectl delete ns` and a CRD removal would hang.
-So the operator keeps its own set of the jobs the watch has shown it, and one thread reconciles each of them
-every `resync_seconds`. Jobs need no finalizer: their children go with them through owner references.
+So the operator keeps its own set of the jobs the watch has shown it, and one thread adds each of them to the
+work queue every `resync_seconds` (the workers run the passes; a job already queued is not queued twice). Jobs need
+no finalizer: their children go with them through owner references.
 
 A pass over a steady job reads only the operator's cache (client.cache). Every `relist_seconds` the round starts
 with one LIST of jobs and one of pods per namespace, which adds jobs a stalled watch has not shown and drops those
@@ -12,7 +13,6 @@ gone without a DELETED event.
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import threading
 import time
@@ -23,22 +23,21 @@ from zerotrain.operator.objects import Key
 log = logging.getLogger(__name__)
 Lister = Callable[[], tuple[list[Key], list[Key]]]
 """LISTs every job (and fills the cache): the jobs present, and those gone without a DELETED event."""
-RESYNC_PARALLELISM = 4  # passes of different jobs at once (passes of one job never overlap: Reconciler coalesces)
 
 
 class Resync:
-    """The jobs the watch has shown, reconciled every `interval` seconds from one daemon thread."""
+    """The jobs the watch has shown, each asked for (`enqueue`) every `interval` seconds from one daemon thread."""
 
     def __init__(
         self,
         interval: float,
-        reconcile: Callable[[str, str], object],
+        enqueue: Callable[[Key], None],
         lister: Lister | None = None,
         relist_seconds: float = 300.0,
     ) -> None:
         self.interval = interval
         self.relist_seconds = relist_seconds
-        self._reconcile = reconcile
+        self._enqueue = enqueue
         self._lister = lister
         self._listed_at: float | None = None
         self._jobs: set[Key] = set()
@@ -68,12 +67,12 @@ class Resync:
             self._thread.join(timeout=10)
 
     def run_once(self) -> None:
-        """One pass over every job, a few at a time: with hundreds of jobs, one after another, a slow API server
-        would stretch a round past the interval."""
+        """Ask for a pass of every job (the work queue's workers run them)."""
         self._backstop()
-        with concurrent.futures.ThreadPoolExecutor(max_workers=RESYNC_PARALLELISM) as pool:
-            for key in self.jobs():
-                pool.submit(self._one, key)
+        for key in self.jobs():
+            if self._stop.is_set():
+                return
+            self._enqueue(key)
 
     def _backstop(self) -> None:
         """Every `relist_seconds`: the jobs a stalled or restarting watch has not shown, or not shown gone."""
@@ -89,14 +88,6 @@ class Resync:
         with self._mu:
             self._jobs.update(present)
             self._jobs.difference_update(gone)
-
-    def _one(self, key: Key) -> None:
-        if self._stop.is_set():
-            return
-        try:
-            self._reconcile(*key)
-        except Exception as e:  # one job's trouble must not stop the others' resync
-            log.warning("resync of %s/%s failed: %s", *key, e)
 
     def _run(self) -> None:
         # The first LIST at once: passes at start-up (kopf resumes every job) then read each job's pods from the

@@ -59,7 +59,8 @@ def classify(err: ChildWriteError) -> tuple[str, str]:
         )
     if e.status == 404 and "namespaces" in msg and "not found" in msg:
         return FailureReason.NAMESPACE_NOT_FOUND, "the namespace is gone or terminating; recreate the job elsewhere"
-    if e.status == 404 and (e.method == "POST" or err.verb == "create"):
+    # A server-side apply creates what is missing: its 404, like a create's, is the kind not served.
+    if e.status == 404 and (e.method == "POST" or err.verb in ("create", "apply")):
         return FailureReason.RESOURCE_NOT_INSTALLED, (
             f"the cluster does not serve {err.api_version} {err.kind}: install its CRD or, for a PodGroup, set "
             "spec.scheduling.gang to none or to the gang scheduler the cluster runs"

@@ -86,3 +86,7 @@ def set_condition(
     if old.status != value:
         old.last_transition_time = now
     old.status, old.reason, old.message = value, reason, message
+
+
+def gang_created_message(status: ZeroTrainingJobStatus) -> str:
+    return f"gang {status.restarts.total} created"

@@ -9,21 +9,19 @@ from datetime import datetime, timedelta
 
 from zerotrain.job_status import Phase, RankCounts, Resize, ZeroTrainingJobStatus
 from zerotrain.operator.controller import pass_facts, resize, startup
-from zerotrain.operator.controller.conditions import ConditionType, Reason, get_condition, is_true, set_condition
+from zerotrain.operator.controller.conditions import (
+    ConditionType,
+    Reason,
+    gang_created_message,
+    get_condition,
+    is_true,
+    set_condition,
+)
 from zerotrain.operator.controller.observe import Disruption, ObservedPod, PodPhase
 from zerotrain.planner import format_bytes
 from zerotrain.spec import ZeroTrainingJobSpec
 from zerotrain.zero_config import Stage
 
-_WARNING_WHEN_TRUE = {
-    ConditionType.FAILED,
-    ConditionType.RESTARTING,
-    ConditionType.INVALID_SPEC,
-    ConditionType.UNSCHEDULABLE,
-    ConditionType.CHILD_WRITE_FAILED,
-    ConditionType.CONTAINERS_WAITING,
-    ConditionType.QUEUE_UNAVAILABLE,
-}
 TERMINAL = (Phase.SUCCEEDED, Phase.FAILED)
 
 
@@ -54,35 +52,6 @@ class Decision:
     """Capacity probes (by index) an elastic gang below maxReplicas creates (`resize`)."""
     resize: Resize | None = None
     """The resize this decision made, if any."""
-
-
-@dataclass(frozen=True)
-class JobEvent:
-    """A Kubernetes Event to post about the job."""
-
-    type: str  # Normal | Warning
-    reason: str
-    message: str
-
-
-def transitions(previous: ZeroTrainingJobStatus | None, new: ZeroTrainingJobStatus) -> list[JobEvent]:
-    """One Event per condition whose status or reason changed (conditions changed for the same reason and
-    message, e.g. InvalidSpec and Failed, share one), and one per phase change otherwise."""
-    before = {c.type: (c.status, c.reason) for c in (previous.conditions if previous else [])}
-    events: list[JobEvent] = []
-    for c in new.conditions:
-        if before.get(c.type) == (c.status, c.reason) or (c.type not in before and c.status == "False"):
-            continue
-        warn = c.status == "True" and ConditionType(c.type) in _WARNING_WHEN_TRUE
-        event = JobEvent("Warning" if warn else "Normal", c.reason, c.message or f"{c.type}={c.status}")
-        same = next((e for e in events if (e.reason, e.message) == (event.reason, event.message)), None)
-        if same is None:
-            events.append(event)
-        elif event.type == "Warning" and same.type == "Normal":
-            events[events.index(same)] = event
-    if not events and (previous is None or previous.phase != new.phase):
-        events.append(JobEvent("Normal", f"Phase{new.phase.value}", f"job is {new.phase.value}"))
-    return events
 
 
 def rank_counts(spec: ZeroTrainingJobSpec, pods: Sequence[ObservedPod]) -> RankCounts:
@@ -191,10 +160,6 @@ def _create(d: Decision, observed: Sequence[ObservedPod], stale: list[ObservedPo
     if created is None or created.reason != Reason.GANG_CREATING:
         set_condition(st, ConditionType.CREATED, True, Reason.GANG_CREATED, gang_created_message(st), now)
     return d
-
-
-def gang_created_message(st: ZeroTrainingJobStatus) -> str:
-    return f"gang {st.restarts.total} created"
 
 
 def _judge(

@@ -9,7 +9,7 @@ import pytest
 from zerotrain.operator.client.kube import KubeError
 from zerotrain.operator.controller.api_failure import ChildWriteError, classify, clear, failed_status
 from zerotrain.operator.controller.conditions import ConditionType, get_condition
-from zerotrain.operator.controller.status import transitions
+from zerotrain.operator.controller.job_events import transitions
 
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
@@ -25,11 +25,10 @@ def err(status: int, message: str, verb: str = "create", method: str = "POST", k
         (err(403, 'pods "a" is forbidden: exceeded quota: q, requested: cpu=2'), "QuotaExceeded"),
         (err(404, 'namespaces "team-a" not found'), "NamespaceNotFound"),
         (
-            err(404, "the server could not find the requested resource", "apply", "POST", "PodGroup"),
+            err(404, "the server could not find the requested resource", "apply", "PATCH", "PodGroup"),
             "ResourceNotInstalled",
         ),
         (err(404, 'pods "a" not found', "delete", "DELETE"), "NotFound"),
-        (err(404, 'services "a" not found', "apply", "PATCH", "Service"), "NotFound"),
         (err(422, 'Pod "a" is invalid: spec.containers[0].image: Required value'), "Invalid"),
         (err(409, "the object has been modified", "apply", "PATCH"), "Conflict"),
         (err(500, "etcdserver: request timed out"), "ServerError"),

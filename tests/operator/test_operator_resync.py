@@ -1,4 +1,5 @@
-"""The operator's own periodic pass: every job the watch has shown, none it saw deleted, one failure isolated."""
+"""The operator's own periodic resync: every job the watch has shown is added to the work queue, none it saw
+deleted."""
 
 from __future__ import annotations
 
@@ -7,25 +8,19 @@ import threading
 from zerotrain.operator.client.resync import Resync
 
 
-def test_resync_reconciles_the_jobs_seen_and_survives_a_failure() -> None:
+def test_resync_asks_for_the_jobs_seen_and_not_those_gone() -> None:
     calls: list[tuple[str, str]] = []
-
-    def reconcile(ns: str, name: str) -> None:
-        calls.append((ns, name))
-        if name == "broken":
-            raise RuntimeError("API down for this one")
-
-    r = Resync(60, reconcile)
-    for key in [("a", "one"), ("a", "broken"), ("b", "two"), ("a", "gone")]:
+    r = Resync(60, calls.append)
+    for key in [("a", "one"), ("a", "two"), ("b", "three"), ("a", "gone")]:
         r.seen(key, present=True)
     r.seen(("a", "gone"), present=False)
     r.run_once()
-    assert sorted(calls) == [("a", "broken"), ("a", "one"), ("b", "two")]
+    assert sorted(calls) == [("a", "one"), ("a", "two"), ("b", "three")]
 
 
 def test_resync_thread_runs_every_interval_and_stops() -> None:
     ticks = threading.Semaphore(0)
-    r = Resync(0.05, lambda ns, name: ticks.release())
+    r = Resync(0.05, lambda key: ticks.release())
     r.seen(("ns", "job"), present=True)
     r.start()
     try:
@@ -43,7 +38,7 @@ def test_the_listing_adds_jobs_the_watch_never_showed_and_drops_those_gone_unsee
         lists.append(1)
         return [("a", "missed-by-the-watch"), ("a", "seen")], [("a", "deleted-in-a-watch-gap")]
 
-    r = Resync(60, lambda ns, name: calls.append((ns, name)), lister=lister, relist_seconds=3600)
+    r = Resync(60, calls.append, lister=lister, relist_seconds=3600)
     r.seen(("a", "seen"), present=True)
     r.seen(("a", "deleted-in-a-watch-gap"), present=True)
     r.run_once()
@@ -60,7 +55,7 @@ def test_a_failed_listing_does_not_stop_the_round() -> None:
         raise RuntimeError("503")
 
     calls: list[tuple[str, str]] = []
-    r = Resync(60, lambda ns, name: calls.append((ns, name)), lister=broken)
+    r = Resync(60, calls.append, lister=broken)
     r.seen(("a", "seen"), present=True)
     r.run_once()
     assert calls == [("a", "seen")]
@@ -73,7 +68,7 @@ def test_the_first_listing_comes_at_start_not_after_an_interval() -> None:
         listed.set()
         return [], []
 
-    r = Resync(3600, lambda ns, name: None, lister=lister)
+    r = Resync(3600, lambda key: None, lister=lister)
     r.start()
     try:
         assert listed.wait(5)

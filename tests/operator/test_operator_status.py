@@ -10,8 +10,9 @@ import pytest
 from zerotrain.job_status import Phase, ZeroTrainingJobStatus
 from zerotrain.manifest import parse_spec
 from zerotrain.operator.controller.conditions import ConditionType, Reason, get_condition, is_true, set_condition
+from zerotrain.operator.controller.job_events import transitions
 from zerotrain.operator.controller.observe import Disruption, ObservedPod, PodPhase, observe_pod
-from zerotrain.operator.controller.status import Backoff, compute_status, invalid, transitions
+from zerotrain.operator.controller.status import Backoff, compute_status, invalid
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
 BACKOFF = Backoff(base_seconds=10, max_seconds=60)

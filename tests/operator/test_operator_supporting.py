@@ -48,7 +48,7 @@ def test_the_supporting_objects_are_in_flight_at_once_and_the_rolebinding_after_
 
     r.client.apply = apply  # type: ignore[method-assign]
     try:
-        r._apply_supporting(JOB, objs)
+        r.writer._apply_supporting(JOB, objs)
     finally:
         r.close()
     assert sorted(answered) == sorted(o["kind"] for o in objs)
@@ -73,7 +73,7 @@ def test_the_first_refusal_in_order_is_reported_after_every_write_of_its_wave_wa
     r.client.apply = apply  # type: ignore[method-assign]
     try:
         with pytest.raises(ChildWriteError) as e:
-            r._apply_supporting(JOB, objs)
+            r.writer._apply_supporting(JOB, objs)
     finally:
         r.close()
     assert (e.value.kind, e.value.name) == (first["kind"], first["metadata"]["name"])

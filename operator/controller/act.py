@@ -1,0 +1,150 @@
+"""A pass's writes: make the cluster match a decision, and report what happened (`pass_facts.Acted`) for the
+status to say. A refused child write ends the writes and is reported, naming the child."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from zerotrain.job_status import Phase
+from zerotrain.operator.children import builders, kueue, naming
+from zerotrain.operator.client.cached_client import CachedClient
+from zerotrain.operator.client.fair_pool import FairPool
+from zerotrain.operator.client.kube import Kube, KubeError, path_of
+from zerotrain.operator.controller.api_failure import ChildWriteError
+from zerotrain.operator.controller.conditions import Reason
+from zerotrain.operator.controller.pass_facts import Acted
+from zerotrain.operator.controller.status import TERMINAL, Decision
+from zerotrain.spec import ZeroTrainingJobSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ChildWriter:
+    """Writes one job's children: through `client` (the cache's view), pod creates and applies on the operator's
+    shared, fair `pool`."""
+
+    kube: Kube
+    client: CachedClient
+    pool: FairPool
+    max_pod_creates_per_pass: int
+
+    def act(
+        self, job: builders.JobRef, spec: ZeroTrainingJobSpec, sized: ZeroTrainingJobSpec, d: Decision, supporting: bool
+    ) -> Acted:
+        """Make the cluster match the decision (`spec` is what the ranks read, `sized` the gang in force; with
+        `supporting`, the spec changed or a gang starts, so the Service, ConfigMap and RBAC are applied)."""
+        if d.create_gang and job.queue and (missing := self.queue_missing(job)):
+            return Acted(queue_missing=missing)  # no gang without its queue
+        try:
+            return Acted(gang_created=self._write(job, spec, sized, d, supporting))
+        except ChildWriteError as e:
+            return Acted(refused=e)
+
+    def _write(
+        self, job: builders.JobRef, spec: ZeroTrainingJobSpec, sized: ZeroTrainingJobSpec, d: Decision, supporting: bool
+    ) -> tuple[int, int] | None:
+        # The supporting children follow the spec: applied when it changes and before every gang starts, not on each
+        # of the many pod events in between.
+        if supporting and d.status.phase not in TERMINAL and d.status.phase != Phase.SUSPENDED:
+            self._apply_supporting(job, builders.build_supporting(job, sized))
+        for pod_name in d.delete_pods:
+            with child_write("delete", {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod_name}}):
+                self.client.delete_pod(job.namespace, job.name, pod_name)
+        created = self._create_gang(job, spec, sized, d.status.restarts.total) if d.create_gang else None
+        if d.create_probes:
+            gang = d.status.restarts.total
+            existing = {p["metadata"]["name"] for p in self.client.pods(job.namespace, job.name)}
+            probes = [builders.build_probe(job, sized, gang, i) for i in d.create_probes]
+            self._create_pods(job, [p for p in probes if p["metadata"]["name"] not in existing])
+        if d.delete_job:
+            log.info("deleting %s/%s: ttlSecondsAfterFinished passed", job.namespace, job.name)
+            self.kube.delete_job(job.namespace, job.name)
+        return created
+
+    def _create_gang(
+        self, job: builders.JobRef, spec: ZeroTrainingJobSpec, sized: ZeroTrainingJobSpec, gang: int
+    ) -> tuple[int, int]:
+        """The gang's ConfigMap, then its pods that do not exist yet, at most max_pod_creates_per_pass of them: a gang
+        larger than that is created over several passes, so one job's pass never runs for minutes while the others
+        wait for a worker. Returns (pods of the gang that exist now, pods in the gang)."""
+        present = self.client.pods(job.namespace, job.name)
+        existing = {p["metadata"]["name"] for p in present}
+        # An earlier pass began this gang: its ConfigMap exists and the previous gang's is gone.
+        begun = any(
+            (p["metadata"].get("labels") or {}).get(naming.LABEL_GANG) == str(gang)
+            and naming.LABEL_PROBE not in (p["metadata"].get("labels") or {})
+            for p in present
+        )
+        config, *gang_pods = builders.build_gang(job, spec, gang, sized.replicas)
+        if not begun:
+            with child_write("create", config):
+                self.kube.ensure(config)  # created once per gang; a retry keeps the first one (immutable)
+            if gang > 0:  # the previous gang's pods are gone (a gang is created only then): so goes its config, now,
+                # before a pod exists, as a pass that fails creating pods leaves the gang begun
+                old = naming.config_map_name(job.name, gang - 1)
+                with child_write("delete", {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": old}}):
+                    self.kube.delete_config_map(job.namespace, old)
+        todo = [p for p in gang_pods if p["metadata"]["name"] not in existing]
+        limit = self.max_pod_creates_per_pass
+        self._create_pods(job, todo[:limit])
+        return len(gang_pods) - len(todo) + min(limit, len(todo)), len(gang_pods)
+
+    def queue_missing(self, job: builders.JobRef) -> tuple[str, str] | None:
+        """(reason, message) when the job's Kueue LocalQueue (or Kueue itself) is missing, else None."""
+        assert job.queue is not None
+        path = path_of(kueue.API, "localqueues", job.namespace, job.queue)
+        try:
+            self.kube.request("GET", path)
+            return None
+        except KubeError as e:
+            if e.status != 404:
+                raise
+        try:
+            self.kube.request("GET", f"/apis/{kueue.API}")
+            installed = True
+        except KubeError:
+            installed = False
+        reason = Reason.LOCAL_QUEUE_NOT_FOUND if installed else Reason.KUEUE_NOT_INSTALLED
+        return reason, kueue.missing_message(job.queue, job.namespace, installed)
+
+    def _apply_supporting(self, job: builders.JobRef, objs: list[dict[str, Any]]) -> None:
+        """Apply the job's ServiceAccount, Role, Service and PodGroup at once, then its RoleBinding: one after another
+        they made a new job's first pass several round trips longer than its pods'. A RoleBinding waits for its Role:
+        without `bind`, the server checks that the operator holds what the Role grants, and refuses the binding while
+        the Role does not exist. All are applied before any pod is created: a real server refuses a pod whose
+        ServiceAccount does not exist."""
+        self._on_pool(job, "apply", self.client.apply, [o for o in objs if o["kind"] != "RoleBinding"])
+        self._on_pool(job, "apply", self.client.apply, [o for o in objs if o["kind"] == "RoleBinding"])
+
+    def _create_pods(self, job: builders.JobRef, pods: list[dict[str, Any]]) -> None:
+        """Create pods through the operator's shared workers (one after another, a 128-pod gang took seconds)."""
+        self._on_pool(job, "create", self.client.create_pod, pods)
+
+    def _on_pool(
+        self, job: builders.JobRef, verb: str, write: Callable[[dict[str, Any]], None], objs: list[dict[str, Any]]
+    ) -> None:
+        """`write` each child on the operator's shared workers, this job's in turn with every other job's (a pool
+        of its own would let a big gang crowd out a small job beside it); returns once all are answered. The first
+        refusal, in `objs`' order, is the one raised (and the one the status reports)."""
+
+        def one(obj: dict[str, Any]) -> None:
+            with child_write(verb, obj):
+                write(obj)
+
+        for future in self.pool.map((job.namespace, job.name), one, objs):
+            future.result()
+
+
+@contextlib.contextmanager
+def child_write(verb: str, obj: dict[str, Any]) -> Iterator[None]:
+    """Turn the server's refusal of a write to `obj` into a ChildWriteError that names the child."""
+    try:
+        yield
+    except KubeError as e:
+        md = obj.get("metadata", {})
+        raise ChildWriteError(verb, obj.get("kind", "?"), obj.get("apiVersion", "?"), md.get("name", "?"), e) from e
