@@ -38,15 +38,17 @@ API_CALLS: frozenset[ApiCall] = frozenset(
     | _calls(GROUP, f"{PLURAL}/finalizers", "update")
     # The operator watches the jobs' pods (client.reflector) to reconcile on each change; it creates and deletes them.
     | _calls("", "pods", "list", "watch", "create", "delete")
-    # Services, ServiceAccounts, Roles and RoleBindings are watched (list+watch, client.reflector) into its cache.
-    | _calls("", "services", "get", "list", "watch", "create", "patch")
+    # Services, ServiceAccounts, Roles and RoleBindings are watched (list+watch, client.reflector) into its cache;
+    # they and the PodGroups are written by server-side apply: a patch, which also needs create where it creates the
+    # object (the API server authorizes that create separately).
+    | _calls("", "services", "list", "watch", "create", "patch")
+    | _calls("", "serviceaccounts", "list", "watch", "create", "patch")
+    | _calls(_RBAC, "roles", "list", "watch", "create", "patch")
+    | _calls(_RBAC, "rolebindings", "list", "watch", "create", "patch")
+    | _calls(COSCHEDULING_GROUP, "podgroups", "create", "patch")
+    | _calls(VOLCANO_GROUP, "podgroups", "create", "patch")
     # One immutable ConfigMap per gang: created with the gang, the previous gang's deleted.
-    | _calls("", "configmaps", "get", "create", "patch", "delete")
-    | _calls("", "serviceaccounts", "get", "list", "watch", "create", "patch")
-    | _calls(_RBAC, "roles", "get", "list", "watch", "create", "patch")
-    | _calls(_RBAC, "rolebindings", "get", "list", "watch", "create", "patch")
-    | _calls(COSCHEDULING_GROUP, "podgroups", "get", "create", "patch")
-    | _calls(VOLCANO_GROUP, "podgroups", "get", "create", "patch")
+    | _calls("", "configmaps", "create", "delete")
     # A job labelled kueue.x-k8s.io/queue-name: its LocalQueue must exist before a gang is created (children.kueue).
     | _calls("kueue.x-k8s.io", "localqueues", "get")
     # The operator's Events and kopf's (kopf.event / failed-handler posts); a repeat is a count on the first.

@@ -81,8 +81,6 @@ class ObjectCache:
     _all_known: bool = False
     _children: dict[tuple[str, str, str], Obj] = field(default_factory=dict)
     """The jobs' other children, by (plural, namespace, name): a Service, a ServiceAccount, a Role, a RoleBinding."""
-    _children_known: set[tuple[str, str | None]] = field(default_factory=set)
-    """(plural, namespace) listed whole (namespace None: all of them): a child absent here does not exist."""
     _gone: OrderedDict[str, float] = field(default_factory=OrderedDict)
     """uids seen DELETED in the last GONE_SECONDS: a write's answer or a LIST that raced the deletion cannot bring
     the object back (client-go avoids the race by queueing LISTs and events in one DeltaFIFO)."""
@@ -219,12 +217,6 @@ class ObjectCache:
             obj = self._children.get((plural, namespace, name))
             return copy.deepcopy(obj) if obj is not None else None
 
-    def child_absent(self, plural: str, namespace: str, name: str) -> bool:
-        """Whether the cache knows the child does not exist (its kind and namespace listed whole, and none since)."""
-        with self._mu:
-            listed = (plural, namespace) in self._children_known or (plural, None) in self._children_known
-            return listed and (plural, namespace, name) not in self._children
-
     def put_child(self, plural: str, obj: Obj, handed_over: bool = False) -> None:
         """A child as a watch event or a write's answer showed it (`handed_over`: as put_pod's)."""
         key = (plural, *_key(obj))
@@ -245,8 +237,6 @@ class ObjectCache:
             owned = [k for k, o in self._children.items() if k[1] == job[0] and job_of(o) == job]
             for k in owned:
                 del self._children[k]
-            # Nor does it take the absence of a child from here: the namespace's kinds are listed again first.
-            self._children_known = {(p, ns) for p, ns in self._children_known if ns is not None and ns != job[0]}
 
     def relisted_children(self, plural: str, namespace: str | None, listing: Listing) -> None:
         """A LIST of one kind of child: what it no longer shows (and no watch event kept) is gone."""
@@ -258,7 +248,6 @@ class ObjectCache:
             for k, obj in listed.items():
                 if newer(obj, self._children.get(k)):
                     self._children[k] = copy.deepcopy(obj)
-            self._children_known.add((plural, namespace))
 
     # -- a namespace listed whole ------------------------------------------------------------------------------
 

@@ -55,12 +55,12 @@ class CachedClient:
             self.cache.put_job(stored)  # the next pass starts from what this one wrote, not from before it
 
     def apply(self, obj: Obj) -> None:
-        """Apply a child, compared with the cache's copy where the operator watches its kind (no GET then)."""
+        """Server-side apply a child, unless the cache's copy (where the operator watches its kind) shows this
+        configuration applied and in place."""
         plural, md = self.kube.plural_of(obj), obj["metadata"]
         watched = self.cache is not None and (obj["apiVersion"], plural) in CACHED_CHILDREN
         known = self.cache.child(plural, md["namespace"], md["name"]) if watched and self.cache else None
-        absent = bool(watched and known is None and self.cache and self.cache.child_absent(plural, *_key(md)))
-        answer = self.kube.apply(obj, known, absent=absent)
+        answer = self.kube.apply(obj, known)
         if watched and self.cache is not None and answer is not None:
             self.cache.put_child(plural, answer)
 

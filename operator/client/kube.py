@@ -1,10 +1,10 @@
 """The only module that talks to the Kubernetes API server.
 
 Plain dicts in and out through the official client's REST layer (no generated models, so the operator's
-objects are exactly what the builders produced). Writes are "apply" as get → create or merge-patch only
-what differs, which gives server-side-apply's "a second pass changes nothing" on a real API server and on
-the KMock emulator alike. Conflicts (409), throttling (429) and server errors (5xx) are retried with
-exponential back-off that honours Retry-After.
+objects are exactly what the builders produced). Children are written by server-side apply with the operator's
+field manager, so a field a newer build no longer sets goes from the live object; pods are created (their spec is
+immutable), as is the gang's ConfigMap. Conflicts (409), throttling (429) and server errors (5xx) are retried
+with exponential back-off that honours Retry-After.
 
 What it may call is catalogued in operator.client.api_calls, which the chart's RBAC is checked against.
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import json
 import logging
 import threading
@@ -41,8 +42,11 @@ log = logging.getLogger(__name__)
 _RETRYABLE = {409, 429, 500, 502, 503, 504}
 _MERGE = "application/merge-patch+json"
 _JSON_PATCH = "application/json-patch+json"
-# Fields an apply may change; metadata other than labels and ownerReferences belongs to the server.
-_APPLIED_KEYS = ("spec", "data", "rules", "roleRef", "subjects")
+_APPLY = "application/apply-patch+yaml"  # JSON is YAML
+FIELD_MANAGER = "zerotrain-operator"
+"""The field manager of the operator's server-side applies (metadata.managedFields)."""
+APPLIED_ANNOTATION = "zerotrain.dev/applied"
+"""A digest of the configuration last applied to a child: the cache's copy shows whether this build is in place."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,23 @@ def is_subset(desired: Any, actual: Any) -> bool:
     if isinstance(desired, list):
         return isinstance(actual, list) and len(desired) == len(actual) and all(map(is_subset, desired, actual))
     return bool(desired == actual)
+
+
+def applied(obj: Obj) -> Obj:
+    """`obj` with the digest of its configuration (taken without the digest itself) in an annotation."""
+    md = copy.deepcopy(obj["metadata"])
+    notes = md.setdefault("annotations", {})
+    notes.pop(APPLIED_ANNOTATION, None)
+    if not notes:
+        del md["annotations"]
+    bare = {**obj, "metadata": md}
+    digest = hashlib.sha256(json.dumps(bare, sort_keys=True).encode()).hexdigest()[:16]
+    md.setdefault("annotations", {})[APPLIED_ANNOTATION] = digest
+    return bare
+
+
+def _applied_hash(obj: Obj) -> str | None:
+    return ((obj.get("metadata") or {}).get("annotations") or {}).get(APPLIED_ANNOTATION)
 
 
 def _decoded(raw: bytes) -> Obj:
@@ -335,30 +356,18 @@ class Kube:
                 return False
             raise
 
-    def apply(self, obj: Obj, known: Obj | None = None, absent: bool = False) -> Obj | None:
-        """Make `obj` exist as built: the server's answer when anything was written, else None. `known` is the
-        object as the caller's cache holds it, and `absent` says the cache knows there is none: either spares the
-        GET (a PATCH that meets 404 creates instead; a create that meets 409 reads and patches)."""
+    def apply(self, obj: Obj, known: Obj | None = None) -> Obj | None:
+        """Server-side apply `obj` as the operator's field manager, forcing ownership of what it sets: the server
+        creates the object or makes the fields the operator owns exactly `obj`'s, removing those an earlier build
+        set and this one does not. The server's answer, or None when `known` (the caller's cached copy) shows this
+        very configuration applied and still in place, so a steady pass sends nothing."""
+        body = applied(obj)
+        if known is not None and _applied_hash(known) == _applied_hash(body) and is_subset(body, known):
+            return None
         md = obj["metadata"]
         path = path_of(obj["apiVersion"], self._plural(obj), md["namespace"], md["name"])
-        current = known if known is not None or absent else self._get_or_none(path)
-        if current is None:
-            try:
-                return self.create(obj)
-            except KubeError as e:
-                if e.status != 409:
-                    raise
-                current = self._get_or_none(path) or {}
-        patch = {k: obj[k] for k in _APPLIED_KEYS if k in obj}
-        patch["metadata"] = {"labels": md.get("labels", {}), "ownerReferences": md.get("ownerReferences", [])}
-        if is_subset(patch, current):
-            return None
-        try:
-            return self.request("PATCH", path, patch, _MERGE)
-        except KubeError as e:
-            if e.status != 404 or known is None:
-                raise
-            return self.create(obj)  # gone since the cache saw it
+        query = {"fieldManager": FIELD_MANAGER, "force": "true"}
+        return self.request("PATCH", path, json.dumps(body), _APPLY, query=query)
 
     def create_event(self, event: Obj) -> Obj | None:
         """Post an Event (builders.build_event); the Event as stored, or None: events are best-effort, as in kubelet,

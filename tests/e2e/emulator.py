@@ -1,7 +1,8 @@
 """KMock's KubernetesEmulator with the gaps kopf trips over closed (see shared/notes/kmock-emulator.md):
 uids, resourceVersions (and 409 on a stale one), label selectors on list and watch, generateName, 422 on a
-failed JSON-patch test, plus owner-reference garbage collection and a record of the API calls served, and a
-request naming one object served by looking it up (kmock compares it with every object it ever stored).
+failed JSON-patch test, server-side apply (one field manager's view of it: see `_apply`), plus owner-reference
+garbage collection and a record of the API calls served, and a request naming one object served by looking it up
+(kmock compares it with every object it ever stored).
 
 Relies on kmock 0.8 internals (`_handle`, `_serve_list`, `_serve_watch`, `_objects`, `_buses`,
 `_KubernetesEmulator__get_obj`); kmock is
@@ -10,6 +11,7 @@ pinned to 0.8 in pyproject.toml for that reason.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import uuid
 from collections.abc import AsyncIterator
@@ -110,6 +112,28 @@ def _contains(self: dsl.View, item: Any) -> bool:
 dsl.View.__contains__ = _contains  # type: ignore[method-assign]
 
 
+def _applied_onto(live: Any, before: Any, desired: Any) -> Any:
+    """`live` with the fields `before` set and `desired` does not removed, then `desired` set over it."""
+    if not (isinstance(live, dict) and isinstance(desired, dict)):
+        return copy.deepcopy(desired)
+    out = {k: v for k, v in live.items() if not (isinstance(before, dict) and k in before and k not in desired)}
+    for k, v in desired.items():
+        out[k] = _applied_onto(live.get(k), before.get(k) if isinstance(before, dict) else None, v)
+    return out
+
+
+def _merge_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """The JSON merge patch that turns `old` into `new`."""
+    patch: dict[str, Any] = {k: None for k in old if k not in new}
+    for k, v in new.items():
+        if isinstance(v, dict) and isinstance(old.get(k), dict):
+            if sub := _merge_patch(old[k], v):
+                patch[k] = sub
+        elif old.get(k) != v:
+            patch[k] = v
+    return patch
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -124,6 +148,8 @@ class ZeroEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         self._rv = itertools.count(1)
         # uid -> the store's key, so a child's owners are looked up, not found by scanning every object.
         self._uid_keys: dict[str, tuple[Any, str | None, str | None]] = {}
+        # (resource, namespace, name, field manager) -> the configuration it last applied.
+        self._applied: dict[tuple[Any, str | None, str | None, str], dict[str, Any]] = {}
         self.resources.load_bundled()
         self.resources[CR] = kmock.ResourceInfo(
             kind=KIND,
@@ -181,6 +207,8 @@ class ZeroEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
             self._uid_keys[md["uid"]] = key
             md.setdefault("creationTimestamp", _now())
             md["resourceVersion"] = self._next_rv()
+            if self._generational(request):
+                md["generation"] = 1
         elif request.action == kmock.action.UPDATE and request.name is not None:
             if isinstance(data, dict):
                 sent = (data.get("metadata") or {}).get("resourceVersion")
@@ -192,8 +220,37 @@ class ZeroEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
                 ):
                     raise kmock.KubernetesError(status=409, reason="Conflict", message="resourceVersion is stale")
                 data.setdefault("metadata", {})["resourceVersion"] = self._next_rv()
+                if self._generational(request) and stored is not None and "spec" in data:
+                    spec = _applied_onto(stored.get("spec"), {}, data["spec"])
+                    if spec != stored.get("spec"):  # a real server counts each change of the spec
+                        data["metadata"]["generation"] = int(stored["metadata"].get("generation") or 0) + 1
             elif isinstance(data, list):
                 data.append({"op": "add", "path": "/metadata/resourceVersion", "value": self._next_rv()})
+
+    def _apply(self, request: kmock.Request) -> None:
+        """A server-side apply, turned into the create or merge patch that has its effect: the object is created
+        if missing; otherwise the fields the manager applied last time and no longer applies go, and the applied
+        ones are set. Lists are replaced whole, and managers are not compared (no conflicts): the operator is the
+        only one applying. A real server keeps metadata.managedFields; this keeps the last configuration."""
+        manager = request.params.get("fieldManager")
+        if not manager:
+            raise kmock.KubernetesError(status=422, reason="Invalid", message="fieldManager is required for apply")
+        desired = request.data if isinstance(request.data, dict) else {}
+        key = (request.resource, request.namespace, request.name)
+        live = self._stored(request)
+        before = self._applied.get((*key, manager)) if live is not None else None
+        self._applied[(*key, manager)] = copy.deepcopy(desired)
+        if live is None:
+            # kmock's Request is frozen; its create path reads the action and the object from it.
+            object.__setattr__(request, "action", kmock.action.CREATE)
+            return
+        object.__setattr__(request, "data", _merge_patch(live, _applied_onto(live, before or {}, desired)))
+
+    @staticmethod
+    def _generational(request: kmock.Request) -> bool:
+        """A job (not its status): metadata.generation counts the changes of its spec, as a real server's does."""
+        res = request.resource
+        return res is not None and (res.group, res.plural) == (GROUP, PLURAL) and not request.subresource
 
     def _stored(self, request: kmock.Request) -> dict[str, Any] | None:
         key = (request.resource, request.namespace, request.name)
@@ -209,6 +266,8 @@ class ZeroEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
             raise kmock.KubernetesError(status=404, reason="NotFound", message="404 page not found")
         owner_uid = None
         if request.resource is not None:
+            if request.method == kmock.method.PATCH and "apply-patch" in request.headers.get("Content-Type", ""):
+                self._apply(request)
             self._stamp(request)
             if request.action in (kmock.action.DELETE, kmock.action.UPDATE) and request.name is not None:
                 owner_uid = ((self._stored(request) or {}).get("metadata") or {}).get("uid")

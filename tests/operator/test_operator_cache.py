@@ -142,8 +142,6 @@ def test_children_are_kept_as_watched_and_relisted() -> None:
     assert cache.child("roles", "a", "k-status") is not None and cache.child("roles", "a", "m-status") is not None
     cache.drop_child("roles", pod("m", "m-status", "25"))
     assert cache.child("roles", "a", "m-status") is None
-    assert cache.child_absent("roles", "a", "m-status") and not cache.child_absent("roles", "a", "k-status")
-    assert not cache.child_absent("roles", "b", "x") and not cache.child_absent("services", "a", "x")
 
 
 def test_nothing_brings_back_an_object_seen_deleted() -> None:
@@ -163,17 +161,6 @@ def test_nothing_brings_back_an_object_seen_deleted() -> None:
     assert present == [] and cache.job(("a", "k")) is None
     cache.put_job({**job("k", "40"), "metadata": {**job("k", "40")["metadata"], "uid": "k2"}})  # created again
     assert cache.job(("a", "k")) is not None
-
-
-def test_a_refused_write_makes_the_namespace_children_unknown_not_absent() -> None:
-    """After a refusal the next pass asks the server (GET) instead of trusting an absence here and POSTing again."""
-    cache = ObjectCache()
-    cache.relisted_children("roles", "a", Listing([], "10"))
-    cache.relisted_children("roles", "b", Listing([], "10"))
-    assert cache.child_absent("roles", "a", "j-status")
-    cache.forget_children(("a", "j"))
-    assert not cache.child_absent("roles", "a", "j-status")
-    assert cache.child_absent("roles", "b", "k-status")  # another namespace's listing still stands
 
 
 def test_a_job_the_server_says_is_gone_leaves_even_when_a_later_version_is_held() -> None:

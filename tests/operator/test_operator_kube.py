@@ -16,7 +16,7 @@ from zerotrain.operator.children import builders
 from zerotrain.operator.children.builders import JobRef
 from zerotrain.operator.client.api_calls import API_CALLS, PLURALS, ApiCall
 from zerotrain.operator.client.cached_client import CachedClient
-from zerotrain.operator.client.kube import Kube, KubeError, is_subset, resource_of
+from zerotrain.operator.client.kube import APPLIED_ANNOTATION, Kube, KubeError, applied, is_subset, resource_of
 
 
 class Script:
@@ -85,39 +85,32 @@ def test_create_conflict_is_an_answer_not_retried(server: tuple[Script, Kube]) -
     assert e.value.status == 409 and len(script.seen) == 1
 
 
-def test_apply_creates_then_patches_only_on_difference(server: tuple[Script, Kube]) -> None:
+def test_apply_is_a_server_side_apply_with_the_operators_field_manager(server: tuple[Script, Kube]) -> None:
     script, kube = server
     svc = builders.build_service(JobRef("j", "n", "u"))
-    script.answers = [(404, {}, {}), (201, svc, {})]
-    assert kube.apply(svc) == svc
-    assert [s[0] for s in script.seen] == ["GET", "POST"]
-    served = {**svc, "spec": {**svc["spec"], "sessionAffinity": "None"}}  # server defaults don't count as drift
-    script.answers = [(200, served, {})]
-    assert kube.apply(svc) is None and script.seen[-1][0] == "GET"
-    drifted = {**svc, "metadata": {**svc["metadata"], "labels": {}}}
-    script.answers = [(200, drifted, {}), (200, svc, {})]
-    assert kube.apply(svc) == svc
+    stored = {**applied(svc), "spec": {**svc["spec"], "sessionAffinity": "None"}}  # with the server's defaults
+    script.answers = [(201, stored, {})]
+    assert kube.apply(svc) == stored
     method, path, body = script.seen[-1]
-    assert (method, path) == ("PATCH", "/api/v1/namespaces/n/services/j") and body["metadata"]["labels"]
+    assert method == "PATCH" and path == "/api/v1/namespaces/n/services/j?fieldManager=zerotrain-operator&force=true"
+    assert body == applied(svc) and body["metadata"]["annotations"][APPLIED_ANNOTATION]
+    assert svc["metadata"].get("annotations") is None  # the builder's object is left as it was
 
 
-def test_apply_from_a_cached_object_sends_only_the_write(server: tuple[Script, Kube]) -> None:
+def test_apply_from_a_cached_copy_sends_nothing_only_while_this_build_is_in_place(server: tuple[Script, Kube]) -> None:
     script, kube = server
     svc = builders.build_service(JobRef("j", "n", "u"))
-    assert kube.apply(svc, known=svc) is None and script.seen == []  # as cached: nothing to send
-    drifted = {**svc, "metadata": {**svc["metadata"], "labels": {}}}
-    script.answers = [(200, svc, {})]
-    assert kube.apply(svc, known=drifted) == svc
-    assert [s[0] for s in script.seen] == ["PATCH"]
-    script.answers = [(404, {}, {}), (201, svc, {})]  # deleted since the cache saw it
-    assert kube.apply(svc, known=drifted) == svc
-    assert [s[0] for s in script.seen[1:]] == ["PATCH", "POST"]
-    script.answers = [(201, svc, {})]  # the cache knows there is none: straight to the create
-    assert kube.apply(svc, absent=True) == svc
-    assert [s[0] for s in script.seen[3:]] == ["POST"]
-    script.answers = [(409, {}, {}), (200, drifted, {}), (200, svc, {})]  # created meanwhile after all
-    assert kube.apply(svc, absent=True) == svc
-    assert [s[0] for s in script.seen[4:]] == ["POST", "GET", "PATCH"]
+    cached = {**applied(svc), "spec": {**svc["spec"], "sessionAffinity": "None"}}
+    assert kube.apply(svc, known=cached) is None and script.seen == []  # server defaults are no drift
+    drifted = {**cached, "metadata": {**cached["metadata"], "labels": {}}}  # someone else's edit
+    script.answers = [(200, cached, {})]
+    assert kube.apply(svc, known=drifted) == cached and len(script.seen) == 1
+    older_build = {**svc, "spec": {**svc["spec"], "sessionAffinity": "ClientIP"}}
+    # The cached copy holds every field of this build, but was applied from another: a field that build set and
+    # this one does not must go, which only an apply does.
+    assert is_subset(svc, applied(older_build))
+    script.answers = [(200, cached, {})]
+    assert kube.apply(svc, known=applied(older_build)) == cached and len(script.seen) == 2
 
 
 def test_every_kind_the_builders_make_is_declared() -> None:
@@ -132,7 +125,7 @@ def test_every_kind_the_builders_make_is_declared() -> None:
     for obj in objs:
         plural = PLURALS[(obj["apiVersion"], obj["kind"])]
         group = obj["apiVersion"].rpartition("/")[0]
-        verbs = {"create"} if obj["kind"] == "Pod" else {"get", "create", "patch"}
+        verbs = {"create"} if obj["kind"] == "Pod" else {"create", "patch"}  # server-side apply creates too
         assert {ApiCall(group, plural, v) for v in verbs} <= API_CALLS, obj["kind"]
 
 

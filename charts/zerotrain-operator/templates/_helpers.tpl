@@ -100,20 +100,21 @@ when the two differ): no wildcards, no verb or resource it does not use.
   resources: ["pods"]
   verbs: ["list", "watch", "create", "delete"]
 # Per-job children applied before the pods: the headless Service (rendezvous DNS) and the ranks' ServiceAccount,
-# watched into the operator's cache. Owner references delete them with the job, so no delete verb.
+# watched into the operator's cache. Written by server-side apply (patch; create where the apply creates them).
+# Owner references delete them with the job, so no delete verb.
 - apiGroups: [""]
   resources: ["services", "serviceaccounts"]
-  verbs: ["get", "list", "watch", "create", "patch"]
+  verbs: ["list", "watch", "create", "patch"]
 # One immutable ConfigMap per gang (the runtime's config): created with the gang, the previous gang's deleted.
 - apiGroups: [""]
   resources: ["configmaps"]
-  verbs: ["get", "create", "patch", "delete"]
+  verbs: ["create", "delete"]
 # A Role and RoleBinding per job that let its ranks patch only that job's status. The operator holds every
 # permission it grants there, so it needs neither `escalate` nor `bind` (the RoleBinding is created once its Role
 # exists: the server checks the Role's rules against the operator's). Watched into the operator's cache.
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
-  verbs: ["get", "list", "watch", "create", "patch"]
+  verbs: ["list", "watch", "create", "patch"]
 # Jobs admitted through Kueue (label kueue.x-k8s.io/queue-name): the operator checks their LocalQueue exists.
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["localqueues"]
@@ -126,13 +127,13 @@ when the two differ): no wildcards, no verb or resource it does not use.
 # Gang scheduling with the scheduler-plugins coscheduling plugin (scheduling.gang=coscheduling).
 - apiGroups: ["scheduling.x-k8s.io"]
   resources: ["podgroups"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["create", "patch"]
 {{- end }}
 {{- if .Values.rbac.gangScheduling.volcano }}
 # Gang scheduling with Volcano (scheduling.gang=volcano).
 - apiGroups: ["scheduling.volcano.sh"]
   resources: ["podgroups"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["create", "patch"]
 {{- end }}
 {{- end }}
 
