@@ -14,7 +14,7 @@ from pydantic.alias_generators import to_camel
 @dataclass(frozen=True)
 class Rule:
     """A rule across a model's fields, stated once: the CRD carries `cel` for the API server, pydantic checks `holds`,
-    and both refuse with `message`; tests/cli/test_rules.py evaluates `cel` against `holds` on every rule."""
+    and both refuse with `message`; tests/core/test_rules.py evaluates `cel` against `holds` on every rule."""
 
     cel: str
     """The CEL expression (over `self`, the object on the wire, camelCase) that must be true."""

@@ -36,7 +36,7 @@ ARENA_DEPTH = 2
 """Gradient arenas for the block units: one receiving a unit's gradients while the other's are reduced."""
 SINGLE_TENSOR_STEP_TEMPORARIES = 3
 """Tensors the size of one view torch's single-tensor Adam(W) allocates at once (the square root, its quotient,
-the update); measured: tests/cli/test_peak_plan.py."""
+the update); measured: tests/core/test_peak_plan.py."""
 
 
 PRECISION_BYTES = {Precision.FP32: 4.0, Precision.BF16: 2.0, Precision.FP16: 2.0}

@@ -42,12 +42,12 @@ OFFLOAD_BYTES_RTOL = 0.02
 """The offload phase: each of memory_report()'s categories (device parameters, gradients, optimizer state; host
 optimizer state and parameters) within 2% of its prediction, plus padding_elements times the category's bytes per
 element (0 at world size 1). The engine's buffers are flat per unit, so the formula is exact up to AdamW's 0-dim
-`step` counters (4 bytes per unit); 2% (as tests/runtime/test_offload.py) is far above those and far below any
+`step` counters (4 bytes per unit); 2% (as tests/runtime/zero/test_offload.py) is far above those and far below any
 misplaced tensor class: a master left on the device is 4 bytes per element where 0 is predicted (and a category
 predicted 0 must measure exactly 0), a second copy of the bf16 shard is +100% of its category."""
 OFFLOAD_CPU_LOSS_ATOL = 0.0
 """The offload phase on the CPU: the offloaded runs' losses equal the plain run's exactly, since the host step runs
-the same CPU AdamW kernels on the same fp32 values (tests/runtime/test_offload.py: bit-equal weights). On CUDA the
+the same CPU AdamW kernels on the same fp32 values (tests/runtime/zero/test_offload.py: bit-equal weights). On CUDA the
 host AdamW and the device's differ in kernel and summation order, by an fp32 ulp in a master, which can round a
 bf16 weight one unit the other way: BF16_LOSS_ATOL applies there."""
 FSDP2_LOSS_ATOL = 5e-2

@@ -133,7 +133,7 @@ time.sleep(60)
 @pytest.mark.slow
 def test_a_rank_killed_during_a_background_write_leaves_the_previous_checkpoint_newest(tmp_path: Path) -> None:
     root = tmp_path / "ckpt"
-    script = KILLED_DURING_WRITE.format(tests=str(Path(__file__).parent), root=str(root))
+    script = KILLED_DURING_WRITE.format(tests=str(Path(__file__).parents[1]), root=str(root))  # tests/runtime
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "writing"
