@@ -1,4 +1,4 @@
-"""What the per-rank metrics cost: the real training loop (`zerotrain.runtime.job.train.run_steps`) with metrics on
+"""What the per-rank metrics cost: the real training loop (`zerotrain.runtime.job.train.Trainer`) with metrics on
 against metrics off, in the same process tree, alternating on and off so drift on a shared machine hits both alike.
 With metrics on, a thread in each rank scrapes it every --scrape-interval seconds (1 by default: 15 times as often
 as the chart's PodMonitor).
@@ -43,9 +43,9 @@ def _rank_main(rank: int, world: int, port: int, on: bool, args: argparse.Namesp
     dist.init_process_group("gloo", rank=rank, world_size=world)
     from zerotrain.runtime import ZeroEngine
     from zerotrain.runtime.job.model_start import make_engine
-    from zerotrain.runtime.job.rank_metrics import RankMetrics
+    from zerotrain.runtime.job.rank_metrics import NoMetrics, RankMetrics
     from zerotrain.runtime.job.task import build_task
-    from zerotrain.runtime.job.train import RankContext, run_steps
+    from zerotrain.runtime.job.train import RankContext, Trainer
     from zerotrain.spec import ZeroTrainingJobSpec
 
     spec = ZeroTrainingJobSpec.model_validate(
@@ -87,7 +87,7 @@ def _rank_main(rank: int, world: int, port: int, on: bool, args: argparse.Namesp
     )
     if scraper:
         scraper.start()
-    result = run_steps(engine, task, spec, ctx, device, None, None, 1, metrics if on else None)
+    result = Trainer(engine, task, spec, ctx, device, metrics=metrics if on else NoMetrics()).run()
     stop.set()
     if scraper:
         scraper.join()

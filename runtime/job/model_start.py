@@ -51,8 +51,8 @@ from zerotrain.spec import PretrainedSpec, ZeroTrainingJobSpec
 if TYPE_CHECKING:
     from torch import nn
 
-    from zerotrain.runtime.job.progress import ProgressLog
-    from zerotrain.runtime.job.rank_metrics import RankMetrics
+    from zerotrain.runtime.job.progress import ProgressSink
+    from zerotrain.runtime.job.rank_metrics import MetricsSink
     from zerotrain.runtime.job.train import RankContext
     from zerotrain.runtime.zero.engine import ZeroEngine
     from zerotrain.runtime.zero.optimizer import OptimizerFactory
@@ -212,12 +212,11 @@ def start_engine(
     ctx: RankContext,
     device: torch.device,
     factory: EngineFactory,
-    metrics: RankMetrics | None,
-    log: ProgressLog | None,
+    metrics: MetricsSink,
+    log: ProgressSink,
 ) -> None:
     """Build the rank's task and engine and resume it (see the module docstring), saying how on rank 0's log."""
-    if metrics is not None:
-        metrics.phase(RankPhase.CONSTRUCTING)
+    metrics.phase(RankPhase.CONSTRUCTING)
     started.spec, start = elastic_task(started.spec, ctx)
     started.task, started.built_whole = start.task, start.source is None
     pretrained, source = started.spec.model.pretrained, None
@@ -227,8 +226,7 @@ def start_engine(
     if pretrained is not None and not own:
         source = use_pretrained(start, pretrained)
     for line in start.notes:
-        if log is not None:
-            log.note(line)
+        log.note(line)
     started.engine = make_engine(start.task, started.spec, device, factory, start.source)
     start.source = None  # the construction's slices are in the engine now
     started.loaded = resume(started.engine, start.task, started.policy, metrics)
@@ -237,10 +235,7 @@ def start_engine(
         source = use_pretrained(start, pretrained)  # every checkpoint of the job was refused
         refill(started.engine, source)
         for line in start.notes[told:]:
-            if log is not None:
-                log.note(line)
-    if log is None:
-        return
+            log.note(line)
     if started.loaded is not None:
         log.resumed(started.loaded.step, str(started.loaded.path))
         if pretrained is not None:

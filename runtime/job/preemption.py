@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable
 from types import FrameType
+from typing import Protocol
 
 from zerotrain.pod_contract import LAUNCHER_PID_ENV
 
@@ -46,6 +47,28 @@ class Preempted(Exception):
         where = f"checkpoint {saved} committed" if saved else "no checkpoint directory, nothing saved"
         super().__init__(f"{cause}; every rank stopped after step {step}, {where} {seconds:.1f} s after the signal")
         self.step, self.saved, self.cause = step, saved, cause
+
+
+class StopRequests(Protocol):
+    """What the training loop asks about a stop: `Preemption`, or `NoPreemption` where no signal is taken."""
+
+    @property
+    def requested(self) -> bool: ...
+
+    @property
+    def cause(self) -> str: ...
+
+    def elapsed(self) -> float: ...
+
+
+class NoPreemption:
+    """No signal is taken on this rank: it stops only on another rank's vote."""
+
+    requested = False
+    cause = PEER_REQUEST
+
+    def elapsed(self) -> float:
+        return 0.0
 
 
 class Preemption:

@@ -7,7 +7,7 @@ import math
 import sys
 import threading
 import time
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 
 class StepReporter:
@@ -45,6 +45,43 @@ class StepReporter:
     def close(self) -> None:
         if self._thread is not None:
             self._thread.join(timeout=10)
+
+
+class ProgressSink(Protocol):
+    """Where a rank says how its run goes: rank 0's `ProgressLog`, every other rank's `NoProgress`."""
+
+    def write(self, record: dict[str, Any]) -> None: ...
+    def checkpoint(self, step: int, path: str) -> None: ...
+    def evaluation(self, step: int, loss: float, seconds: float) -> None: ...
+    def resumed(self, step: int, path: str) -> None: ...
+    def note(self, text: str) -> None: ...
+    def stopped(self, step: int, saved: str | None, cause: str) -> None: ...
+    def close(self) -> None: ...
+
+
+class NoProgress:
+    """The progress of a rank that reports none (every rank but 0): each record is dropped."""
+
+    def write(self, record: dict[str, Any]) -> None:
+        pass
+
+    def checkpoint(self, step: int, path: str) -> None:
+        pass
+
+    def evaluation(self, step: int, loss: float, seconds: float) -> None:
+        pass
+
+    def resumed(self, step: int, path: str) -> None:
+        pass
+
+    def note(self, text: str) -> None:
+        pass
+
+    def stopped(self, step: int, saved: str | None, cause: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 class ProgressLog:

@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -306,6 +306,39 @@ class SnapshotCollector(Collector):
             "zerotrain_checkpoint_load_duration_seconds", "Duration of the load this run resumed from.", s.load_seconds
         )
         yield f.gauge("zerotrain_checkpoint_load_bytes", "Bytes this rank read to resume.", s.load_bytes)
+
+
+class MetricsSink(Protocol):
+    """What the training loop reports its phases and observations to: `RankMetrics`, or `NoMetrics`."""
+
+    def phase(self, phase: RankPhase) -> None: ...
+    def observe_step(self, engine: ZeroEngine, values: StepValues) -> None: ...
+    def observe_save(self, step: int, seconds: float, nbytes: int) -> None: ...
+    def observe_evaluation(self, step: int, loss: float) -> None: ...
+    def observe_blocked(self, seconds: float) -> None: ...
+    def observe_load(self, step: int, seconds: float, nbytes: int) -> None: ...
+
+
+class NoMetrics:
+    """Metrics off (a rank started outside the launcher, a bench's baseline): every observation is dropped."""
+
+    def phase(self, phase: RankPhase) -> None:
+        pass
+
+    def observe_step(self, engine: ZeroEngine, values: StepValues) -> None:
+        pass
+
+    def observe_save(self, step: int, seconds: float, nbytes: int) -> None:
+        pass
+
+    def observe_evaluation(self, step: int, loss: float) -> None:
+        pass
+
+    def observe_blocked(self, seconds: float) -> None:
+        pass
+
+    def observe_load(self, step: int, seconds: float, nbytes: int) -> None:
+        pass
 
 
 class RankMetrics:

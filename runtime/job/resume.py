@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from zerotrain.runtime.checkpoints import checkpoint
 from zerotrain.runtime.checkpoints.async_save import AsyncSaver, InFlight, check_directory_fsync
-from zerotrain.runtime.job.rank_metrics import RankMetrics, RankPhase
+from zerotrain.runtime.job.rank_metrics import MetricsSink, RankPhase
 from zerotrain.spec import CheckpointSpec
 
 if TYPE_CHECKING:
@@ -84,29 +84,24 @@ class CheckpointPolicy:
 
 
 def save_checkpoint(
-    engine: ZeroEngine, policy: CheckpointPolicy, step: int, metrics: RankMetrics | None, last: bool = True
+    engine: ZeroEngine, policy: CheckpointPolicy, step: int, metrics: MetricsSink, last: bool = True
 ) -> Path | None:
     """Save, timed for the metrics (the bytes are this rank's own file): committed now, and its path returned, unless
     the policy is asynchronous and this is not the `last` save (then it commits at a later step: `settle`)."""
-    if metrics is not None:
-        metrics.phase(RankPhase.CHECKPOINTING)
+    metrics.phase(RankPhase.CHECKPOINTING)
     t0 = time.perf_counter()
     if policy.saver is not None and not last:
         policy.saver.start(engine, policy.root, policy.origin)
-        if metrics is not None:
-            metrics.observe_blocked(time.perf_counter() - t0)
+        metrics.observe_blocked(time.perf_counter() - t0)
         return None
     saved = policy.save(engine)
-    if metrics is not None:
-        seconds = time.perf_counter() - t0
-        metrics.observe_blocked(seconds)
-        metrics.observe_save(step, seconds, checkpoint.rank_file_bytes(saved, engine.rank))
+    seconds = time.perf_counter() - t0
+    metrics.observe_blocked(seconds)
+    metrics.observe_save(step, seconds, checkpoint.rank_file_bytes(saved, engine.rank))
     return saved
 
 
-def settle(
-    engine: ZeroEngine, policy: CheckpointPolicy | None, written: int, metrics: RankMetrics | None
-) -> Path | None:
+def settle(engine: ZeroEngine, policy: CheckpointPolicy | None, written: int, metrics: MetricsSink) -> Path | None:
     """After a step: commit the asynchronous save in flight when every rank's write is done (`written`, counted by
     the step's control all-reduce); its path, if it committed now."""
     if policy is None or policy.saver is None:
@@ -115,9 +110,8 @@ def settle(
     job = policy.committed(engine, policy.saver.commit_if_agreed(engine, written))
     if job is None:
         return None
-    if metrics is not None:
-        nbytes = checkpoint.rank_file_bytes(job.target, engine.rank)
-        metrics.observe_save(job.step, time.perf_counter() - started, nbytes)
+    nbytes = checkpoint.rank_file_bytes(job.target, engine.rank)
+    metrics.observe_save(job.step, time.perf_counter() - started, nbytes)
     return job.target
 
 
@@ -133,19 +127,17 @@ def skip_data(task: TrainingTask, micro_batches: int) -> None:
 
 
 def resume(
-    engine: ZeroEngine, task: TrainingTask, policy: CheckpointPolicy | None, metrics: RankMetrics | None = None
+    engine: ZeroEngine, task: TrainingTask, policy: CheckpointPolicy | None, metrics: MetricsSink
 ) -> checkpoint.Loaded | None:
     """Load the newest good checkpoint and move the data to where it stopped; what was loaded, if anything."""
     if policy is None:
         return None
-    if metrics is not None:
-        metrics.phase(RankPhase.RESTORING)
+    metrics.phase(RankPhase.RESTORING)
     t0 = time.perf_counter()
     loaded = policy.resume_newest(engine)
     if loaded is None:
         return None
-    if metrics is not None:
-        metrics.observe_load(loaded.step, time.perf_counter() - t0, loaded.bytes_read)
+    metrics.observe_load(loaded.step, time.perf_counter() - t0, loaded.bytes_read)
     # A checkpoint ends a step; in a gang of another size (spec.elastic) a step holds another count of micro-batches.
     engine.restore_counters(engine.steps, loaded.step * engine.config.gradient_accumulation_steps)
     skip_data(task, engine.micro_steps)

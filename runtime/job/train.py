@@ -32,13 +32,9 @@ from zerotrain.runtime.checkpoints.checkpoint import step_of as checkpoint_step
 from zerotrain.runtime.job import evaluation, out_of_memory
 from zerotrain.runtime.job.host_memory import returned_while_starting, training_threshold
 from zerotrain.runtime.job.model_start import EngineFactory, Started, start_engine
-from zerotrain.runtime.job.preemption import (
-    PEER_REQUEST,
-    Preempted,
-    Preemption,
-)
-from zerotrain.runtime.job.progress import ProgressLog, throughput
-from zerotrain.runtime.job.rank_metrics import RankMetrics, RankPhase, StepValues
+from zerotrain.runtime.job.preemption import NoPreemption, Preempted, Preemption, StopRequests
+from zerotrain.runtime.job.progress import NoProgress, ProgressLog, ProgressSink, throughput
+from zerotrain.runtime.job.rank_metrics import MetricsSink, NoMetrics, RankMetrics, RankPhase, StepValues
 from zerotrain.runtime.job.reports import gather_reports, summary_record
 from zerotrain.runtime.job.resume import CheckpointPolicy, save_checkpoint, settle
 from zerotrain.runtime.job.spec_bindings import device_for
@@ -47,6 +43,7 @@ from zerotrain.runtime.zero.process_group import init_from_env
 from zerotrain.spec import ZeroTrainingJobSpec
 
 if TYPE_CHECKING:
+    from zerotrain.runtime.checkpoints.checkpoint import Loaded
     from zerotrain.runtime.zero.engine import StepResult, ZeroEngine
 
 logger = logging.getLogger(__name__)
@@ -121,107 +118,142 @@ class TrainResult:
     """Seconds of the loop up to the latest step, evaluations left out: what the throughput is over."""
 
 
-def run_micro_batches(
-    engine: ZeroEngine,
-    task: TrainingTask,
-    device: torch.device,
-    accumulation: int,
-    step: int,
-    steps: int,
-    metrics: RankMetrics | None = None,
-) -> None:
-    """Forward and backward of one optimizer step's micro-batches (the engine keeps their losses for the step)."""
-    for _ in range(accumulation):
-        if metrics is not None:
-            metrics.phase(RankPhase.FORWARD)
-        try:
-            batch = to_device(next(task.batches), device)
-        except StopIteration:
-            raise ConfigError(
-                f"spec.training.steps: got {steps}, but the entry point's batches ran out at step {step}; "
-                "give it more data or train fewer steps"
-            ) from None
-        inputs = task.inputs(batch)
-        output = engine(*inputs) if isinstance(inputs, tuple) else engine(inputs)
-        loss = task.loss(output, batch)
-        if metrics is not None:
-            metrics.phase(RankPhase.BACKWARD)
-        engine.backward(loss)
-
-
 @dataclass
-class Loop:
-    """What recording a step needs besides the engine and the task."""
+class Trainer:
+    """One rank's training loop and the helpers it reports to, each defaulting to one that does nothing: the
+    progress (rank 0's `ProgressLog`), the metrics, the stop signals; `policy` None saves no checkpoint."""
 
+    engine: ZeroEngine
+    task: TrainingTask
     spec: ZeroTrainingJobSpec
     ctx: RankContext
-    metrics: RankMetrics | None = None
+    device: torch.device
+    log: ProgressSink = field(default_factory=NoProgress)
+    policy: CheckpointPolicy | None = None
+    """When and where to save (None: spec.checkpoint.path unset, a throw-away run)."""
+    metrics: MetricsSink = field(default_factory=NoMetrics)
+    preemption: StopRequests = field(default_factory=NoPreemption)
+
+    def run(self, first_step: int = 1) -> TrainResult:
+        """The loop from `first_step`: accumulate micro-batches, step, checkpoint, log from rank 0, metrics.
+
+        Raises Preempted after the step at which any rank got SIGTERM or SIGINT, once that step's checkpoint is
+        committed."""
+        spec, engine, policy = self.spec, self.engine, self.policy
+        steps = spec.training.steps
+        result = TrainResult(first_step=first_step)
+        start = time.perf_counter()
+        for step in range(first_step, steps + 1):
+            step_start = time.perf_counter()
+            set_learning_rate(engine, spec, step)
+            self.micro_batches(step)
+            self.metrics.phase(RankPhase.OPTIMIZER)
+            logged = step % spec.training.log_every == 0 or step in (1, steps)
+            # The loss mean, the stop vote (every rank stops after the same step) and the norm ride the step's one
+            # control all-reduce; the norm is computed only for the steps that are logged (or clipped).
+            written = policy is not None and policy.saver is not None and policy.saver.written()
+            outcome = engine.step(vote=self.preemption.requested, report_grad_norm=logged, written=written)
+            stepped(outcome, step, spec.zero.gradient_accumulation_steps)
+            stop = outcome.votes > 0
+            committed = settle(engine, policy, outcome.written, self.metrics)  # an asynchronous save all ranks wrote
+            if committed is not None:
+                self.log.checkpoint(checkpoint_step(committed), str(committed))
+            saved = None
+            if policy is not None and (policy.due(step, steps) or stop):
+                saved = save_checkpoint(engine, policy, step, self.metrics, last=stop or step == steps)
+                if saved is not None:
+                    self.log.checkpoint(step, str(saved))
+            self.record(result, step, outcome, time.perf_counter() - step_start)
+            elapsed = time.perf_counter() - start
+            result.train_seconds = elapsed - result.eval_seconds
+            if logged:
+                # The bar shows the run's throughput so far: at the last step, the summary's figure exactly.
+                so_far = throughput(result.tokens, result.samples, result.steps, result.train_seconds)
+                self.log.write({**result.last_log, "elapsed_s": elapsed, **so_far})
+            if not stop and evaluation.due(spec.training.evaluation, step, steps):
+                self.evaluate(result, step)
+            if stop:
+                result.elapsed_s = time.perf_counter() - start
+                where = None if saved is None else str(saved)
+                self.log.stopped(step, where, self.preemption.cause)
+                raise Preempted(step, where, self.preemption.elapsed(), self.preemption.cause)
+        result.elapsed_s = time.perf_counter() - start
+        return result
+
+    def micro_batches(self, step: int) -> None:
+        """Forward and backward of one optimizer step's micro-batches (the engine keeps their losses for the
+        step)."""
+        for _ in range(self.spec.zero.gradient_accumulation_steps):
+            self.metrics.phase(RankPhase.FORWARD)
+            try:
+                batch = to_device(next(self.task.batches), self.device)
+            except StopIteration:
+                raise ConfigError(
+                    f"spec.training.steps: got {self.spec.training.steps}, but the entry point's batches ran out at "
+                    f"step {step}; give it more data or train fewer steps"
+                ) from None
+            inputs = self.task.inputs(batch)
+            output = self.engine(*inputs) if isinstance(inputs, tuple) else self.engine(inputs)
+            loss = self.task.loss(output, batch)
+            self.metrics.phase(RankPhase.BACKWARD)
+            self.engine.backward(loss)
+
+    def evaluate(self, result: TrainResult, step: int) -> None:
+        """The evaluation after `step`, into the result, the metrics and the progress record (rank 0)."""
+        assert self.spec.training.evaluation is not None
+        self.metrics.phase(RankPhase.EVALUATING)
+        done = evaluation.evaluate(self.engine, self.task, self.spec.training.evaluation, step, self.device)
+        result.evaluations.append(done)
+        result.eval_seconds += done.seconds
+        self.metrics.observe_evaluation(done.step, done.loss)
+        self.log.evaluation(done.step, done.loss, done.seconds)
+
+    def record(self, result: TrainResult, step: int, outcome: StepResult, step_s: float) -> None:
+        """One finished step into the result, the metrics and the progress record."""
+        assert outcome.loss is not None  # stepped() said so
+        per_rank = self.spec.zero.gradient_accumulation_steps
+        grad_norm = outcome.grad_norm if outcome.grad_norm is not None else float("nan")  # the record's lists
+        step_tokens = self.task.tokens_per_batch * per_rank * self.ctx.world_size
+        step_samples = self.task.samples_per_batch * per_rank * self.ctx.world_size
+        lr = float(self.engine.optimizer.param_groups[0]["lr"])
+        values = StepValues(
+            step=step,
+            seconds=step_s,
+            loss=outcome.loss,
+            grad_norm=outcome.grad_norm,
+            learning_rate=lr,
+            loss_scale=float(outcome.loss_scale),
+            applied=bool(outcome.applied),
+            skipped=bool(outcome.overflow),
+            tokens=self.task.tokens_per_batch * per_rank,
+        )
+        self.metrics.observe_step(self.engine, values)
+        result.losses.append(outcome.loss)
+        result.grad_norms.append(grad_norm)
+        result.learning_rates.append(lr)
+        result.tokens += step_tokens
+        result.samples += step_samples
+        result.steps += 1
+        result.skipped_steps += int(outcome.overflow)
+        result.last_log = {
+            "step": step,
+            "steps": self.spec.training.steps,
+            "loss": outcome.loss,
+            "grad_norm": grad_norm,
+            "skipped": bool(outcome.overflow),
+            "lr": lr,
+            "tokens_per_s": step_tokens / step_s if step_tokens and step_s > 0 else None,
+            **throughput(step_tokens, step_samples, 1, step_s),
+        }
 
 
-def run_steps(
-    engine: ZeroEngine,
-    task: TrainingTask,
-    spec: ZeroTrainingJobSpec,
-    ctx: RankContext,
-    device: torch.device,
-    log: ProgressLog | None,
-    policy: CheckpointPolicy | None = None,
-    first_step: int = 1,
-    metrics: RankMetrics | None = None,
-    preemption: Preemption | None = None,
-) -> TrainResult:
-    """The loop from `first_step`: accumulate micro-batches, step, checkpoint, log from rank 0, metrics.
-
-    Raises Preempted after the step at which any rank got SIGTERM or SIGINT, once that step's checkpoint is committed.
-    """
-    loop = Loop(spec, ctx, metrics)
-    accumulation, steps = spec.zero.gradient_accumulation_steps, spec.training.steps
-    result = TrainResult(first_step=first_step)
-    start = time.perf_counter()
-    for step in range(first_step, steps + 1):
-        step_start = time.perf_counter()
-        set_learning_rate(engine, spec, step)
-        run_micro_batches(engine, task, device, accumulation, step, steps, metrics)
-        if metrics is not None:
-            metrics.phase(RankPhase.OPTIMIZER)
-        asked = preemption is not None and preemption.requested
-        logged = step % spec.training.log_every == 0 or step in (1, steps)
-        # The loss mean, the stop vote (every rank stops after the same step) and the norm ride the step's one
-        # control all-reduce; the norm is computed only for the steps that are logged (or clipped).
-        written = policy is not None and policy.saver is not None and policy.saver.written()
-        outcome = engine.step(vote=asked, report_grad_norm=logged, written=written)
-        step_loss, stop = outcome.loss, outcome.votes > 0
-        if step_loss is None or (not outcome.applied and not outcome.overflow):
-            raise RuntimeError(
-                f"step {step}: the engine did not step after {accumulation} micro-batches; its accumulation "
-                "boundary disagrees with spec.zero.gradientAccumulationSteps"
-            )
-        committed = settle(engine, policy, outcome.written, metrics)  # an asynchronous save all ranks wrote
-        if committed is not None and log is not None:
-            log.checkpoint(checkpoint_step(committed), str(committed))
-        saved = None
-        if policy is not None and (policy.due(step, steps) or stop):
-            saved = save_checkpoint(engine, policy, step, metrics, last=stop or step == steps)
-            if log is not None and saved is not None:
-                log.checkpoint(step, str(saved))
-        record_step(engine, task, loop, result, step, step_loss, outcome, time.perf_counter() - step_start)
-        elapsed = time.perf_counter() - start
-        result.train_seconds = elapsed - result.eval_seconds
-        if log is not None and logged:
-            # The bar shows the run's throughput so far: at the last step, the summary's figure exactly.
-            so_far = throughput(result.tokens, result.samples, result.steps, result.train_seconds)
-            log.write({**result.last_log, "elapsed_s": elapsed, **so_far})
-        if not stop and evaluation.due(spec.training.evaluation, step, steps):
-            evaluate_step(engine, task, loop, result, step, device, log)
-        if stop:
-            result.elapsed_s = time.perf_counter() - start
-            cause = preemption.cause if preemption is not None else PEER_REQUEST
-            where = None if saved is None else str(saved)
-            if log is not None:
-                log.stopped(step, where, cause)
-            raise Preempted(step, where, preemption.elapsed() if preemption else 0.0, cause)
-    result.elapsed_s = time.perf_counter() - start
-    return result
+def stepped(outcome: StepResult, step: int, accumulation: int) -> None:
+    """The engine applied (or, fp16, skipped) an update at this step's last micro-batch, as the loop counts them."""
+    if outcome.loss is None or (not outcome.applied and not outcome.overflow):
+        raise RuntimeError(
+            f"step {step}: the engine did not step after {accumulation} micro-batches; its accumulation "
+            "boundary disagrees with spec.zero.gradientAccumulationSteps"
+        )
 
 
 def set_learning_rate(engine: ZeroEngine, spec: ZeroTrainingJobSpec, step: int) -> None:
@@ -232,77 +264,6 @@ def set_learning_rate(engine: ZeroEngine, spec: ZeroTrainingJobSpec, step: int) 
     lr = learning_rate(spec.training, step)
     for group in engine.optimizer.param_groups:
         group["lr"] = lr
-
-
-def evaluate_step(
-    engine: ZeroEngine,
-    task: TrainingTask,
-    loop: Loop,
-    result: TrainResult,
-    step: int,
-    device: torch.device,
-    log: ProgressLog | None,
-) -> None:
-    """The evaluation after `step`, into the result, the metrics and the progress record (rank 0)."""
-    assert loop.spec.training.evaluation is not None
-    if loop.metrics is not None:
-        loop.metrics.phase(RankPhase.EVALUATING)
-    done = evaluation.evaluate(engine, task, loop.spec.training.evaluation, step, device)
-    result.evaluations.append(done)
-    result.eval_seconds += done.seconds
-    if loop.metrics is not None:
-        loop.metrics.observe_evaluation(done.step, done.loss)
-    if log is not None:
-        log.evaluation(done.step, done.loss, done.seconds)
-
-
-def record_step(
-    engine: ZeroEngine,
-    task: TrainingTask,
-    loop: Loop,
-    result: TrainResult,
-    step: int,
-    step_loss: float,
-    outcome: StepResult,
-    step_s: float,
-) -> None:
-    """One finished step into the result, the metrics and the progress record."""
-    accumulation = loop.spec.zero.gradient_accumulation_steps
-    grad_norm = outcome.grad_norm if outcome.grad_norm is not None else float("nan")  # the record's lists
-    step_tokens = task.tokens_per_batch * accumulation * loop.ctx.world_size
-    step_samples = task.samples_per_batch * accumulation * loop.ctx.world_size
-    if loop.metrics is not None:
-        loop.metrics.observe_step(
-            engine,
-            StepValues(
-                step=step,
-                seconds=step_s,
-                loss=step_loss,
-                grad_norm=outcome.grad_norm,
-                learning_rate=float(engine.optimizer.param_groups[0]["lr"]),
-                loss_scale=float(outcome.loss_scale),
-                applied=bool(outcome.applied),
-                skipped=bool(outcome.overflow),
-                tokens=task.tokens_per_batch * accumulation,
-            ),
-        )
-    result.losses.append(step_loss)
-    result.grad_norms.append(grad_norm)
-    result.learning_rates.append(float(engine.optimizer.param_groups[0]["lr"]))
-    result.tokens += step_tokens
-    result.samples += step_samples
-    result.steps += 1
-    result.skipped_steps += int(outcome.overflow)
-    result.last_log = {
-        "step": step,
-        "steps": loop.spec.training.steps,
-        "loss": step_loss,
-        "grad_norm": grad_norm,
-        "skipped": bool(outcome.overflow),
-        "lr": float(engine.optimizer.param_groups[0]["lr"]),
-        "tokens_per_s": step_tokens / step_s if step_tokens and step_s > 0 else None,
-        **throughput(step_tokens, step_samples, 1, step_s),
-    }
 
 
 def train(
@@ -324,41 +285,34 @@ def train(
     torch.manual_seed(spec.training.seed)
     device = device_for(spec, ctx.local_rank)
     init_from_env(spec.zero.collective_timeout_seconds, device)  # the partitioned construction slices over it
-    log = ProgressLog(os.environ.get(PROGRESS_ENV)) if ctx.rank == 0 else None
+    log: ProgressSink = ProgressLog(os.environ.get(PROGRESS_ENV)) if ctx.rank == 0 else NoProgress()
+    sink: MetricsSink = metrics if metrics is not None else NoMetrics()
     started = Started(spec)
     try:
         with returned_while_starting() as threshold:  # freed weights go back to the system, not the heap
-            start_engine(started, ctx, device, engine_factory, metrics, log)
+            start_engine(started, ctx, device, engine_factory, sink, log)
             limited = spec.resources.memory is not None
             threshold.training = training_threshold(started.gathered_unit_bytes(), limited)
-        return _train_engine(started, ctx, device, metrics, preemption, log)
+        engine, task, spec, policy, loaded = started.ready()
+        trainer = Trainer(engine, task, spec, ctx, device, log, policy, sink, preemption or NoPreemption())
+        return _train(trainer, loaded)
     except (MemoryError, RuntimeError) as e:  # torch.OutOfMemoryError is a RuntimeError
         if not out_of_memory.is_allocation_failure(e):
             raise
         account = out_of_memory.account(e, ctx.rank, metrics, started.engine, started.built_whole)
         raise out_of_memory.RankOutOfMemory(account) from e
     finally:
-        if log is not None:
-            log.close()
+        log.close()
 
 
-def _train_engine(
-    started: Started,
-    ctx: RankContext,
-    device: torch.device,
-    metrics: RankMetrics | None,
-    preemption: Preemption | None,
-    log: ProgressLog | None,
-) -> TrainResult:
-    engine, task, spec, policy, loaded = started.ready()
-    evaluation.check_task(task, spec.training.evaluation, spec.entrypoint)
-    first_step = (loaded.step if loaded is not None else 0) + 1
-    result = run_steps(engine, task, spec, ctx, device, log, policy, first_step, metrics, preemption)
-    if metrics is not None:
-        metrics.phase(RankPhase.FINISHED)
-    ranks = gather_reports(engine, ctx, device)
+def _train(trainer: Trainer, loaded: Loaded | None) -> TrainResult:
+    """The loop from where the checkpoint loaded (if any) left off, then every rank's report to rank 0's summary."""
+    evaluation.check_task(trainer.task, trainer.spec.training.evaluation, trainer.spec.entrypoint)
+    result = trainer.run(first_step=(loaded.step if loaded is not None else 0) + 1)
+    trainer.metrics.phase(RankPhase.FINISHED)
+    ranks = gather_reports(trainer.engine, trainer.ctx, trainer.device)
     if ranks is not None:
-        record = json.dumps(summary_record(spec, ctx, result, ranks))
+        record = json.dumps(summary_record(trainer.spec, trainer.ctx, result, ranks))
         path = os.environ.get(SUMMARY_ENV)
         if path:
             Path(path).write_text(record + "\n")
