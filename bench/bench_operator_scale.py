@@ -157,6 +157,12 @@ def main() -> None:
     parser.add_argument(
         "--api-qps", type=float, default=OperatorSettings().api_qps, help="the operator's client-side limit (0: none)"
     )
+    parser.add_argument(
+        "--reconcile-workers",
+        type=int,
+        default=OperatorSettings().reconcile_workers,
+        help="passes of different jobs at once (RECONCILE_WORKERS)",
+    )
     parser.add_argument("--serve-emulator", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_emulator:
@@ -209,7 +215,11 @@ class Report(dict[str, Any]):
 def run(where: Server, args: argparse.Namespace) -> dict[str, Any]:
     cfg, ns = where.cfg, where.namespace
     settings = OperatorSettings(
-        namespaces=[ns], resync_seconds=args.resync, restart_backoff_seconds=1, api_qps=args.api_qps
+        namespaces=[ns],
+        resync_seconds=args.resync,
+        restart_backoff_seconds=1,
+        api_qps=args.api_qps,
+        reconcile_workers=args.reconcile_workers,
     )
     budget = RequestBudget(settings.api_qps, settings.api_burst, settings.api_connections)
     op_kube = CountingKube(copy.copy(cfg), retries=5, retry_base_seconds=0.05, budget=budget)
