@@ -61,10 +61,11 @@ class Sizing:
 
 @dataclass
 class ResizeStep:
-    """A resize the pass decided: the new size and its record."""
+    """A resize the pass decided: the new size, its record, and admission's plan there (the status's from now on)."""
 
     replicas: int
     record: Resize
+    plan: MemoryPlan | None = None
 
 
 def _largest(sizing: Sizing, low: int, high: int) -> tuple[int, SizeVerdict, list[str]] | None:
@@ -127,7 +128,8 @@ def shrink(
         f"{len(late)} of {spec.replicas} pods unschedulable for over startupTimeoutSeconds="
         f"{spec.scheduling.startup_timeout_seconds} ({late[0].name}: {late[0].unschedulable}); {placed} scheduled"
     )
-    return ResizeStep(size, _record(sizing, spec.replicas, size, ResizeCause.UNSCHEDULABLE, verdict, message, now))
+    record = _record(sizing, spec.replicas, size, ResizeCause.UNSCHEDULABLE, verdict, message, now)
+    return ResizeStep(size, record, verdict.plan)
 
 
 @dataclass
@@ -174,7 +176,7 @@ def grow(
         message += f" (not admitted: {'; '.join(refused)})"
     record = _record(sizing, spec.replicas, size, ResizeCause.CAPACITY_RETURNED, verdict, message, now)
     plan.create_probes = []
-    plan.step = ResizeStep(size, record)
+    plan.step = ResizeStep(size, record, verdict.plan)
     return plan
 
 

@@ -18,7 +18,7 @@ from zerotrain.operator.controller.conditions import (
     set_condition,
 )
 from zerotrain.operator.controller.observe import Disruption, ObservedPod, PodPhase
-from zerotrain.planner import format_bytes
+from zerotrain.planner import MemoryPlan, format_bytes
 from zerotrain.spec import ZeroTrainingJobSpec
 from zerotrain.zero_config import Stage
 
@@ -52,6 +52,8 @@ class Decision:
     """Capacity probes (by index) an elastic gang below maxReplicas creates (`resize`)."""
     resize: Resize | None = None
     """The resize this decision made, if any."""
+    resize_plan: MemoryPlan | None = None
+    """Admission's memory plan at the resize's size."""
 
 
 def rank_counts(spec: ZeroTrainingJobSpec, pods: Sequence[ObservedPod]) -> RankCounts:
@@ -85,9 +87,8 @@ def compute_status(
     `facts`: what admission decided (plan, stage, generation...), recorded in the same status."""
     d = _lifecycle(spec, observed, previous, now, backoff, replan, sizing)
     if facts is not None:
-        moved = None
-        if sizing is not None and d.resize is not None:
-            moved = pass_facts.Moved(sizing.check(d.resize.to_replicas).plan, d.resize.stage)
+        # A resize's next gang runs at the plan admission gave its size when the resize was decided.
+        moved = pass_facts.Moved(d.resize_plan, d.resize.stage) if d.resize is not None else None
         pass_facts.record(facts, d.status, moved, now)
     return d
 
@@ -234,7 +235,7 @@ def _judge(
 def _resized(d: Decision, pods: list[ObservedPod], step: resize.ResizeStep, now: datetime) -> Decision:
     """Restart the gang at the resize's size (deleting a rank's pod makes it commit its step first)."""
     resize.keep(d.status, step)
-    d.resize = step.record
+    d.resize, d.resize_plan = step.record, step.plan
     r = step.record
     message = f"resizing the gang from {r.from_replicas} to {r.to_replicas} pods ({r.cause.value}): {r.message}"
     return _restart(d, pods, resize.RESIZED, message, now, 0)

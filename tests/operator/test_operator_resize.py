@@ -82,6 +82,29 @@ def test_pods_unschedulable_past_the_timeout_shrink_the_gang_to_what_was_schedul
     assert d.status.resizes == [r]
 
 
+def test_a_resize_records_the_plan_admission_gave_its_size_asking_admission_once_per_size() -> None:
+    from zerotrain.operator.controller.pass_facts import PassFacts
+    from zerotrain.planner import PlanInput, plan
+
+    spec = manifest()
+    assert spec.elastic is not None
+    asked: list[int] = []
+
+    def check(r: int) -> resize.SizeVerdict:
+        asked.append(r)
+        return resize.SizeVerdict(True, Stage.GRADIENTS, plan=plan(PlanInput(parameters=1_000_000, data_parallel=r)))
+
+    pods = [rank(0), rank(1), rank(2), rank(3, scheduled=False)]
+    at_four = plan(PlanInput(parameters=1_000_000, data_parallel=4))
+    facts = PassFacts(Stage.GRADIENTS, at_four)
+    d = compute_status(
+        spec, pods, created(spec), NOW, Backoff(), sizing=resize.Sizing(spec.elastic, spec, check), facts=facts
+    )
+    assert d.resize is not None and d.resize.to_replicas == 3
+    assert asked == [3], "the resize's size was admitted again after the resize decided it"
+    assert d.status.memory_plan == plan(PlanInput(parameters=1_000_000, data_parallel=3))
+
+
 def test_a_size_that_does_not_fit_or_divide_is_skipped_and_min_replicas_holds() -> None:
     spec = manifest()
     st = created(spec)
