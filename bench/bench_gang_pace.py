@@ -15,26 +15,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import collections
 import concurrent.futures
 import contextlib
 import copy
 import json
 import os
 import statistics
-import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
 
 import kubernetes  # noqa: E402
-from e2e.cluster import KUBECONFIG_ENV, real_cluster_setup, real_cluster_teardown  # noqa: E402
+from bench_server import server  # noqa: E402
+from e2e.cluster import KUBECONFIG_ENV  # noqa: E402
 from e2e.test_operator_e2e import JOBS, job_manifest  # noqa: E402
 
 from zerotrain.operator.app import operate  # noqa: E402
@@ -55,41 +54,6 @@ class TimedKube(Kube):
         if method == "POST" and path.endswith("/pods"):
             self.answered.append(time.monotonic())
         return out
-
-
-@contextlib.contextmanager
-def emulator(namespace: str) -> Iterator[tuple[kubernetes.client.Configuration, str]]:
-    """A fresh emulator process (bench_operator_scale's) and `namespace`, or on the real cluster the e2e variable
-    names a throw-away namespace of its own (the CRD installed first if missing, or one line saying to)."""
-    if path := os.environ.get(KUBECONFIG_ENV):
-        cluster = real_cluster_setup(path)
-        try:
-            yield cluster.configuration, cluster.namespace
-        finally:
-            real_cluster_teardown(cluster)
-        return
-    with emulator_process() as (cfg, _):
-        yield cfg, namespace
-
-
-@contextlib.contextmanager
-def emulator_process() -> Iterator[tuple[kubernetes.client.Configuration, collections.Counter[str]]]:
-    """A fresh emulator in its own process (bench_operator_scale's `--serve-emulator`), and what it served by client
-    and call, filled in as it ends."""
-    scale = str(ROOT / "bench" / "bench_operator_scale.py")
-    proc = subprocess.Popen([sys.executable, scale, "--serve-emulator"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    assert proc.stdout is not None and proc.stdin is not None
-    cfg = kubernetes.client.Configuration()
-    cfg.host = proc.stdout.readline().decode().strip()
-    served: collections.Counter[str] = collections.Counter()
-    try:
-        yield cfg, served
-    finally:
-        proc.stdin.close()
-        out = proc.stdout.read()  # its record, printed as it ends: read, so a full pipe never holds it
-        proc.wait(timeout=30)
-        if out.strip():
-            served.update(json.loads(out))
 
 
 def plain_client(cfg: kubernetes.client.Configuration, threads: int, agent: str = "bench-plain") -> Kube:
@@ -181,7 +145,8 @@ def main() -> None:
     for rep in range(args.reps):
         order = ("ours", "plain") if rep % 2 == 0 or template is None else ("plain", "ours")
         for which in order:
-            with emulator(args.namespace) as (cfg, ns):
+            with server(args.namespace) as where:
+                cfg, ns = where.cfg, where.namespace
                 if which == "ours":
                     took, template = operator_trial(cfg, ns, args.pods, f"pace-{rep}")
                     ours.append(args.pods / took)

@@ -29,8 +29,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +37,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-import kubernetes  # noqa: E402
-from bench_gang_pace import emulator_process, plain_client, plain_trial  # noqa: E402
-from e2e.cluster import KUBECONFIG_ENV, real_cluster_setup, real_cluster_teardown, requests_served  # noqa: E402
+from bench_gang_pace import plain_client, plain_trial  # noqa: E402
+from bench_server import Server, server  # noqa: E402
 from e2e.kubelet import set_pod_phase  # noqa: E402
 from e2e.test_operator_e2e import JOBS, job_manifest  # noqa: E402
 
@@ -52,25 +50,6 @@ from zerotrain.operator.controller.reconcile import Reconciler  # noqa: E402
 from zerotrain.operator.metrics import OperatorMetrics  # noqa: E402
 from zerotrain.operator.settings import OperatorSettings  # noqa: E402
 from zerotrain.spec import PLURAL  # noqa: E402
-
-
-def serve_emulator() -> None:
-    """Child process: the e2e tests' emulator on a free 127.0.0.1 port, printed as its URL, until stdin closes."""
-    import kmock
-    from e2e.emulator import ZeroEmulator
-
-    async def run() -> None:
-        async with ZeroEmulator() as emu, kmock.Server(emu):
-            print(str(emu.url).rstrip("/"), flush=True)
-            await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
-            # What it served, by client (kopf's own requests bypass the operator's counted client) and call.
-            served = collections.Counter(
-                f"{s.user_agent.split('/')[0]} {s.call.verb} {s.call.resource}" for s in emu.served
-            )
-            print(json.dumps(served), flush=True)
-
-    asyncio.run(run())
-
 
 CPU: list[float] = []
 _timed = Reconciler._timed
@@ -163,45 +142,13 @@ def main() -> None:
         default=OperatorSettings().reconcile_workers,
         help="passes of different jobs at once (RECONCILE_WORKERS)",
     )
-    parser.add_argument("--serve-emulator", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.serve_emulator:
-        serve_emulator()
-        return
     with server() as where:
         report = run(where, args)
     if args.jobs and where.served:
         # The wide job's requests are included when it ran.
         report["served_per_job"] = {k: round(v / args.jobs, 2) for k, v in sorted(where.served.items())}
     print(json.dumps(report))
-
-
-@dataclass
-class Server:
-    """Where a phase runs: an emulator process of its own, or a namespace of its own on the cluster
-    ZEROTRAIN_E2E_KUBECONFIG names (the CRD installed if missing, the namespace deleted afterwards)."""
-
-    cfg: kubernetes.client.Configuration
-    namespace: str
-    served: collections.Counter[str] = field(default_factory=collections.Counter)
-    """What the server answered during the phase: by client and call from the emulator's record; by call alone
-    from a real server's apiserver_request_total (every client's, the cluster's controllers' too)."""
-
-
-@contextlib.contextmanager
-def server() -> Iterator[Server]:
-    if path := os.environ.get(KUBECONFIG_ENV):
-        cluster = real_cluster_setup(path)
-        where = Server(cluster.configuration, cluster.namespace)
-        before = requests_served(cluster)
-        try:
-            yield where
-        finally:
-            where.served.update(requests_served(cluster) - before)
-            real_cluster_teardown(cluster)
-        return
-    with emulator_process() as (cfg, served):
-        yield Server(cfg, "default", served)
 
 
 class Report(dict[str, Any]):
