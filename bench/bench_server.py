@@ -9,6 +9,7 @@ import asyncio
 import collections
 import contextlib
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -36,8 +37,6 @@ class Server:
 @contextlib.contextmanager
 def server(namespace: str = "default") -> Iterator[Server]:
     """A fresh emulator (its jobs in `namespace`), or a throw-away namespace on the real cluster."""
-    import os
-
     if path := os.environ.get(KUBECONFIG_ENV):
         cluster = real_cluster_setup(path)
         where = Server(cluster.configuration, cluster.namespace)

@@ -15,10 +15,6 @@ from zerotrain.operator.client.kube import Kube, KubeError
 from zerotrain.operator.objects import Key, Obj
 
 
-def _key(md: Obj) -> Key:
-    return md["namespace"], md["name"]
-
-
 @dataclass
 class CachedClient:
     """`kube` for every request, `cache` (may be None) for what the watches have shown."""

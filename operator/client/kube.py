@@ -312,12 +312,7 @@ class Kube:
         return self._list(path_of(kind[0], kind[1], namespace), {"labelSelector": naming.CHILD_SELECTOR})
 
     def get_job(self, namespace: str, name: str) -> Obj | None:
-        try:
-            return self.request("GET", path_of(f"{GROUP}/{VERSION}", PLURAL, namespace, name))
-        except KubeError as e:
-            if e.status == 404:
-                return None
-            raise
+        return self._get_or_none(path_of(f"{GROUP}/{VERSION}", PLURAL, namespace, name))
 
     def patch_job_status(self, namespace: str, name: str, ops: list[Obj]) -> Obj:
         """Apply a JSON patch (RFC 6902) to the job's status subresource; the job as the server stored it."""

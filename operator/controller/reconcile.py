@@ -183,7 +183,6 @@ class Reconciler:
             self._applied_for.pop((namespace, name), None)
             return PassOutcome(Result.GONE)  # children go with the job through their owner references
         previous, now = read_status(body), self.clock()
-        recompute = bool(previous and previous.activation_checkpointing)
         verdict = self._admit(body, previous)
         job = builders.JobRef.from_body(body)
         if (refusal := self._refusal(job, verdict)) is not None:
@@ -193,7 +192,9 @@ class Reconciler:
             return PassOutcome(Result.INVALID, refusal[1])
         assert verdict.spec is not None and verdict.sized is not None
         decision = self._decide(body, job, verdict, previous, now)
-        acted = self.writer.act(job, verdict.spec, verdict.sized, decision, self._supporting(body, previous, decision))
+        acted = self.writer.act(
+            job, verdict.spec, verdict.sized, decision, self._supporting(job, body, previous, decision)
+        )
         if decision.delete_job and not acted.held_back:
             # The job is being deleted (no finalizer holds it): a status write now would only meet a 404.
             self.metrics.forget((namespace, name))
@@ -207,16 +208,17 @@ class Reconciler:
         if acted.queue_missing is not None:
             return PassOutcome(Result.OK, acted.queue_missing[1], retry=True)
         self._applied_for[(namespace, name)] = job.uid
-        self._count(previous, decision, recompute)
+        self._count(previous, decision)
         return PassOutcome(Result.OK, requeue_after=settled.requeue_after)
 
-    def _supporting(self, body: dict[str, Any], previous: ZeroTrainingJobStatus | None, d: Decision) -> bool:
+    def _supporting(
+        self, job: builders.JobRef, body: dict[str, Any], previous: ZeroTrainingJobStatus | None, d: Decision
+    ) -> bool:
         """Whether this pass applies the Service, ConfigMap and RBAC: before every gang starts, when the spec changed,
         and on the first pass of the job in this process (an upgraded operator's builders may set other fields,
         and an apply removes those it no longer sets); not on the many pod events in between."""
-        md = body["metadata"]
-        changed = previous is None or previous.observed_generation != md.get("generation")
-        return d.create_gang or changed or self._applied_for.get((md["namespace"], md["name"])) != md.get("uid")
+        changed = previous is None or previous.observed_generation != body["metadata"].get("generation")
+        return d.create_gang or changed or self._applied_for.get((job.namespace, job.name)) != job.uid
 
     def _refusal(self, job: builders.JobRef, verdict: Admission) -> tuple[str, str] | None:
         """(reason, message) when the job is not admitted as it stands."""
@@ -239,7 +241,7 @@ class Reconciler:
     ) -> Decision:
         """compute_status with everything admission decided and the pods as the cache holds them."""
         assert verdict.spec is not None and verdict.sized is not None
-        recompute = bool(previous and previous.activation_checkpointing)
+        recompute = recomputing(previous)
         chose = None
         if verdict.stage_choice is not None:
             chose = verdict.stage_choice.message
@@ -258,7 +260,7 @@ class Reconciler:
             facts=facts,
         )
 
-    def _count(self, previous: ZeroTrainingJobStatus | None, decision: Decision, recompute: bool) -> None:
+    def _count(self, previous: ZeroTrainingJobStatus | None, decision: Decision) -> None:
         """The operator's counters for what a pass that acted did."""
         if decision.restart_cause:
             self.metrics.gang_restarted(decision.restart_cause)
@@ -266,7 +268,7 @@ class Reconciler:
             self.metrics.resized(decision.resize)
         if (cause := replan_cause(previous, decision)) is not None:
             self.metrics.replanned(cause)
-        elif decision.status.activation_checkpointing and not recompute:
+        elif decision.status.activation_checkpointing and not recomputing(previous):
             self.metrics.replanned(Reason.OUT_OF_MEMORY)
 
     def relist(self, namespaces: list[str]) -> tuple[list[Key], list[Key]]:
@@ -283,9 +285,8 @@ class Reconciler:
         s = self.settings
         floor = previous.stage_floor if previous is not None else None
         size = replicas if replicas is not None else (previous.replicas if previous is not None else None)
-        recompute = bool(previous and previous.activation_checkpointing)
         name = body["metadata"]["name"]
-        return admit(body.get("spec"), name, s.gpu_memory, s.allow_host_path, floor, size, recompute)
+        return admit(body.get("spec"), name, s.gpu_memory, s.allow_host_path, floor, size, recomputing(previous))
 
     def _sizing(
         self, body: dict[str, Any], verdict: Admission, previous: ZeroTrainingJobStatus | None
@@ -339,6 +340,11 @@ class Reconciler:
         job, now = builders.JobRef.from_body(body), self.clock()
         for ev in transitions(previous, new):
             self.events.record(builders.build_event(job, ev.type, ev.reason, ev.message, now))
+
+
+def recomputing(previous: ZeroTrainingJobStatus | None) -> bool:
+    """Activation checkpointing is on for the job: stage 3 ran out of memory without it."""
+    return bool(previous and previous.activation_checkpointing)
 
 
 def replan_cause(previous: ZeroTrainingJobStatus | None, d: Decision) -> str | None:

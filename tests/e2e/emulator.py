@@ -22,6 +22,7 @@ from typing import Any
 import jsonpatch
 import kmock
 from kmock._internal import dsl
+from kmock._internal.dicts import merge_patch_dict
 
 from zerotrain.operator.client.api_calls import ApiCall
 from zerotrain.spec import GROUP, KIND, PLURAL, VERSION
@@ -221,8 +222,8 @@ class ZeroEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
                     raise kmock.KubernetesError(status=409, reason="Conflict", message="resourceVersion is stale")
                 data.setdefault("metadata", {})["resourceVersion"] = self._next_rv()
                 if self._generational(request) and stored is not None and "spec" in data:
-                    spec = _applied_onto(stored.get("spec"), {}, data["spec"])
-                    if spec != stored.get("spec"):  # a real server counts each change of the spec
+                    spec = merge_patch_dict(stored.get("spec") or {}, data["spec"] or {})
+                    if spec != (stored.get("spec") or {}):  # a real server counts each change of the spec
                         data["metadata"]["generation"] = int(stored["metadata"].get("generation") or 0) + 1
             elif isinstance(data, list):
                 data.append({"op": "add", "path": "/metadata/resourceVersion", "value": self._next_rv()})
