@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 from budget import budget
@@ -11,6 +12,11 @@ from budget import budget
 # from the root would put it on sys.path ahead of the standard library's `operator` and break start-up;
 # safe-path mode (Python >= 3.11) keeps the working directory off sys.path for every child process.
 os.environ["PYTHONSAFEPATH"] = "1"
+
+# Inductor's kernels compile against the headers of the torch that wrote its cache; the default cache
+# (/tmp/torchinductor_<user>) is shared by every checkout on the machine, and one written by a venv since deleted
+# fails to compile ("'at::vec' has not been declared"). Each checkout keeps its own.
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(__file__).resolve().parents[1] / "build" / "torchinductor"))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
