@@ -7,7 +7,8 @@ What an entry point and a user of the engine import, from here and nowhere deepe
   job cannot run: exit status 2, reported as the job's InvalidConfig condition);
 - data helpers: `rank_rows` (this rank's rows of a global micro-batch), `TokenFiles`, `TokenBatches` and
   `EvalTokenBatches` (token files from `zerotrain data prepare`);
-- the engine: `ZeroEngine`, `ZeroConfig`, `Stage`, `Precision`.
+- the engine: `ZeroEngine`, `ZeroConfig`, `Stage`, `Precision`, and `EngineState` with its `ShardLayout` (what
+  `ZeroEngine.state_dict()` returns and `load_state_dict()` takes).
 
 `ZeroConfig` (with `Stage` and `Precision`) lives in the torch-free core (`zerotrain.zero_config`); the rest is
 loaded on first use, so importing this package does not import torch.
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from zerotrain.runtime.job.task import ConfigError, TrainingTask
     from zerotrain.runtime.job.token_data import EvalTokenBatches, TokenBatches, TokenFiles
     from zerotrain.runtime.zero.engine import ZeroEngine
+    from zerotrain.runtime.zero.engine_state import EngineState, ShardLayout
 
 # torch's CPU wheel does not depend on numpy and warns at import when it is absent; the runtime never
 # hands tensors to numpy, so the warning (printed once per rank) is only noise.
@@ -40,12 +42,16 @@ _HOMES = {
     "TokenBatches": "zerotrain.runtime.job.token_data",
     "EvalTokenBatches": "zerotrain.runtime.job.token_data",
     "ZeroEngine": "zerotrain.runtime.zero.engine",
+    "EngineState": "zerotrain.runtime.zero.engine_state",
+    "ShardLayout": "zerotrain.runtime.zero.engine_state",
 }
 
 __all__ = [
     "ConfigError",
+    "EngineState",
     "EvalTokenBatches",
     "Precision",
+    "ShardLayout",
     "Stage",
     "TokenBatches",
     "TokenFiles",

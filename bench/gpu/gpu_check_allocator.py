@@ -90,7 +90,7 @@ def planned_peak(engine: ZeroEngine, rep: Any, gpt: dict[str, int]) -> int:
         micro_batch_size=gpt["batch_size"],
     )
     at_head, in_block, _ = activation_peak(shape, rep.bytes_per_weight, False, False)
-    p = buffer_plan(engine, rep.bytes_per_weight, rep.bytes_per_gradient, rep.optimizer_multiplier)
+    p = buffer_plan(engine.accounting(), rep.bytes_per_weight, rep.bytes_per_gradient, rep.optimizer_multiplier)
     p = p.model_copy(update={"activations": at_head, "activations_in_block": in_block, "foreach_step": True})
     return peak_plan(p).peak
 

@@ -31,7 +31,7 @@ from zerotrain.errors import ConfigError
 from zerotrain.runtime.checkpoints import checkpoint
 
 if TYPE_CHECKING:
-    from zerotrain.runtime.zero.engine import ZeroEngine
+    from zerotrain.runtime.zero.engine_state import Checkpointable
 
 
 def check_directory_fsync(root: Path) -> None:
@@ -78,12 +78,13 @@ class AsyncSaver:
     buffers: dict[str, torch.Tensor] = field(default_factory=dict)
     inflight: InFlight | None = None
 
-    def start(self, engine: ZeroEngine, root: Path, origin: dict[str, str] | None = None) -> Path:
+    def start(self, engine: Checkpointable, root: Path, origin: dict[str, str] | None = None) -> Path:
         """Snapshot this rank's state and start writing it; a collective on every rank (the directory's token).
         A save still in flight is finished first."""
         self.finish(engine)
-        target, position = checkpoint.begin(engine, root)
-        tensors, record = checkpoint.rank_contents(engine)
+        state = engine.state_dict()
+        target, position = checkpoint.begin(engine, state, root)
+        tensors, record = checkpoint.rank_contents(state)
         host, copied = self._snapshot(tensors)
         job = InFlight(target, position, threading.Thread(), origin=origin or {})
 
@@ -91,7 +92,7 @@ class AsyncSaver:
             try:
                 if copied is not None:
                     copied.synchronize()  # the device-to-host copies were queued, not waited for
-                job.digest = checkpoint.write_rank(target, engine.rank, host, record)
+                job.digest = checkpoint.write_rank(target, state.layout.rank, host, record)
             except BaseException as e:
                 job.error = e
 
@@ -127,17 +128,17 @@ class AsyncSaver:
             raise RuntimeError(f"checkpoint {job.target}: writing this rank's file failed: {job.error}") from job.error
         return True
 
-    def commit_if_agreed(self, engine: ZeroEngine, written: int) -> InFlight | None:
+    def commit_if_agreed(self, engine: Checkpointable, written: int) -> InFlight | None:
         """Commit the save in flight when every rank said its write finished (`written` from the step's control
         all-reduce); the save committed, else None."""
         job = self.inflight
-        if job is None or written < engine.world_size:
+        if job is None or written < engine.layout.world_size:
             return None
         checkpoint.commit(engine, job.target, job.position, job.digest, job.origin)
         self.inflight = None
         return job
 
-    def finish(self, engine: ZeroEngine) -> InFlight | None:
+    def finish(self, engine: Checkpointable) -> InFlight | None:
         """Wait for this rank's write in flight and commit it with every rank (one small all-reduce agrees that all
         ranks have one); the save committed, if any. A collective on every rank."""
         job = self.inflight

@@ -33,28 +33,22 @@ import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from zerotrain.runtime.checkpoints import rank_state, reshard
 from zerotrain.runtime.checkpoints.model_record import (
     BUFFER_PREFIX,
-    aliases,
     buffer_difference,
     buffer_file,
-    describe_buffers,
-    describe_model,
     model_difference,
     rank_file,
     read_buffers,
-    saves_buffers,
 )
 from zerotrain.runtime.checkpoints.shard_file import ReadStats, ShardFileError, ShardReader, fsync_path, write
 from zerotrain.runtime.zero.engine_errors import ZeroSetupError
-
-if TYPE_CHECKING:
-    from zerotrain.runtime.zero.engine import ZeroEngine
+from zerotrain.runtime.zero.engine_state import Checkpointable, EngineState, ShardLayout
 
 log = logging.getLogger(__name__)
 
@@ -120,13 +114,13 @@ def unverified(path: Path, digests: dict[str, str], names: Iterable[str]) -> tup
     return None
 
 
-def _optimizer_record(engine: ZeroEngine) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def _optimizer_record(optimizer: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """An optimizer `state_dict()` as a rank file holds it: its tensors by `optim.<param>.<key>`, the rest as JSON."""
     tensors: dict[str, torch.Tensor] = {}
     keys: dict[str, list[str]] = {}
     scalars: dict[str, dict[str, Any]] = {}
-    params = [p for g in engine.optimizer.param_groups for p in g["params"]]
-    for idx, p in enumerate(params):
-        for key, value in engine.optimizer.state.get(p, {}).items():
+    for idx, entry in optimizer["state"].items():
+        for key, value in entry.items():
             if isinstance(value, torch.Tensor):
                 tensors[f"optim.{idx}.{key}"] = value
                 keys.setdefault(str(idx), []).append(key)
@@ -138,61 +132,61 @@ def _optimizer_record(engine: ZeroEngine) -> tuple[dict[str, torch.Tensor], dict
             for k, v in g.items()
             if k != "params" and isinstance(v, (int, float, bool, str, tuple, list, type(None)))
         }
-        for g in engine.optimizer.param_groups
+        for g in optimizer["param_groups"]
     ]
-    record = {
-        "optimizer_segments": [list(s) for s in engine.optimizer_segments],
-        "optimizer_keys": keys,
-        "optimizer_scalars": scalars,
-        "param_groups": groups,
-    }
-    return tensors, record
+    return tensors, {"optimizer_keys": keys, "optimizer_scalars": scalars, "param_groups": groups}
 
 
-def save(engine: ZeroEngine, root: str | os.PathLike[str], origin: dict[str, str] | None = None) -> Path:
+def save(engine: Checkpointable, root: str | os.PathLike[str], origin: dict[str, str] | None = None) -> Path:
     """Save and commit this rank's shard of the training state in a fresh directory; a collective on every rank.
     `origin` says where the model's weights first came from (`{"pretrained": path}`), for an export's config."""
-    target, pos = begin(engine, root)
-    tensors, record = rank_contents(engine)
-    commit(engine, target, pos, write_rank(target, engine.rank, tensors, record), origin)
+    state = engine.state_dict()
+    target, pos = begin(engine, state, root)
+    tensors, record = rank_contents(state)
+    commit(engine, target, pos, write_rank(target, state.layout.rank, tensors, record), origin)
     return target
 
 
-def begin(engine: ZeroEngine, root: str | os.PathLike[str]) -> tuple[Path, dict[str, int]]:
+def begin(engine: Checkpointable, state: EngineState, root: str | os.PathLike[str]) -> tuple[Path, dict[str, int]]:
     """The fresh directory of this save (the same on every rank: a collective) and the position it records."""
-    token = torch.tensor([secrets.randbits(31) if engine.rank == 0 else 0], dtype=torch.int64, device=_device(engine))
+    token = torch.tensor(
+        [secrets.randbits(31) if state.layout.rank == 0 else 0], dtype=torch.int64, device=engine.device
+    )
     engine.comm.all_reduce(token, "<checkpoint>")  # every rank now names the same fresh directory
-    pos = rank_state.position(engine)
+    pos = state.position.record()
     target = Path(root) / f"step-{pos['step']:08d}-{int(token.item()):08x}"
     target.mkdir(parents=True, exist_ok=True)  # the token, drawn fresh, keeps it apart from every earlier save
     return target, pos
 
 
-def rank_contents(engine: ZeroEngine) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """What this rank's file holds: its tensors (views of the engine's own buffers: copy them before the next step
-    changes them) and its JSON record."""
-    tensors, state = rank_state.capture(engine)
-    opt_tensors, opt_record = _optimizer_record(engine)
-    ranges = [list(engine.master_range(u)) for u in engine.units]
-    if engine.replica == 0:
+def rank_contents(state: EngineState) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """What this rank's file holds: its tensors (the state's own, views of the engine's buffers: copy them before
+    the next step changes them) and its JSON record. No collective."""
+    layout = state.layout
+    tensors, rank_record = rank_state.capture(state)
+    if layout.holds_model_states:
+        opt_tensors, opt_record = _optimizer_record(state.optimizer)
         tensors.update(opt_tensors)
-        tensors.update({f"master.{u.index}": u.master for u in engine.units})
+        tensors.update({f"master.{i}": m for i, m in enumerate(state.masters)})
+        ranges = [list(u.master_range) for u in layout.units]
+        segments = [list(s) for s in layout.optimizer_segments]
     else:
         # Hybrid sharding: the other shard groups hold the same bytes as the first; their files keep only what is
         # each rank's own (randomness, counters), so a checkpoint is one copy of the model states, as at N = S.
-        ranges = [[0, 0] for _ in engine.units]
-        opt_record = {**opt_record, "optimizer_segments": [], "optimizer_keys": {}, "optimizer_scalars": {}}
-    if saves_buffers(engine):
-        tensors.update({BUFFER_PREFIX + n: t for n, t in engine.buffers.tensors().items()})
+        _, opt_record = _optimizer_record({"state": {}, "param_groups": state.optimizer["param_groups"]})
+        ranges, segments = [[0, 0] for _ in layout.units], []
+    if layout.saves_buffers and state.buffers is not None:
+        tensors.update({BUFFER_PREFIX + n: t for n, t in state.buffers.items()})
     record = {
         "format": FORMAT,
-        "rank": engine.rank,
-        "world_size": engine.world_size,
-        "shard_group_size": engine.shard_ranks,
-        "stage": int(engine.config.fixed_stage),
+        "rank": layout.rank,
+        "world_size": layout.world_size,
+        "shard_group_size": layout.shard_group_size,
+        "stage": int(layout.stage),
         "master_ranges": ranges,
+        "optimizer_segments": segments,
         **opt_record,
-        **state,
+        **rank_record,
     }
     return tensors, record
 
@@ -206,41 +200,38 @@ def write_rank(target: Path, rank: int, tensors: dict[str, torch.Tensor], record
 
 
 def commit(
-    engine: ZeroEngine, target: Path, pos: dict[str, int], mine: bytes, origin: dict[str, str] | None = None
+    engine: Checkpointable, target: Path, pos: dict[str, int], mine: bytes, origin: dict[str, str] | None = None
 ) -> None:
     """Gather every rank's digest and size (which also proves every file is durable: only then may the marker
     exist) and write the marker from rank 0; a collective on every rank."""
-    gathered = torch.empty(len(mine) * engine.world_size, dtype=torch.uint8, device=_device(engine))
+    # The checkpoint's collectives run on the ranks' device: NCCL takes no host tensors (and an offloaded master is
+    # on the host).
+    layout = engine.layout
+    gathered = torch.empty(len(mine) * layout.world_size, dtype=torch.uint8, device=engine.device)
     engine.comm.all_gather(
-        gathered, torch.frombuffer(bytearray(mine), dtype=torch.uint8).to(_device(engine)), "<checkpoint>"
+        gathered, torch.frombuffer(bytearray(mine), dtype=torch.uint8).to(engine.device), "<checkpoint>"
     )
-    if engine.rank == 0:
-        _commit(engine, target, bytes(gathered.cpu().tolist()), pos, origin or {})
+    if layout.rank == 0:
+        _commit(layout, target, bytes(gathered.cpu().tolist()), pos, origin or {})
 
 
-def _device(engine: ZeroEngine) -> torch.device:
-    """Where the checkpoint's collectives run: the ranks' device (NCCL takes no host tensors, and an offloaded master
-    is on the host)."""
-    return engine.device
-
-
-def _commit(engine: ZeroEngine, target: Path, raw: bytes, pos: dict[str, int], origin: dict[str, str]) -> None:
+def _commit(layout: ShardLayout, target: Path, raw: bytes, pos: dict[str, int], origin: dict[str, str]) -> None:
     size = _DIGEST + 8
     files, sizes = {}, {}
-    for r in range(engine.world_size):
+    for r in range(layout.world_size):
         rec = raw[size * r : size * (r + 1)]
         files[rank_file(r)] = rec[:_DIGEST].hex()
         sizes[rank_file(r)] = struct.unpack("<q", rec[_DIGEST:])[0]
     marker = {
         "format": FORMAT,
         **pos,
-        "stage": int(engine.config.fixed_stage),
-        "world_size": engine.world_size,
-        "precision": engine.config.precision.value,
-        "model": describe_model(engine),
-        "buffers": describe_buffers(engine),
-        "broadcast_buffers": engine.buffers.broadcast,
-        "aliases": aliases(engine),
+        "stage": int(layout.stage),
+        "world_size": layout.world_size,
+        "precision": layout.precision.value,
+        "model": layout.model_record(),
+        "buffers": layout.buffer_record(),
+        "broadcast_buffers": layout.broadcast_buffers,
+        "aliases": layout.aliases,
         "origin": origin,
         "files": files,
         "file_bytes": sizes,
@@ -301,15 +292,16 @@ class Loaded:
     """The largest single read held at once: the transient memory of the load beyond the engine's own buffers."""
 
 
-def prepare(engine: ZeroEngine, path: Path) -> Prepared | str:
+def prepare(engine: Checkpointable, path: Path) -> Prepared | str:
     """Open, compare, plan and verify `path` for this rank; why it cannot load it, or what to read."""
+    layout = engine.layout
     try:
         marker = read_marker(path)
         files: dict[str, str] = marker["files"]
         if marker.get("format") != FORMAT:
             return f"format {marker.get('format', 1)} is not {FORMAT} (saved by another zerotrain version)"
-        difference = model_difference(marker["model"], describe_model(engine))
-        difference = difference or buffer_difference(marker.get("buffers"), describe_buffers(engine))
+        difference = model_difference(marker["model"], layout.model_record())
+        difference = difference or buffer_difference(marker.get("buffers"), layout.buffer_record())
     except (OSError, ValueError, KeyError, TypeError) as e:
         return f"unreadable {COMMITTED} marker ({e})"
     if difference is not None:
@@ -320,10 +312,10 @@ def prepare(engine: ZeroEngine, path: Path) -> Prepared | str:
         return f"{missing[0]} is missing"
     try:
         readers = [ShardReader(path / name, stats) for name in sorted(files)]
-        units = [(u.name, u.layout.extent, engine.master_range(u)) for u in engine.units]
-        remap = reshard.layout_runs(marker["model"], describe_model(engine))
-        plan = reshard.plan_load(readers, engine.rank, units, engine.optimizer_segments, remap)
-        buffers = buffer_file(readers, engine.rank) if marker.get("buffers") else None
+        units = [(u.name, u.extent, u.master_range) for u in layout.units]
+        remap = reshard.layout_runs(marker["model"], layout.model_record())
+        plan = reshard.plan_load(readers, layout.rank, units, layout.optimizer_segments, remap)
+        buffers = buffer_file(readers, layout.rank) if marker.get("buffers") else None
     except (ShardFileError, reshard.ReshardError, KeyError) as e:
         return str(e)
     # Only the files this rank reads are hashed: the cost is spread like the checkpoint itself.
@@ -334,46 +326,45 @@ def prepare(engine: ZeroEngine, path: Path) -> Prepared | str:
     return Prepared(path, marker, readers, plan, stats, buffers)
 
 
-def agree(engine: ZeroEngine, mine: Prepared | str) -> str | None:
+def agree(engine: Checkpointable, mine: Prepared | str) -> str | None:
     """Every rank's verdict: None when all can load, else this rank's reason or how many others refused."""
-    refusals = torch.tensor([1.0 if isinstance(mine, str) else 0.0], device=_device(engine))
+    refusals = torch.tensor([1.0 if isinstance(mine, str) else 0.0], device=engine.device)
     engine.comm.all_reduce(refusals, "<checkpoint>")
     if isinstance(mine, str):
         return mine
     return None if refusals.item() == 0 else f"{int(refusals.item())} other rank(s) could not verify their files"
 
 
-def apply(engine: ZeroEngine, ready: Prepared) -> Loaded:
-    """Read the planned ranges into the engine (every rank agreed it can); then rebuild compute parameters."""
+def apply(engine: Checkpointable, ready: Prepared) -> Loaded:
+    """Read the planned ranges into the engine (every rank agreed it can): into its state's own tensors, in place,
+    then `load_state_dict`, which rebuilds the compute parameters."""
     readers, plan = ready.readers, ready.plan
+    state = engine.state_dict()
     with torch.no_grad():
-        for u in engine.units:
-            reshard.fill(readers, plan.masters[u.index], u.master)
-    sd = engine.optimizer.state_dict()
-    sd["state"] = reshard.optimizer_state(readers, plan, engine.units[0].master.device)  # beside the master
-    own = next((r for r in readers if r.record["rank"] == engine.rank), None)
+        for index, master in enumerate(state.masters):
+            reshard.fill(readers, plan.masters[index], master)
+    optimizer = state.optimizer
+    optimizer["state"] = reshard.optimizer_state(readers, plan, state.masters[0].device)  # beside the master
     saved_groups = readers[0].record["param_groups"]
-    if len(saved_groups) == len(sd["param_groups"]):
-        for group, saved in zip(sd["param_groups"], saved_groups, strict=True):
+    if len(saved_groups) == len(optimizer["param_groups"]):
+        for group, saved in zip(optimizer["param_groups"], saved_groups, strict=True):
             group.update({k: tuple(v) if isinstance(group.get(k), tuple) else v for k, v in saved.items()})
-    engine.optimizer.load_state_dict(sd)
-    if ready.buffers is not None:
-        engine.buffers.load(read_buffers(readers[ready.buffers]))
-    elif engine.buffers.slots and "buffers" not in ready.marker:
+    state.buffers = read_buffers(readers[ready.buffers]) if ready.buffers is not None else None
+    if ready.buffers is None and state.layout.buffers and "buffers" not in ready.marker:
         log.warning(
             "checkpoint %s holds no model buffers (saved before zerotrain kept them): %s keep their initial values",
             ready.path,
-            ", ".join(b.name for b in engine.buffers.slots),
+            ", ".join(b.name for b in state.layout.buffers),
         )
-    rank_state.restore_counters(engine, (own or readers[0]).record)
+    own = next((r for r in readers if r.record["rank"] == state.layout.rank), None)
+    engine.load_state_dict(rank_state.continued(state, (own or readers[0]).record))
     if own is not None:
         rank_state.restore_rng({n: own.tensor(n) for n in own.names if n.startswith("rng.")}, own.record)
-    engine.refresh_parameters()
     step = int(ready.marker["step"])
     return Loaded(ready.path, step, ready.stats.bytes_read, ready.stats.largest_read_bytes)
 
 
-def load(engine: ZeroEngine, path: str | os.PathLike[str]) -> Loaded:
+def load(engine: Checkpointable, path: str | os.PathLike[str]) -> Loaded:
     """Load a committed checkpoint, or the newest under a checkpoint root, at any world size or stage.
 
     A collective on every rank. Raises ZeroSetupError naming the checkpoint and the reason, with the engine

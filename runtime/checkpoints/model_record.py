@@ -1,5 +1,6 @@
-"""What a checkpoint records of the model it was saved from, and how this model compares: its units with their
-parameters (names, shapes, offsets, optimizer classes), its tied names, and its persistent buffers.
+"""How the model a checkpoint was saved from compares with this one: its units with their parameters (names,
+shapes, offsets, optimizer classes) and its persistent buffers, as `ShardLayout.model_record`/`buffer_record` wrote
+them into the marker.
 
 A checkpoint loads only into a model it describes alike (`model_difference`, `buffer_difference`): the same
 parameters in the same units and the same buffers; offsets inside a unit may differ (`reshard.layout_runs`).
@@ -7,42 +8,19 @@ parameters in the same units and the same buffers; offsets inside a unit may dif
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from zerotrain.runtime.checkpoints.shard_file import ShardFileError, ShardReader
-
-if TYPE_CHECKING:
-    from zerotrain.runtime.zero.engine import ZeroEngine
 
 
 def rank_file(rank: int) -> str:
     return f"rank-{rank:05d}.safetensors"
 
 
-def describe_model(engine: ZeroEngine) -> list[dict[str, Any]]:
-    """Units with their parameters' names, shapes, offsets and optimizer classes: what a checkpoint must match
-    to load (the class lets an export rebuild the weight-decay groups)."""
-    out = []
-    for u in engine.units:
-        params = [[s.name, list(s.shape), s.offset, int(s.kind)] for s in u.layout.slots]
-        out.append({"unit": u.name, "numel": u.layout.numel, "params": params})
-    return out
-
-
 BUFFER_PREFIX = "buffer."
 """A persistent buffer's tensor name in a rank file: `buffer.<its name in the model>`."""
-
-
-def describe_buffers(engine: ZeroEngine) -> list[list[Any]]:
-    """The model's persistent buffers as the marker records them: [name, shape, dtype]."""
-    return [[b.name, list(b.shape), str(b.dtype).removeprefix("torch.")] for b in engine.buffers.slots]
-
-
-def saves_buffers(engine: ZeroEngine) -> bool:
-    """This rank's file holds buffers: rank 0's always, every rank's when each keeps its own."""
-    return engine.rank == 0 or not engine.buffers.broadcast
 
 
 def buffer_difference(saved: list[list[Any]] | None, mine: list[list[Any]]) -> str | None:
@@ -58,13 +36,6 @@ def buffer_difference(saved: list[list[Any]] | None, mine: list[list[Any]]) -> s
         if old[name] != new[name]:
             return f"buffer {name!r} has shape {old[name]} in the checkpoint but {new[name]} in this model"
     return None
-
-
-def aliases(engine: ZeroEngine) -> dict[str, str]:
-    """Tied parameters: every extra name of a parameter -> the name it is saved under."""
-    saved = {s.name for u in engine.units for s in u.layout.slots}
-    owner = {id(p): n for n, p in engine.module.named_parameters()}
-    return {n: owner[id(p)] for n, p in engine.module.named_parameters(remove_duplicate=False) if n not in saved}
 
 
 def model_difference(saved: list[dict[str, Any]], mine: list[dict[str, Any]]) -> str | None:

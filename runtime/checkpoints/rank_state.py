@@ -1,7 +1,8 @@
 """What a rank must save besides model and optimizer state to continue exactly: position, randomness, loss scale.
 
-- Position: micro-batches consumed (`engine.micro_steps`, which counts fp16-skipped steps' micro-batches too,
-  unlike `engine.steps`), and from it the loop's step. Data is skipped by micro-batches, never by updates.
+- Position: micro-batches consumed (the engine's `micro_steps`, which counts fp16-skipped steps' micro-batches too,
+  unlike its `steps`), and from it the loop's step (`Position.record`). Data is skipped by micro-batches, never by
+  updates.
 - Randomness: torch's CPU generator, every CUDA device's, Python's `random`, and NumPy's when it is loaded (dropout,
   user augmentation). Per rank: each rank restores its own; at another world size a new rank without a saved
   counterpart keeps its fresh state (its data and dropout streams differ then anyway).
@@ -10,30 +11,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-if TYPE_CHECKING:
-    from zerotrain.runtime.zero.engine import ZeroEngine
+from zerotrain.runtime.zero.engine_state import EngineState
 
 TORCH_RNG = "rng.torch"
 CUDA_RNG = "rng.cuda."
-
-
-def position(engine: ZeroEngine) -> dict[str, int]:
-    """Where training stands: micro-batches consumed, steps attempted (applied or skipped) and applied, and the
-    global samples consumed (0 when the task does not say how many samples a micro-batch holds)."""
-    accumulation = engine.config.gradient_accumulation_steps
-    per_micro_batch = engine.samples_per_micro_batch
-    return {
-        "micro_batches": engine.micro_steps,
-        "step": engine.micro_steps // accumulation,
-        "optimizer_steps": engine.steps,
-        "samples": engine.micro_steps * per_micro_batch,
-    }
 
 
 def rng_tensors() -> dict[str, torch.Tensor]:
@@ -51,11 +39,11 @@ def _tupled(state: Any) -> Any:
     return tuple(_tupled(v) for v in state) if isinstance(state, list) else state
 
 
-def capture(engine: ZeroEngine) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def capture(state: EngineState) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """This rank's state as tensors (RNG byte states) and a JSON record (the rest)."""
     record: dict[str, Any] = {
-        "position": position(engine),
-        "scaler": engine.scaler.state_dict(),
+        "position": state.position.record(),
+        "scaler": state.scaler,
         "python_rng": _jsonable(random.getstate()),
     }
     np = sys.modules.get("numpy")
@@ -65,11 +53,14 @@ def capture(engine: ZeroEngine) -> tuple[dict[str, torch.Tensor], dict[str, Any]
     return rng_tensors(), record
 
 
-def restore_counters(engine: ZeroEngine, record: dict[str, Any]) -> None:
-    """Step counters and the loss scaler (identical on every rank, so any rank's record serves)."""
+def continued(state: EngineState, record: dict[str, Any]) -> EngineState:
+    """`state` with a rank record's step counters and loss scaler (identical on every rank, so any rank's record
+    serves)."""
     pos = record["position"]
-    engine.restore_counters(int(pos["optimizer_steps"]), int(pos["micro_batches"]))
-    engine.scaler.load_state_dict(record["scaler"])
+    position = dataclasses.replace(
+        state.position, steps=int(pos["optimizer_steps"]), micro_steps=int(pos["micro_batches"])
+    )
+    return dataclasses.replace(state, position=position, scaler=record["scaler"])
 
 
 def restore_rng(tensors: dict[str, torch.Tensor], record: dict[str, Any]) -> None:

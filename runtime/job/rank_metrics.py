@@ -26,7 +26,7 @@ from prometheus_client.registry import Collector
 
 from zerotrain.runtime.job.device_memory import DeviceMemory, DeviceProbe
 from zerotrain.runtime.job.metrics_endpoint import Endpoint, report_port
-from zerotrain.runtime.zero.memory import MemoryReport, planned_comm
+from zerotrain.runtime.zero.memory import MemoryReport
 
 if TYPE_CHECKING:
     from zerotrain.runtime.zero.engine import ZeroEngine
@@ -418,7 +418,7 @@ class RankMetrics:
             s,
             memory=engine.memory_report(),
             comm=comm,
-            comm_planned=s.comm_planned or planned_comm(engine),
+            comm_planned=s.comm_planned or engine.planned_comm(),
             device=self.probe.read(),
             step=values,
             grad_norm=values.grad_norm if values.grad_norm is not None else s.grad_norm,

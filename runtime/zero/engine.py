@@ -28,6 +28,7 @@ Contract for callers:
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -48,9 +49,18 @@ from zerotrain.runtime.zero.buffers import ModelBuffers, move_buffers
 from zerotrain.runtime.zero.collectives import Comm
 from zerotrain.runtime.zero.compiled import compile_units
 from zerotrain.runtime.zero.consistency import Event, OrderCheck, PendingCheck
+from zerotrain.runtime.zero.engine_errors import ZeroSetupError
+from zerotrain.runtime.zero.engine_state import EngineState, Position, ShardLayout, UnitShard, tied_names
 from zerotrain.runtime.zero.grad_arena import GradArenas
 from zerotrain.runtime.zero.hooks import GradReadyHooks, Prefetcher, on_output_grad
-from zerotrain.runtime.zero.memory import BufferBytes, MemoryReport, UnshardedGradients, memory_report
+from zerotrain.runtime.zero.memory import (
+    Accounting,
+    BufferBytes,
+    MemoryReport,
+    UnshardedGradients,
+    memory_report,
+    planned_comm,
+)
 from zerotrain.runtime.zero.param_source import ModelValues, ParameterSource
 from zerotrain.runtime.zero.partition import UnitLayout, build_units
 from zerotrain.runtime.zero.precision import DTYPES, LossScaler, cast_inputs
@@ -256,10 +266,6 @@ class ZeroEngine:
         if arenas is not None:
             on_output_grad(output, lambda: arenas.bind(u))
 
-    def master_range(self, u: Unit) -> tuple[int, int]:
-        """The unit-coordinate range of `u` whose fp32 master this rank holds."""
-        return u.master_range
-
     # ----------------------------------------------------------------- forward / backward
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -432,7 +438,67 @@ class ZeroEngine:
         for u in self.units:
             u.zero_grads()
 
-    # ----------------------------------------------------------------- checkpoints
+    # ----------------------------------------------------------------- state and checkpoints
+
+    @functools.cached_property
+    def layout(self) -> ShardLayout:
+        """Where this rank's shards sit in the model (fixed once the engine is built)."""
+        units = tuple(
+            UnitShard(u.name, u.layout.numel, u.layout.extent, tuple(u.layout.slots), u.master_range)
+            for u in self.units
+        )
+        saved = {s.name for u in self.units for s in u.layout.slots}
+        return ShardLayout(
+            rank=self.rank,
+            world_size=self.world_size,
+            shard_group_size=self.shard_ranks,
+            replica=self.replica,
+            stage=self.config.fixed_stage,
+            precision=self.config.precision,
+            units=units,
+            optimizer_segments=tuple(self.optimizer_segments),
+            buffers=tuple(self.buffers.slots),
+            broadcast_buffers=self.buffers.broadcast,
+            aliases=tied_names(self.module, saved),
+        )
+
+    def state_dict(self) -> EngineState:
+        """This rank's training state: its shards (views of the engine's own buffers), counters, loss scaler and
+        layout. No collective; call `synchronize()` first when an asynchronous gather may still be writing."""
+        position = Position(
+            self.steps, self.micro_steps, self.config.gradient_accumulation_steps, self.samples_per_micro_batch
+        )
+        return EngineState(
+            layout=self.layout,
+            masters=[u.master for u in self.units],
+            optimizer=self.optimizer.state_dict(),
+            buffers=self.buffers.tensors(),
+            position=position,
+            scaler=self.scaler.state_dict(),
+        )
+
+    def load_state_dict(self, state: EngineState) -> None:
+        """Continue from `state`, a state of this engine's own layout (one saved at another world size or stage
+        loads through `load_checkpoint`, which reshards); then rebuild the compute parameters. Masters that are
+        this engine's own tensors, filled in place, are not copied again."""
+        difference = self.layout.shard_difference(state.layout)
+        if difference is not None:
+            raise ZeroSetupError(
+                "state",
+                f"rank {state.layout.rank} of {state.layout.world_size}",
+                f"it shards {difference}",
+                "load a checkpoint through load_checkpoint(), which reads any world size or stage",
+            )
+        with torch.no_grad():
+            for u, master in zip(self.units, state.masters, strict=True):
+                if master.data_ptr() != u.master.data_ptr():
+                    u.master.copy_(master)
+        self.optimizer.load_state_dict(state.optimizer)
+        if state.buffers is not None:
+            self.buffers.load(state.buffers)
+        self.restore_counters(state.position.steps, state.position.micro_steps)
+        self.scaler.load_state_dict(state.scaler)
+        self.refresh_parameters()
 
     def save_checkpoint(self, root: str | os.PathLike[str]) -> str:
         """Save this rank's shards in a fresh `root/step-NNNNNNNN-<token>/` and commit it; call on every rank.
@@ -486,6 +552,24 @@ class ZeroEngine:
         """Stage 3 gathers issued ahead of need so far (they overlap the running unit's compute)."""
         return self._prefetcher.prefetches
 
+    def accounting(self) -> Accounting:
+        """What this rank holds now, for a memory report."""
+        return Accounting(
+            self.rank,
+            self.world_size,
+            self.shard_ranks,
+            self.config,
+            self.dtypes.compute,
+            self.device,
+            self.units,
+            self.optimizer,
+            self.buffer_bytes(),
+        )
+
     def memory_report(self) -> MemoryReport:
         """Bytes per category held by this rank now, next to the ZeRO formula's prediction."""
-        return memory_report(self)
+        return memory_report(self.accounting())
+
+    def planned_comm(self) -> dict[str, int]:
+        """Bytes per optimizer step by op the plan says this rank's collectives send (`zerotrain.peak`)."""
+        return planned_comm(self.accounting())

@@ -24,9 +24,9 @@ to a multiple of N is real memory, reported apart so a comparison can allow for 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
@@ -34,10 +34,8 @@ from zerotrain._model import SpecModel
 from zerotrain.peak import PeakInput, arena_bytes, comm_bytes_per_step, config_fields, gathered_bytes, pool_bytes
 from zerotrain.planner import PlanInput, element_bytes, host_parameter_bytes, host_state_bytes, stage_bytes
 from zerotrain.runtime.zero import optimizer as opt_mod
-from zerotrain.zero_config import Stage
-
-if TYPE_CHECKING:
-    from zerotrain.runtime.zero.engine import ZeroEngine
+from zerotrain.runtime.zero.partition import UnitLayout
+from zerotrain.zero_config import Stage, ZeroConfig
 
 
 class MemoryReport(SpecModel):
@@ -169,13 +167,53 @@ def predict(stage: Stage, psi: int, n: int, w: float, g: float, k: float) -> tup
     return round(pb), round(gb), round(ob)
 
 
-def buffer_plan(engine: ZeroEngine, w: float, g: float, k: float) -> PeakInput:
-    """The whole-peak plan's input for the engine's own units and configuration (activations left out)."""
-    layouts = [u.layout for u in engine.units]
+class UnitTensors(Protocol):
+    """What a report reads of one unit: its layout and the tensors it holds, per category."""
+
+    @property
+    def layout(self) -> UnitLayout: ...
+
+    def parameter_tensors(self) -> list[torch.Tensor]: ...
+
+    def gathered_tensors(self) -> list[torch.Tensor]: ...
+
+    def gradient_tensors(self) -> list[torch.Tensor | None]: ...
+
+    def master_tensors(self) -> list[torch.Tensor]: ...
+
+
+@dataclass(frozen=True)
+class Accounting:
+    """What a memory report reads of an engine (`ZeroEngine.accounting()`): the rank, its configuration, and what
+    it holds now."""
+
+    rank: int
+    """This rank."""
+    world_size: int
+    """Ranks in the job."""
+    shard_ranks: int
+    """N: the ranks the model states are sharded over."""
+    config: ZeroConfig
+    """The engine's configuration (stage, offload, precision, buckets)."""
+    compute: torch.dtype
+    """The compute dtype."""
+    device: torch.device
+    """Where the rank trains (CUDA adds the allocator's figures)."""
+    units: Sequence[UnitTensors]
+    """The units, each with its layout and tensors."""
+    optimizer: torch.optim.Optimizer
+    """The wrapped optimizer over this rank's shards (its state is counted; its kind gives K)."""
+    held: BufferBytes
+    """What the buffers beyond the model states hold now, and held at most."""
+
+
+def buffer_plan(view: Accounting, w: float, g: float, k: float) -> PeakInput:
+    """The whole-peak plan's input for an engine's own units and configuration (activations left out)."""
+    layouts = [u.layout for u in view.units]
     return PeakInput(
-        **config_fields(engine.config),
-        world_size=engine.shard_ranks,
-        shard_groups=engine.world_size // engine.shard_ranks,
+        **config_fields(view.config),
+        world_size=view.shard_ranks,
+        shard_groups=view.world_size // view.shard_ranks,
         blocks=[la.padded for la in layouts if la.module is not None],
         root=sum(la.padded for la in layouts if la.module is None),
         compute_bytes=w,
@@ -184,18 +222,18 @@ def buffer_plan(engine: ZeroEngine, w: float, g: float, k: float) -> PeakInput:
     )
 
 
-def planned_comm(engine: ZeroEngine) -> dict[str, int]:
+def planned_comm(view: Accounting) -> dict[str, int]:
     """Bytes per optimizer step by op the plan says this rank's collectives send (`zerotrain.peak`)."""
-    compute = float(torch.empty(0, dtype=engine.dtypes.compute).element_size())
-    return comm_bytes_per_step(buffer_plan(engine, compute, compute, 0.0))
+    compute = float(torch.empty(0, dtype=view.compute).element_size())
+    return comm_bytes_per_step(buffer_plan(view, compute, compute, 0.0))
 
 
-def memory_report(engine: ZeroEngine) -> MemoryReport:
+def memory_report(view: Accounting) -> MemoryReport:
     """Bytes per category the engine's rank holds now, next to the ZeRO formula's prediction."""
     c = StorageCounter()
-    units = engine.units
-    offload, off_params = engine.config.offload.optimizer is not None, engine.config.offload.parameters is not None
-    state = [t for st in engine.optimizer.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
+    units = view.units
+    offload, off_params = view.config.offload.optimizer is not None, view.config.offload.parameters is not None
+    state = [t for st in view.optimizer.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
     # Without offload an fp32 master is the parameters themselves (counted there, first); offloaded, it is a host
     # buffer of its own, or in fp32 with the parameters offloaded the host shard itself (counted here, first).
     opt_bytes = c.count(state) + c.count(t for u in units for t in u.master_tensors()) if offload else 0
@@ -208,25 +246,25 @@ def memory_report(engine: ZeroEngine) -> MemoryReport:
     host_params, params = (params, 0) if off_params else (0, params)
     # K from the configuration, never from what is allocated (a prediction that measured itself would always
     # agree); an optimizer kind we do not know is measured, and assumed Adam's 8 before its first step.
-    per_element = opt_mod.configured_state_bytes(engine.optimizer)
+    per_element = opt_mod.configured_state_bytes(view.optimizer)
     if per_element is None:
-        per_element = opt_mod.state_bytes_per_element(engine.optimizer)
-    compute = float(torch.empty(0, dtype=engine.dtypes.compute).element_size())
+        per_element = opt_mod.state_bytes_per_element(view.optimizer)
+    compute = float(torch.empty(0, dtype=view.compute).element_size())
     # The same rule `zerotrain plan`, validate and the operator's admission apply to the job spec.
     state_bytes = 8.0 if per_element is None else per_element
-    w, g, k = element_bytes(engine.config.fixed_stage, compute, state_bytes, offload, off_params)
+    w, g, k = element_bytes(view.config.fixed_stage, compute, state_bytes, offload, off_params)
     psi = sum(u.layout.numel for u in units)
-    pp, pg, po = predict(engine.config.fixed_stage, psi, engine.shard_ranks, w, g, k)
+    pp, pg, po = predict(view.config.fixed_stage, psi, view.shard_ranks, w, g, k)
     host_k = host_state_bytes(state_bytes, offload)
     host_w = host_parameter_bytes(compute, off_params)
-    buffers = buffer_plan(engine, compute, g, k)
-    held = engine.buffer_bytes()
+    buffers = buffer_plan(view, compute, g, k)
+    held = view.held
     return MemoryReport(
-        rank=engine.rank,
-        stage=engine.config.fixed_stage,
+        rank=view.rank,
+        stage=view.config.fixed_stage,
         parameters=psi,
-        world_size=engine.world_size,
-        shard_group_size=engine.shard_ranks,
+        world_size=view.world_size,
+        shard_group_size=view.shard_ranks,
         padding_elements=sum(u.layout.padded - u.layout.numel for u in units),
         parameter_bytes=params,
         gathered_bytes=gathered,
@@ -239,7 +277,7 @@ def memory_report(engine: ZeroEngine) -> MemoryReport:
         comm_buffer_peak_bytes=held.comm_buffer_peak,
         gradient_arena_bytes=held.gradient_arenas,
         unsharded_gradient_peak_bytes=held.unsharded_gradient_peak,
-        **cuda_allocator(engine.device),
+        **cuda_allocator(view.device),
         model_state_bytes=params + grads + opt_bytes,
         bytes_per_weight=w,
         bytes_per_gradient=g,
@@ -252,9 +290,9 @@ def memory_report(engine: ZeroEngine) -> MemoryReport:
         predicted_gradient_arena_bytes=arena_bytes(buffers),
         predicted_gathered_peak_bytes=gathered_bytes(buffers),
         host_optimizer_bytes=host_opt,
-        predicted_host_optimizer_bytes=round(host_k * psi / engine.shard_ranks),
+        predicted_host_optimizer_bytes=round(host_k * psi / view.shard_ranks),
         host_parameter_bytes=host_params,
-        predicted_host_parameter_bytes=round(host_w * psi / engine.shard_ranks),
+        predicted_host_parameter_bytes=round(host_w * psi / view.shard_ranks),
     )
 
 

@@ -44,7 +44,7 @@ def accumulated(rank: int, world: int, stage: int) -> dict[str, Any]:
     for x in _data(rank):
         engine.backward(_loss(engine(x)))
     # After the boundary micro-batch every reduction is done: the fp32 gradients the optimizer would read.
-    return {u.name: (engine.master_range(u), u.grad_shard.clone()) for u in engine.units}
+    return {u.name: (u.master_range, u.grad_shard.clone()) for u in engine.units}
 
 
 def reference(world: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:

@@ -13,7 +13,6 @@ ZERO_OPS = ("all_reduce", "reduce_scatter", "all_gather")
 def sent_per_step(rank: int, world: int, stage: int, precision: str, micro: int) -> tuple[dict, dict]:
     from zerotrain.runtime import ZeroConfig, ZeroEngine
     from zerotrain.runtime.examples.gpt import build
-    from zerotrain.runtime.zero.memory import planned_comm
 
     torch.manual_seed(0)
     task = build(rank, world, seq_len=16, batch_size=2 * world, d_model=32, n_layers=2, n_heads=2, max_bytes=20_000)
@@ -29,7 +28,7 @@ def sent_per_step(rank: int, world: int, stage: int, precision: str, micro: int)
 
     first = step()  # the first step also broadcasts and sizes things: count the second
     second = step()
-    return {op: second[op] - first.get(op, 0) for op in second}, planned_comm(engine)
+    return {op: second[op] - first.get(op, 0) for op in second}, engine.planned_comm()
 
 
 CASES = (("fp32", 1), ("bf16", 2))

@@ -19,13 +19,12 @@ from test_stages import Case, _check_memory, _check_parity, engine_for, run_case
 from zerotrain.peak import ACROSS_GROUPS
 from zerotrain.runtime.checkpoints import checkpoint
 from zerotrain.runtime.checkpoints.shard_file import ShardReader
-from zerotrain.runtime.zero.memory import planned_comm
 
 
 def _hybrid_case(rank: int, world: int, case: Case) -> dict[str, Any]:
     out = run_case(rank, world, case)
     engine = engine_for(case)  # a fresh engine of the same case: its plan, not its traffic
-    out["planned"] = planned_comm(engine)
+    out["planned"] = engine.planned_comm()
     out["shard_ranks"], out["replica"] = engine.shard_ranks, engine.replica
     return out
 
