@@ -1,5 +1,7 @@
 """Gangs at the API server's pace: the operator creating one job's gang of N one-rank pods, against a plain client
 creating the same N pods with as many threads as the operator has pod creates in flight (and a pool twice that).
+The same pods: the operator's spec, labels, annotations and an owner reference, to a job object the plain trial
+makes and nothing reconciles (`--plain-pods bare` drops the metadata, as the figures before December 2026 did).
 
 Each trial runs on a fresh KMock emulator in its own process (its store keeps every deleted object, so a reused one
 slows down trial by trial), the two systems alternated and reversed every other repetition. The operator's time
@@ -18,6 +20,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import copy
+import enum
 import json
 import os
 import statistics
@@ -96,16 +99,45 @@ def operator_trial(cfg: kubernetes.client.Configuration, ns: str, n: int, name: 
         client.close()
 
 
-def plain_trial(cfg: kubernetes.client.Configuration, ns: str, template: dict[str, Any], n: int, threads: int) -> float:
-    """Seconds a plain client (`threads` threads, a pool of twice that) takes to create `n` pods like `template`."""
-    plain = plain_client(cfg, threads)
+class PlainPods(enum.Enum):
+    """What the plain client's pods carry besides the operator's pod spec."""
+
+    OWNED = "owned"
+    """The operator's metadata too: its labels, annotations and an owner reference to a job object (made for the
+    trial, never reconciled). A real server does more for such a pod: OwnerReferencesPermissionEnforcement
+    authorizes the reference, and the garbage collector tracks the pod; so the same pods, like for like."""
+    BARE = "bare"
+    """Only a name and one label: the cheapest pod the server takes (the comparison of the earlier figures)."""
+
+
+def plain_bodies(template: dict[str, Any], ns: str, n: int, owner: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """`n` pods like `template` (a pod the operator made), named plain-<i>; with the operator's metadata and an owner
+    reference to `owner` when given (PlainPods.OWNED), else with a name and one label."""
     bodies = []
     for i in range(n):
         pod = copy.deepcopy(template)
-        labels = {"bench": "plain"}
-        pod["metadata"] = {"name": f"plain-{i}", "namespace": ns, "labels": labels}
+        meta = template["metadata"]
+        pod["metadata"] = {"name": f"plain-{i}", "namespace": ns, "labels": {"bench": "plain"}}
+        if owner is not None:
+            pod["metadata"]["labels"] |= meta.get("labels") or {}
+            pod["metadata"]["annotations"] = dict(meta.get("annotations") or {})
+            reference = {**meta["ownerReferences"][0], "uid": owner["metadata"]["uid"]}
+            pod["metadata"]["ownerReferences"] = [reference]
         pod.pop("status", None)
         bodies.append(pod)
+    return bodies
+
+
+def plain_trial(
+    cfg: kubernetes.client.Configuration, ns: str, template: dict[str, Any], n: int, threads: int, pods: PlainPods
+) -> float:
+    """Seconds a plain client (`threads` threads, a pool of twice that) takes to create `n` pods like `template`."""
+    plain = plain_client(cfg, threads)
+    owner = None
+    if pods is PlainPods.OWNED:
+        name = template["metadata"]["ownerReferences"][0]["name"]
+        owner = plain.request("POST", path_of(JOBS, PLURAL, ns), job_manifest(name, ns, replicas=n, nprocPerNode=1))
+    bodies = plain_bodies(template, ns, n, owner)
     # The pods name the job's ServiceAccount, gone with the job by now: a real server's ServiceAccount admission
     # refuses a pod whose account is missing, so the plain client makes it first, as the operator did.
     account = template.get("spec", {}).get("serviceAccountName")
@@ -123,6 +155,8 @@ def plain_trial(cfg: kubernetes.client.Configuration, ns: str, template: dict[st
             list(pool.map(lambda b: plain.request("DELETE", path_of("v1", "pods", ns, b["metadata"]["name"])), bodies))
         if account:
             plain.request("DELETE", path_of("v1", "serviceaccounts", ns, account))
+        if owner is not None:
+            plain.request("DELETE", path_of(JOBS, PLURAL, ns, owner["metadata"]["name"]))
         return took
     finally:
         plain.close()
@@ -137,6 +171,13 @@ def main() -> None:
     parser.add_argument("--pods", type=int, default=256)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--namespace", default="default")
+    parser.add_argument(
+        "--plain-pods",
+        type=PlainPods,
+        choices=list(PlainPods),
+        default=PlainPods.OWNED,
+        help="owned: the operator's very pods, owner reference included (default); bare: a name and one label",
+    )
     args = parser.parse_args()
     threads = OperatorSettings().pod_create_concurrency
     ours: list[float] = []
@@ -152,11 +193,12 @@ def main() -> None:
                     ours.append(args.pods / took)
                 else:
                     assert template is not None
-                    plain.append(args.pods / plain_trial(cfg, ns, template, args.pods, threads))
+                    plain.append(args.pods / plain_trial(cfg, ns, template, args.pods, threads, args.plain_pods))
             print(f"rep {rep} {which}: {(ours if which == 'ours' else plain)[-1]:.0f} pods/s", flush=True)
     report = {
         "pods": args.pods,
         "concurrency": threads,
+        "plain_pods": args.plain_pods.value,
         "operator_pods_per_s": spread(ours),
         "plain_client_pods_per_s": spread(plain),
         "operator_over_plain": round(statistics.median(ours) / statistics.median(plain), 2),

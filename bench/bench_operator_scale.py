@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_gang_pace import plain_client, plain_trial  # noqa: E402
+from bench_gang_pace import PlainPods, plain_client, plain_trial  # noqa: E402
 from bench_server import Server, server  # noqa: E402
 from e2e.kubelet import set_pod_phase  # noqa: E402
 from e2e.test_operator_e2e import JOBS, job_manifest  # noqa: E402
@@ -205,7 +205,7 @@ def plain(writes: JobWrites, args: argparse.Namespace, report: Any) -> None:
     write the operator sent per job (the job's POST included), each job's writes in order, jobs in parallel."""
     threads = OperatorSettings().pod_create_concurrency
     with server() as where:
-        took = plain_trial(where.cfg, where.namespace, writes.pods[0], 2 * args.jobs, threads)
+        took = plain_trial(where.cfg, where.namespace, writes.pods[0], 2 * args.jobs, threads, PlainPods.OWNED)
     report["plain_pods_exist_s"] = round(took, 2)
     with server() as where:
         pods_s, all_s = same_writes(where, writes, args.jobs, threads)
