@@ -132,11 +132,16 @@ class ObjectCache:
     # -- pods ------------------------------------------------------------------------------------------------
 
     def pods(self, key: Key) -> list[Obj] | None:
-        """The job's pods by name, or None when the cache does not hold the complete set (ask the server)."""
+        """The job's pods by name, or None when the cache does not hold the complete set (ask the server).
+
+        The pods are the cache's own objects, read-only to the caller, as client-go's listers hand them out: every
+        pass reads all its job's pods, and copying them cost a 500-pod job 0.3-0.5 s of CPU a pass (measured on a
+        real API server, where that CPU is the server's too). The cache never changes an object it holds: an event
+        or an answer replaces it whole."""
         with self._mu:
             if not (self._all_known or key in self._pods_known or key[0] in self._namespaces_known):
                 return None
-            return [copy.deepcopy(p) for _, p in sorted(self._pods.get(key, {}).items())]
+            return [p for _, p in sorted(self._pods.get(key, {}).items())]
 
     def put_pod(self, pod: Obj, handed_over: bool = False) -> None:
         """A pod as a watch event or a write's answer showed it. `handed_over`: the caller made it (freshly
