@@ -20,7 +20,7 @@ from zerotrain.job_status import ZeroTrainingJobStatus
 from zerotrain.operator.children import builders, kueue
 from zerotrain.operator.client.cache import ObjectCache
 from zerotrain.operator.client.cached_client import CachedClient
-from zerotrain.operator.client.events import EventRecorder
+from zerotrain.operator.client.events import EventQueue, EventRecorder
 from zerotrain.operator.client.fair_pool import FairPool
 from zerotrain.operator.client.kube import Kube, KubeError
 from zerotrain.operator.client.work_queue import WorkQueue
@@ -83,8 +83,8 @@ class Reconciler:
     _workers: list[threading.Thread] = field(default_factory=list)
     _applied_for: dict[Key, str] = field(default_factory=dict)
     """The uid of each job whose supporting children this process has applied."""
-    events: EventRecorder = field(init=False)
-    """Every Event the passes post, correlated as client-go's recorder does."""
+    events: EventQueue = field(init=False)
+    """Every Event the passes post: queued, then correlated and sent by one thread, as client-go's recorder does."""
     queue: WorkQueue[Key] = field(init=False)
     """The keys of the jobs a pass is wanted for, and each job's one back-off."""
 
@@ -97,7 +97,7 @@ class Reconciler:
     def __post_init__(self) -> None:
         self.queue = WorkQueue(self._retry_delay)
         self.client = CachedClient(self.kube, self.cache)
-        self.events = EventRecorder(self.kube)
+        self.events = EventQueue(EventRecorder(self.kube))
         self._creates = FairPool(self.settings.pod_create_concurrency)
         self.writer = ChildWriter(self.kube, self.client, self._creates, self.settings.max_pod_creates_per_pass)
         self.metrics.queue_depth.set_function(lambda: len(self.queue))
@@ -164,6 +164,7 @@ class Reconciler:
         for t in self._workers:
             t.join(timeout=max(0.0, deadline - time.monotonic()))
         self._creates.close()
+        self.events.close()
 
     def _timed(self, key: Key) -> PassOutcome:
         start = time.perf_counter()

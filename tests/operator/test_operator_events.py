@@ -3,11 +3,12 @@ a flapping job's flood cut by the spam filter."""
 
 from __future__ import annotations
 
+import threading
 from datetime import datetime, timezone
 from typing import Any
 
 from zerotrain.operator.children.builders import JobRef, build_event
-from zerotrain.operator.client.events import COMBINED, SIMILAR_MAX, SPAM_BURST, EventRecorder
+from zerotrain.operator.client.events import COMBINED, SIMILAR_MAX, SPAM_BURST, EventQueue, EventRecorder
 
 Obj = dict[str, Any]
 JOB = JobRef(namespace="a", name="flappy", uid="u-1")
@@ -87,3 +88,56 @@ def test_the_spam_filter_cuts_a_flapping_job_but_not_its_neighbours() -> None:
     rec.record(event("x", reason="Later"))
     rec.record(event("x", reason="TooSoon"))
     assert [e["reason"] for e in sink.created[-1:]] == ["Later"] and rec.dropped == 6
+
+
+class SlowSink(Sink):
+    """A sink whose first post waits until the test lets it go: a pass must not wait for it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+
+    def create_event(self, event: Obj) -> Obj | None:
+        self.gate.wait(10)
+        return super().create_event(event)
+
+
+def test_a_queued_event_is_sent_by_the_sender_while_the_pass_goes_on() -> None:
+    sink = SlowSink()
+    events = EventQueue(EventRecorder(sink, Clock()))
+    events.record(event("rank 1 failed"))  # returns at once, though the post hangs
+    events.record(event("rank 1 failed"))
+    assert sink.created == [] and not events.flush(0.05)
+    sink.gate.set()
+    assert events.flush(5)
+    assert [e["message"] for e in sink.created] == ["rank 1 failed"] and len(sink.patched) == 1  # correlated still
+    events.close()
+
+
+def test_a_full_queue_drops_events_and_counts_them() -> None:
+    sink = SlowSink()
+    events = EventQueue(EventRecorder(sink, Clock()), capacity=2)
+    for i in range(5):
+        events.record(event(f"rank {i} failed", job=JobRef(namespace="a", name=f"j{i}", uid=f"u{i}")))
+    # The sender holds one while its post hangs and two wait: the rest are dropped.
+    assert events.dropped >= 2
+    sink.gate.set()
+    events.close()
+    assert len(sink.created) + events.dropped == 5
+
+
+class FailingSink(Sink):
+    def create_event(self, event: Obj) -> Obj | None:
+        if "boom" in event["message"]:
+            raise RuntimeError("server said no")
+        return super().create_event(event)
+
+
+def test_one_event_that_fails_does_not_stop_the_ones_after_it() -> None:
+    sink = FailingSink()
+    events = EventQueue(EventRecorder(sink, Clock()))
+    events.record(event("boom"))
+    events.record(event("rank 2 failed"))
+    assert events.flush(5)
+    assert [e["message"] for e in sink.created] == ["rank 2 failed"]
+    events.close()
