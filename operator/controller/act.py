@@ -50,28 +50,45 @@ class ChildWriter:
     ) -> tuple[int, int] | None:
         # The supporting children follow the spec: applied when it changes and before every gang starts, not on each
         # of the many pod events in between.
+        first: list[Write] = []
+        then: list[Write] = []
         if supporting and d.status.phase not in TERMINAL and d.status.phase != Phase.SUSPENDED:
-            self._apply_supporting(job, builders.build_supporting(job, sized))
+            first, then = self._supporting_writes(builders.build_supporting(job, sized))
         for pod_name in d.delete_pods:
             with child_write("delete", {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod_name}}):
                 self.client.delete_pod(job.namespace, job.name, pod_name)
-        created = self._create_gang(job, spec, sized, d.status.restarts.total) if d.create_gang else None
+        created = None
+        if d.create_gang:
+            gang_first, pods, created = self._gang_writes(job, spec, sized, d.status.restarts.total)
+            first, then = first + gang_first, then + pods
+        self._on_pool(job, first)
+        self._on_pool(job, then)
         if d.create_probes:
             gang = d.status.restarts.total
             existing = {p["metadata"]["name"] for p in self.client.pods(job.namespace, job.name)}
             probes = [builders.build_probe(job, sized, gang, i) for i in d.create_probes]
-            self._create_pods(job, [p for p in probes if p["metadata"]["name"] not in existing])
+            self._on_pool(job, [self._create(p) for p in probes if p["metadata"]["name"] not in existing])
         if d.delete_job:
             log.info("deleting %s/%s: ttlSecondsAfterFinished passed", job.namespace, job.name)
             self.kube.delete_job(job.namespace, job.name)
         return created
 
-    def _create_gang(
+    def _supporting_writes(self, objs: list[dict[str, Any]]) -> tuple[list[Write], list[Write]]:
+        """The job's ServiceAccount, Role, Service and PodGroup, applied at once; then its RoleBinding. A
+        RoleBinding waits for its Role: without `bind`, the server checks that the operator holds what the Role
+        grants, and refuses the binding while the Role does not exist."""
+        first = [Write("apply", o, self.client.apply) for o in objs if o["kind"] != "RoleBinding"]
+        return first, [Write("apply", o, self.client.apply) for o in objs if o["kind"] == "RoleBinding"]
+
+    def _gang_writes(
         self, job: builders.JobRef, spec: ZeroTrainingJobSpec, sized: ZeroTrainingJobSpec, gang: int
-    ) -> tuple[int, int]:
-        """The gang's ConfigMap, then its pods that do not exist yet, at most max_pod_creates_per_pass of them: a gang
-        larger than that is created over several passes, so one job's pass never runs for minutes while the others
-        wait for a worker. Returns (pods of the gang that exist now, pods in the gang)."""
+    ) -> tuple[list[Write], list[Write], tuple[int, int]]:
+        """The gang's ConfigMap (and the previous gang's going), to go with the supporting children; then its pods
+        that do not exist yet, at most max_pod_creates_per_pass of them: a gang larger than that is created over
+        several passes, so one job's pass never runs for minutes. Also (pods of the gang that will exist, pods in
+        the gang). The pods go after the ServiceAccount (a real server refuses a pod whose account does not exist)
+        and the ConfigMap (a pod of a begun gang means its ConfigMap exists), beside the RoleBinding: each phase of
+        a new job's first pass is a round trip, and under a burst of jobs the slowest passes were the first ones."""
         present = self.client.pods(job.namespace, job.name)
         existing = {p["metadata"]["name"] for p in present}
         # An earlier pass began this gang: its ConfigMap exists and the previous gang's is gone.
@@ -81,18 +98,22 @@ class ChildWriter:
             for p in present
         )
         config, *gang_pods = builders.build_gang(job, spec, gang, sized.replicas)
+        first: list[Write] = []
         if not begun:
-            with child_write("create", config):
-                self.kube.ensure(config)  # created once per gang; a retry keeps the first one (immutable)
-            if gang > 0:  # the previous gang's pods are gone (a gang is created only then): so goes its config, now,
-                # before a pod exists, as a pass that fails creating pods leaves the gang begun
-                old = naming.config_map_name(job.name, gang - 1)
-                with child_write("delete", {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": old}}):
-                    self.kube.delete_config_map(job.namespace, old)
+            first.append(Write("create", config, self.kube.ensure))  # once per gang; a retry keeps the first one
+            if gang > 0:  # the previous gang's pods are gone (a gang is created only then): so goes its config
+                old = {
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "metadata": {"name": naming.config_map_name(job.name, gang - 1)},
+                }
+                first.append(
+                    Write("delete", old, lambda o: self.kube.delete_config_map(job.namespace, o["metadata"]["name"]))
+                )
         todo = [p for p in gang_pods if p["metadata"]["name"] not in existing]
         limit = self.max_pod_creates_per_pass
-        self._create_pods(job, todo[:limit])
-        return len(gang_pods) - len(todo) + min(limit, len(todo)), len(gang_pods)
+        done = len(gang_pods) - len(todo) + min(limit, len(todo))
+        return first, [self._create(p) for p in todo[:limit]], (done, len(gang_pods))
 
     def queue_missing(self, job: builders.JobRef) -> tuple[str, str] | None:
         """(reason, message) when the job's Kueue LocalQueue (or Kueue itself) is missing, else None."""
@@ -112,32 +133,30 @@ class ChildWriter:
         reason = Reason.LOCAL_QUEUE_NOT_FOUND if installed else Reason.KUEUE_NOT_INSTALLED
         return reason, kueue.missing_message(job.queue, job.namespace, installed)
 
-    def _apply_supporting(self, job: builders.JobRef, objs: list[dict[str, Any]]) -> None:
-        """Apply the job's ServiceAccount, Role, Service and PodGroup at once, then its RoleBinding: one after another
-        they made a new job's first pass several round trips longer than its pods'. A RoleBinding waits for its Role:
-        without `bind`, the server checks that the operator holds what the Role grants, and refuses the binding while
-        the Role does not exist. All are applied before any pod is created: a real server refuses a pod whose
-        ServiceAccount does not exist."""
-        self._on_pool(job, "apply", self.client.apply, [o for o in objs if o["kind"] != "RoleBinding"])
-        self._on_pool(job, "apply", self.client.apply, [o for o in objs if o["kind"] == "RoleBinding"])
+    def _create(self, pod: dict[str, Any]) -> Write:
+        return Write("create", pod, self.client.create_pod)
 
-    def _create_pods(self, job: builders.JobRef, pods: list[dict[str, Any]]) -> None:
-        """Create pods through the operator's shared workers (one after another, a 128-pod gang took seconds)."""
-        self._on_pool(job, "create", self.client.create_pod, pods)
+    def _on_pool(self, job: builders.JobRef, writes: list[Write]) -> None:
+        """Send `writes` on the operator's shared workers, this job's in turn with every other job's (a pool of its
+        own would let a big gang crowd out a small job beside it; one after another, a 128-pod gang took seconds);
+        returns once all are answered. The first refusal, in `writes`' order, is the one raised (and the one the
+        status reports)."""
 
-    def _on_pool(
-        self, job: builders.JobRef, verb: str, write: Callable[[dict[str, Any]], None], objs: list[dict[str, Any]]
-    ) -> None:
-        """`write` each child on the operator's shared workers, this job's in turn with every other job's (a pool
-        of its own would let a big gang crowd out a small job beside it); returns once all are answered. The first
-        refusal, in `objs`' order, is the one raised (and the one the status reports)."""
+        def one(w: Write) -> None:
+            with child_write(w.verb, w.obj):
+                w.send(w.obj)
 
-        def one(obj: dict[str, Any]) -> None:
-            with child_write(verb, obj):
-                write(obj)
-
-        for future in self.pool.map((job.namespace, job.name), one, objs):
+        for future in self.pool.map((job.namespace, job.name), one, writes):
             future.result()
+
+
+@dataclass(frozen=True)
+class Write:
+    """One child write of a pass: what it does (for a refusal's message), to which object, and how."""
+
+    verb: str
+    obj: dict[str, Any]
+    send: Callable[[dict[str, Any]], object]
 
 
 @contextlib.contextmanager
