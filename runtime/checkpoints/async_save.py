@@ -85,6 +85,7 @@ class AsyncSaver:
         state = engine.state_dict()
         target, position = checkpoint.begin(engine, state, root)
         tensors, record = checkpoint.rank_contents(state)
+        rank = state.layout.rank
         host, copied = self._snapshot(tensors)
         job = InFlight(target, position, threading.Thread(), origin=origin or {})
 
@@ -92,7 +93,7 @@ class AsyncSaver:
             try:
                 if copied is not None:
                     copied.synchronize()  # the device-to-host copies were queued, not waited for
-                job.digest = checkpoint.write_rank(target, state.layout.rank, host, record)
+                job.digest = checkpoint.write_rank(target, rank, host, record)
             except BaseException as e:
                 job.error = e
 

@@ -106,7 +106,7 @@ def cover_mapped(sources: Sequence[Source], lo: int, hi: int, runs: Runs, what: 
 
 def layout_runs(saved: Sequence[dict[str, Any]], mine: Sequence[dict[str, Any]]) -> dict[int, Runs]:
     """Per unit whose parameters sit elsewhere in the checkpoint than here, their runs (see `Runs`); units laid out
-    alike are left out. Both are `checkpoint.describe_model` records of the same units and parameters."""
+    alike are left out. Both are `ShardLayout.model_record` records of the same units and parameters."""
     out: dict[int, Runs] = {}
     for index, (old, new) in enumerate(zip(saved, mine, strict=True)):
         where = {p[0]: p[2] for p in old["params"]}

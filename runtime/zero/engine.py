@@ -50,7 +50,14 @@ from zerotrain.runtime.zero.collectives import Comm
 from zerotrain.runtime.zero.compiled import compile_units
 from zerotrain.runtime.zero.consistency import Event, OrderCheck, PendingCheck
 from zerotrain.runtime.zero.engine_errors import ZeroSetupError
-from zerotrain.runtime.zero.engine_state import EngineState, Position, ShardLayout, UnitShard, tied_names
+from zerotrain.runtime.zero.engine_state import (
+    EngineState,
+    Position,
+    ShardLayout,
+    UnitShard,
+    load_problem,
+    tied_names,
+)
 from zerotrain.runtime.zero.grad_arena import GradArenas
 from zerotrain.runtime.zero.hooks import GradReadyHooks, Prefetcher, on_output_grad
 from zerotrain.runtime.zero.memory import (
@@ -479,16 +486,17 @@ class ZeroEngine:
 
     def load_state_dict(self, state: EngineState) -> None:
         """Continue from `state`, a state of this engine's own layout (one saved at another world size or stage
-        loads through `load_checkpoint`, which reshards); then rebuild the compute parameters. Masters that are
-        this engine's own tensors, filled in place, are not copied again."""
-        difference = self.layout.shard_difference(state.layout)
-        if difference is not None:
-            raise ZeroSetupError(
-                "state",
-                f"rank {state.layout.rank} of {state.layout.world_size}",
-                f"it shards {difference}",
-                "load a checkpoint through load_checkpoint(), which reads any world size or stage",
-            )
+        loads through `load_checkpoint`, which reshards); then rebuild the compute parameters. Masters and buffers
+        are copied in (masters that are this engine's own, filled in place, are not copied again); the optimizer
+        state's tensors are taken as they are, as the wrapped optimizer's own `load_state_dict` takes them. A state
+        that does not fit is refused before anything changes."""
+        groups = [len(g["params"]) for g in self.optimizer.param_groups]
+        problem = load_problem(self.layout, [u.master for u in self.units], groups, state)
+        if problem is not None:
+            where = f"rank {state.layout.rank} of {state.layout.world_size}"
+            fix = "load a checkpoint through load_checkpoint(), which reads any world size or stage"
+            raise ZeroSetupError("state", where, problem, fix)
+        self.synchronize()  # a gather the last step left in flight would overwrite what the load writes
         with torch.no_grad():
             for u, master in zip(self.units, state.masters, strict=True):
                 if master.data_ptr() != u.master.data_ptr():

@@ -8,7 +8,8 @@ from zerotrain.errors import UserError
 
 
 class ZeroSetupError(UserError, ValueError):
-    """Bad input to `ZeroEngine`, raised at construction before any collective runs."""
+    """Bad input to `ZeroEngine`: raised at construction before any collective runs, or by a load that does not fit,
+    before anything changed."""
 
     def __init__(self, field: str, value: Any, problem: str, fix: str) -> None:
         self.field, self.value, self.problem, self.fix = field, value, problem, fix

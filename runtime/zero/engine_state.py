@@ -8,7 +8,10 @@ checkpointer reads its `Stateful` components, and load the way torch.distributed
 buffers, so a load that fills them in place holds no second copy of the model.
 
 `load_state_dict` takes a state of this engine's own layout; a state saved at another world size, stage or
-alignment reaches the engine through `checkpoint.load`, which reads each rank's ranges out of the saved files.
+alignment reaches the engine through `checkpoint.load`, which reads each rank's ranges out of the saved files (and
+hands the optimizer state it read, rather than filling `state_dict()`'s, which holds none before the first step).
+As `torch.optim.Optimizer.load_state_dict` does, a load takes the optimizer state's tensors as they are, not copies:
+a state loaded into one engine is that engine's from then on.
 """
 
 from __future__ import annotations
@@ -148,6 +151,27 @@ class EngineState:
     """The step counters."""
     scaler: dict[str, Any]
     """The loss scaler's state (scale, skipped steps, growth counter)."""
+
+
+def load_problem(mine: ShardLayout, masters: list[torch.Tensor], groups: list[int], state: EngineState) -> str | None:
+    """Why `state` cannot load into an engine of layout `mine` (its masters, its optimizer's parameters per group),
+    in words; None when it can. Checked before anything is written, so a refused load changes nothing."""
+    difference = mine.shard_difference(state.layout)
+    if difference is not None:
+        return f"it shards {difference}"
+    for unit, held, given in zip(mine.units, masters, state.masters, strict=True):
+        if given.shape != held.shape:
+            return f"unit {unit.name!r}'s master shard is {list(given.shape)}, not {list(held.shape)}"
+    saved = [len(g["params"]) for g in state.optimizer.get("param_groups", [])]
+    if saved != groups:
+        return f"its optimizer has parameter groups of {saved} parameters, this engine's {groups}"
+    known = {b.name: b.shape for b in mine.buffers}
+    for name, value in (state.buffers or {}).items():
+        if name not in known:
+            return f"buffer {name!r} is not one of this model's"
+        if tuple(value.shape) != tuple(known[name]):
+            return f"buffer {name!r} is {list(value.shape)}, not {list(known[name])}"
+    return None
 
 
 def tied_names(module: nn.Module, saved: set[str]) -> dict[str, str]:
