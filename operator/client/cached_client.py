@@ -37,7 +37,8 @@ class CachedClient:
             self.cache.drop_job(body, whatever_version=True)
 
     def pods(self, namespace: str, name: str) -> list[Obj]:
-        """The job's pods from the cache once it holds their complete set, else from a LIST (which completes it)."""
+        """The job's pods from the cache once it holds their complete set, else from a LIST (which completes it).
+        Read-only: they are the cache's own objects (`ObjectCache.pods`)."""
         if self.cache is not None and (pods := self.cache.pods((namespace, name))) is not None:
             return pods
         listing = self.kube.list_job_pods(namespace, name)

@@ -12,7 +12,6 @@ one an object etcd keeps for an hour. So, per job:
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import queue
 import threading
@@ -70,7 +69,11 @@ class EventRecorder:
     _sent: OrderedDict[tuple[str, ...], _Sent] = field(default_factory=OrderedDict)
     _mu: threading.Lock = field(default_factory=threading.Lock)
     dropped: int = 0
-    """Events the spam filter dropped."""
+    """Events dropped: by the spam filter (or, sent through an `EventQueue`, by the queue)."""
+
+    def count_dropped(self) -> None:
+        with self._mu:
+            self.dropped += 1
 
     def record(self, event: Obj) -> None:
         """Send `event` (builders.build_event) as a new Event, as a count on an earlier one, or not at all."""
@@ -134,21 +137,25 @@ class EventQueue:
 
     def __init__(self, recorder: EventRecorder, capacity: int = MAX_QUEUED) -> None:
         self.recorder = recorder
-        self._queue: queue.Queue[Obj | None] = queue.Queue(capacity)
+        self._queue: queue.Queue[Obj] = queue.Queue(capacity)
+        self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._send, name="zerotrain-events", daemon=True)
         self._thread.start()
 
     @property
     def dropped(self) -> int:
-        """Events dropped: by the spam filter, or because the queue was full."""
+        """Events dropped: by the spam filter, because the queue was full, or still queued at `close`."""
         return self.recorder.dropped
 
     def record(self, event: Obj) -> None:
         """Queue `event` for the sender; never waits (a full queue drops it, as client-go's does)."""
+        if self._stopped.is_set():
+            self.recorder.count_dropped()
+            return
         try:
             self._queue.put_nowait(event)
         except queue.Full:
-            self.recorder.dropped += 1
+            self.recorder.count_dropped()
             log.warning("event %s dropped: %d events wait to be sent already", event.get("reason"), MAX_QUEUED)
 
     def flush(self, wait_seconds: float = 10.0) -> bool:
@@ -163,18 +170,32 @@ class EventQueue:
         return True
 
     def close(self, wait_seconds: float = 5.0) -> None:
-        """Send what is queued (for up to `wait_seconds`), then stop the sender."""
+        """Send what is queued for up to `wait_seconds` in all, then stop: what is left is dropped (and counted), so
+        nothing is posted after this returns but the one Event in flight, if any."""
+        deadline = time.monotonic() + wait_seconds
         self.flush(wait_seconds)
-        with contextlib.suppress(queue.Full):
-            self._queue.put_nowait(None)
-        self._thread.join(timeout=wait_seconds)
+        self._stopped.set()
+        self._thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        while True:
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                return
+            self.recorder.count_dropped()
+            self._queue.task_done()
 
     def _send(self) -> None:
-        while (event := self._queue.get()) is not None:
+        while not self._stopped.is_set():
             try:
-                self.recorder.record(event)
+                event = self._queue.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            try:
+                if self._stopped.is_set():
+                    self.recorder.count_dropped()
+                else:
+                    self.recorder.record(event)
             except Exception:  # a report that could not be sent must not stop the ones after it
                 log.exception("sending event %s failed", event.get("reason"))
             finally:
                 self._queue.task_done()
-        self._queue.task_done()

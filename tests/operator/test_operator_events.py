@@ -4,6 +4,7 @@ a flapping job's flood cut by the spam filter."""
 from __future__ import annotations
 
 import threading
+import time
 from datetime import datetime, timezone
 from typing import Any
 
@@ -141,3 +142,18 @@ def test_one_event_that_fails_does_not_stop_the_ones_after_it() -> None:
     assert events.flush(5)
     assert [e["message"] for e in sink.created] == ["rank 2 failed"]
     events.close()
+
+
+def test_close_waits_no_longer_than_told_and_what_is_left_is_dropped() -> None:
+    sink = SlowSink()  # its first post hangs until the gate opens
+    events = EventQueue(EventRecorder(sink, Clock()))
+    for i in range(3):
+        events.record(event(f"rank {i} failed", job=JobRef(namespace="a", name=f"j{i}", uid=f"u{i}")))
+    started = time.monotonic()
+    events.close(0.3)
+    assert time.monotonic() - started < 2
+    events.record(event("after close"))
+    sink.gate.set()
+    time.sleep(0.3)
+    # The post in flight may still land; the two queued behind it and the one after close do not.
+    assert len(sink.created) <= 1 and events.dropped == 3
