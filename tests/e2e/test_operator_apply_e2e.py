@@ -22,6 +22,19 @@ def service(kube: Kube, ns: str, name: str) -> dict[str, Any]:
     return kube.request("GET", path_of("v1", "services", ns, name))
 
 
+async def edit_spec_until_older_fields_go(kube: Kube, ns: str, name: str) -> None:
+    """Edit the job's spec (the operator applies its children again) and wait for the older build's label and
+    sessionAffinity to leave its Service."""
+    patch = {"spec": {"env": [{"name": "EDITED", "value": "1"}]}}
+    await call(kube.request, "PATCH", path_of(JOBS, PLURAL, ns, name), patch, "application/merge-patch+json")
+
+    def older_fields_gone() -> bool:
+        now = service(kube, ns, name)
+        return OLD not in now["metadata"].get("labels", {}) and now["spec"].get("sessionAffinity") != "ClientIP"
+
+    await until_async(older_fields_gone)
+
+
 async def test_a_field_an_older_build_applied_goes_at_the_next_apply(
     cluster: Cluster, operator: Operator, kube: Kube
 ) -> None:
@@ -38,14 +51,7 @@ async def test_a_field_an_older_build_applied_goes_at_the_next_apply(
     managers = {m.get("manager") for m in live["metadata"].get("managedFields") or []}
     assert cluster.emulator is not None or FIELD_MANAGER in managers, managers
 
-    patch = {"spec": {"env": [{"name": "EDITED", "value": "1"}]}}  # a spec edit: this build applies again
-    await call(kube.request, "PATCH", path_of(JOBS, PLURAL, ns, "applied"), patch, "application/merge-patch+json")
-
-    def older_fields_gone() -> bool:
-        now = service(kube, ns, "applied")
-        return OLD not in now["metadata"].get("labels", {}) and now["spec"].get("sessionAffinity") != "ClientIP"
-
-    await until_async(older_fields_gone)
+    await edit_spec_until_older_fields_go(kube, ns, "applied")  # this build applies again
     now = await call(service, kube, ns, "applied")
     assert now["spec"]["clusterIP"] == "None" and now["metadata"]["labels"]["zerotrain.dev/job"] == "applied"
 
@@ -70,14 +76,7 @@ async def test_a_field_an_older_build_created_by_post_goes_once_the_apply_owns_i
     finally:
         kube.set_user_agent(agent)
     await start_job(kube, ns, "posted", replicas=1)
-    patch = {"spec": {"env": [{"name": "EDITED", "value": "1"}]}}  # a spec edit: the apply runs, the cache has it
-    await call(kube.request, "PATCH", path_of(JOBS, PLURAL, ns, "posted"), patch, "application/merge-patch+json")
-
-    def older_fields_gone() -> bool:
-        now = service(kube, ns, "posted")
-        return OLD not in now["metadata"].get("labels", {}) and now["spec"].get("sessionAffinity") != "ClientIP"
-
-    await until_async(older_fields_gone)
+    await edit_spec_until_older_fields_go(kube, ns, "posted")  # the apply runs, the cache has it
     now = await call(service, kube, ns, "posted")
     entries = [(m.get("manager"), m.get("operation")) for m in now["metadata"].get("managedFields") or []]
     assert (FIELD_MANAGER, "Update") not in entries and (FIELD_MANAGER, "Apply") in entries, entries
