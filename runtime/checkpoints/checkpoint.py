@@ -300,7 +300,8 @@ def prepare(engine: Checkpointable, path: Path) -> Prepared | str:
         files: dict[str, str] = marker["files"]
         if marker.get("format") != FORMAT:
             return f"format {marker.get('format', 1)} is not {FORMAT} (saved by another zerotrain version)"
-        difference = model_difference(marker["model"], layout.model_record())
+        mine = layout.model_record()
+        difference = model_difference(marker["model"], mine)
         difference = difference or buffer_difference(marker.get("buffers"), layout.buffer_record())
     except (OSError, ValueError, KeyError, TypeError) as e:
         return f"unreadable {COMMITTED} marker ({e})"
@@ -313,7 +314,7 @@ def prepare(engine: Checkpointable, path: Path) -> Prepared | str:
     try:
         readers = [ShardReader(path / name, stats) for name in sorted(files)]
         units = [(u.name, u.extent, u.master_range) for u in layout.units]
-        remap = reshard.layout_runs(marker["model"], layout.model_record())
+        remap = reshard.layout_runs(marker["model"], mine)
         plan = reshard.plan_load(readers, layout.rank, units, layout.optimizer_segments, remap)
         buffers = buffer_file(readers, layout.rank) if marker.get("buffers") else None
     except (ShardFileError, reshard.ReshardError, KeyError) as e:
