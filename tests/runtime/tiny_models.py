@@ -136,3 +136,22 @@ def image_batches(steps: int, world_size: int, per_rank: int = 3, classes: int =
         ]
         for _ in range(steps)
     ]
+
+
+TINY_DECODER: dict[str, int] = {
+    "vocab_size": 64,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 64,
+}
+"""The sizes of the tiny Hugging Face decoders (Llama, Mixtral) the runtime tests build."""
+
+
+def llama_config(tie: bool = False) -> Any:
+    """A tiny Llama's config (`tie`: the output projection tied to the embedding)."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(**TINY_DECODER, tie_word_embeddings=tie)

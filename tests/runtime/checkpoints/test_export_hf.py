@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from dist_helpers import run_ranks
+from tiny_models import llama_config
 
 from zerotrain.cli import main
 from zerotrain.runtime.job.task import TrainingTask
@@ -43,19 +44,10 @@ def llama_task(rank: int, world_size: int, config_dir: str) -> TrainingTask:
 
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     path = tmp_path_factory.mktemp("hf") / "llama"
-    config = LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
-    )
+    config = llama_config()
     torch.manual_seed(7)
     LlamaForCausalLM(config).save_pretrained(path, max_shard_size="20KB")
     (path / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 64}))  # a tokenizer's file rides along

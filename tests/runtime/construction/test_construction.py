@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 from dist_helpers import run_ranks
+from tiny_models import TINY_DECODER, llama_config
 from torch import nn
 
 from zerotrain.runtime.construction.materialize import ConstructedValues
@@ -84,18 +85,9 @@ def test_the_custom_example_gets_an_ordinary_builds_parameters(monkeypatch: pyte
 
 
 def hf_llama(rank: int, world_size: int, tie: bool = False) -> TrainingTask:
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    from transformers import AutoModelForCausalLM
 
-    config = LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=tie,
-    )
+    config = llama_config(tie)
     model = AutoModelForCausalLM.from_config(config)
     return TrainingTask(
         model=model, loss=lambda out, batch: out.logits.mean(), batches=iter([]), unit_modules=["LlamaDecoderLayer"]
@@ -115,17 +107,7 @@ def hf_gpt2(rank: int, world_size: int) -> TrainingTask:
 def hf_mixtral(rank: int, world_size: int) -> TrainingTask:
     from transformers import AutoModelForCausalLM, MixtralConfig
 
-    config = MixtralConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_local_experts=4,
-        num_experts_per_tok=2,
-        max_position_embeddings=64,
-    )
+    config = MixtralConfig(**TINY_DECODER, num_local_experts=4, num_experts_per_tok=2)
     model = AutoModelForCausalLM.from_config(config)
     return TrainingTask(
         model=model, loss=lambda out, batch: out.logits.mean(), batches=iter([]), unit_modules=["MixtralDecoderLayer"]

@@ -10,6 +10,7 @@ import pytest
 import torch
 from dist_helpers import run_ranks
 from safetensors.torch import load_file, save_file
+from tiny_models import llama_config
 from torch import nn
 
 from zerotrain.runtime.construction.weight_files import open_weights
@@ -20,21 +21,6 @@ from zerotrain.weights_layout import WeightsError
 pytest.importorskip("transformers")
 
 TOKENS = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(4))
-
-
-def llama_config(tie: bool = False) -> Any:
-    from transformers import LlamaConfig
-
-    return LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=tie,
-    )
 
 
 class Wrapper(nn.Module):

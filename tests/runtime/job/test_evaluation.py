@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +10,6 @@ import pytest
 import torch
 
 from zerotrain.lr_schedule import learning_rate
-from zerotrain.pod_contract import PROGRESS_ENV, SUMMARY_ENV
 from zerotrain.runtime.job.rank_metrics import RankMetrics
 from zerotrain.runtime.job.task import ConfigError
 from zerotrain.runtime.job.train import RankContext, train
@@ -34,13 +32,10 @@ def job_spec(training: dict[str, Any], **args: Any) -> ZeroTrainingJobSpec:
 
 
 @pytest.fixture
-def single_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    for var in ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv(PROGRESS_ENV, str(tmp_path / "progress.jsonl"))
-    monkeypatch.setenv(SUMMARY_ENV, str(tmp_path / "summary.json"))
+def single_rank(single_rank: Path) -> Path:
+    """The job tests' single rank (tests/runtime/job/conftest.py), on one thread."""
     torch.set_num_threads(1)
-    yield tmp_path
+    return single_rank
 
 
 def trained(spec: ZeroTrainingJobSpec, metrics: RankMetrics | None = None) -> tuple[Any, dict[str, torch.Tensor]]:

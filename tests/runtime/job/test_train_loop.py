@@ -6,14 +6,12 @@ import http.server
 import json
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
 import torch
 
-from zerotrain.pod_contract import PROGRESS_ENV, SUMMARY_ENV
 from zerotrain.runtime.job.spec_bindings import optimizer_factory
 from zerotrain.runtime.job.task import ConfigError
 from zerotrain.runtime.job.train import RankContext, train
@@ -33,16 +31,6 @@ def job_spec(**overrides: Any) -> ZeroTrainingJobSpec:
     for key, value in overrides.items():
         doc[key] = {**doc[key], **value} if key in ("zero", "training") else value
     return ZeroTrainingJobSpec.model_validate(doc)
-
-
-@pytest.fixture
-def single_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """No process group: the engine runs as one rank; rank 0's files go to tmp_path."""
-    for var in ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv(PROGRESS_ENV, str(tmp_path / "progress.jsonl"))
-    monkeypatch.setenv(SUMMARY_ENV, str(tmp_path / "summary.json"))
-    yield tmp_path
 
 
 @pytest.mark.parametrize(
