@@ -109,6 +109,11 @@ def checkpoint_dir(spec: ZeroTrainingJobSpec) -> str:
     return spec.checkpoint.path or DEFAULT_CHECKPOINT_DIR
 
 
+# libyaml's emitter where PyYAML has it (its wheels do): the same text as SafeDumper's at a quarter of the CPU. In
+# pure Python it took about 2 ms, the largest share of a job's first pass when a hundred jobs arrive at once.
+_DUMPER: type[yaml.SafeDumper] | type[yaml.CSafeDumper] = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
 def build_config_map(job: JobRef, spec: ZeroTrainingJobSpec, gang: int) -> Obj:
     """The full, defaulted manifest gang `gang` reads from /etc/zerotrain/job.yaml.
 
@@ -124,7 +129,7 @@ def build_config_map(job: JobRef, spec: ZeroTrainingJobSpec, gang: int) -> Obj:
         "kind": "ConfigMap",
         "metadata": _metadata(job, naming.config_map_name(job.name, gang), {naming.LABEL_GANG: str(gang)}),
         "immutable": True,
-        "data": {naming.CONFIG_KEY: yaml.safe_dump(manifest, sort_keys=False)},
+        "data": {naming.CONFIG_KEY: yaml.dump(manifest, Dumper=_DUMPER, sort_keys=False)},
     }
 
 

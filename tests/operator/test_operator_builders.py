@@ -246,3 +246,15 @@ def test_pods_get_a_grace_period_that_fits_the_sigterm_checkpoint(checkpoint: di
     # Kubernetes' default 30 s would SIGKILL a rank in the middle of its save.
     pods = builders.build_pods(JOB, spec(replicas=2, checkpoint=checkpoint), gang=0)
     assert {p["spec"]["terminationGracePeriodSeconds"] for p in pods} == {grace}
+
+
+def test_the_gang_config_reads_back_as_the_python_emitter_writes_it() -> None:
+    # The ConfigMap is written by libyaml's emitter where PyYAML has it: the ranks must read what the pure-Python
+    # emitter would have written, long lines, quoting and non-ASCII text included.
+    args = ["--note", "héllo: wörld # ünïcode", "x" * 300, "yes", "0o17", ""]
+    s = spec(args=args, env=[{"name": "PROMPT", "value": "a\nb"}])
+    text = builders.build_config_map(JOB, s, 0)["data"][naming.CONFIG_KEY]
+    assert builders._DUMPER is yaml.CSafeDumper  # PyYAML's wheels bring libyaml: the test checks the C emitter
+    manifest = yaml.safe_load(text)
+    assert text == yaml.safe_dump(manifest, sort_keys=False)
+    assert manifest["spec"]["args"] == args
