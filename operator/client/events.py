@@ -13,10 +13,9 @@ one an object etcd keeps for an hour. So, per job:
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -137,8 +136,13 @@ class EventQueue:
 
     def __init__(self, recorder: EventRecorder, capacity: int = MAX_QUEUED) -> None:
         self.recorder = recorder
-        self._queue: queue.Queue[Obj] = queue.Queue(capacity)
-        self._stopped = threading.Event()
+        self.capacity = capacity
+        self._events: deque[Obj] = deque()
+        self._unsent = 0
+        """Events queued or being posted: what `flush` waits for."""
+        self._stopped = False
+        # One condition for every state change, so the sender sleeps until there is work or a stop (no polling).
+        self._cv = threading.Condition()
         self._thread = threading.Thread(target=self._send, name="zerotrain-events", daemon=True)
         self._thread.start()
 
@@ -149,24 +153,27 @@ class EventQueue:
 
     def record(self, event: Obj) -> None:
         """Queue `event` for the sender; never waits (a full queue drops it, as client-go's does)."""
-        if self._stopped.is_set():
+        with self._cv:
+            taken = not self._stopped and len(self._events) < self.capacity
+            if taken:
+                self._events.append(event)
+                self._unsent += 1
+                self._cv.notify_all()
+            full = not self._stopped and not taken
+        if not taken:
             self.recorder.count_dropped()
-            return
-        try:
-            self._queue.put_nowait(event)
-        except queue.Full:
-            self.recorder.count_dropped()
-            log.warning("event %s dropped: %d events wait to be sent already", event.get("reason"), MAX_QUEUED)
+        if full:
+            log.warning("event %s dropped: %d events wait to be sent already", event.get("reason"), self.capacity)
 
     def flush(self, wait_seconds: float = 10.0) -> bool:
         """Wait until every Event queued so far is sent (or refused); whether that happened in time."""
         deadline = time.monotonic() + wait_seconds
-        with self._queue.all_tasks_done:
-            while self._queue.unfinished_tasks:
+        with self._cv:
+            while self._unsent:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
-                self._queue.all_tasks_done.wait(left)
+                self._cv.wait(left)
         return True
 
     def close(self, wait_seconds: float = 5.0) -> None:
@@ -174,28 +181,29 @@ class EventQueue:
         nothing is posted after this returns but the one Event in flight, if any."""
         deadline = time.monotonic() + wait_seconds
         self.flush(wait_seconds)
-        self._stopped.set()
-        self._thread.join(timeout=max(0.0, deadline - time.monotonic()))
-        while True:
-            try:
-                self._queue.get_nowait()
-            except queue.Empty:
-                return
+        with self._cv:
+            self._stopped = True
+            left = len(self._events)
+            self._events.clear()
+            self._unsent -= left
+            self._cv.notify_all()
+        for _ in range(left):
             self.recorder.count_dropped()
-            self._queue.task_done()
+        self._thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
     def _send(self) -> None:
-        while not self._stopped.is_set():
+        while True:
+            with self._cv:
+                while not self._events and not self._stopped:
+                    self._cv.wait()
+                if self._stopped:
+                    return
+                event = self._events.popleft()
             try:
-                event = self._queue.get(timeout=0.1)
-            except queue.Empty:
-                continue
-            try:
-                if self._stopped.is_set():
-                    self.recorder.count_dropped()
-                else:
-                    self.recorder.record(event)
+                self.recorder.record(event)
             except Exception:  # a report that could not be sent must not stop the ones after it
                 log.exception("sending event %s failed", event.get("reason"))
             finally:
-                self._queue.task_done()
+                with self._cv:
+                    self._unsent -= 1
+                    self._cv.notify_all()

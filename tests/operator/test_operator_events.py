@@ -157,3 +157,18 @@ def test_close_waits_no_longer_than_told_and_what_is_left_is_dropped() -> None:
     time.sleep(0.3)
     # The post in flight may still land; the two queued behind it and the one after close do not.
     assert len(sink.created) <= 1 and events.dropped == 3
+
+
+def test_an_idle_queue_closes_at_once_and_its_sender_ends() -> None:
+    # The sender sleeps on the queue's condition until an Event or the close arrives: nothing wakes it meanwhile,
+    # and the close both wakes and ends it.
+    before = {t for t in threading.enumerate() if t.name == "zerotrain-events"}
+    sink = Sink()
+    events = EventQueue(EventRecorder(sink, Clock()))
+    (sender,) = {t for t in threading.enumerate() if t.name == "zerotrain-events"} - before
+    events.record(event("rank 0 failed"))
+    assert events.flush(5) and len(sink.created) == 1
+    started = time.monotonic()
+    events.close(5)
+    assert time.monotonic() - started < 1 and not sender.is_alive()
+    assert events.dropped == 0
