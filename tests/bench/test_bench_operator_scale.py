@@ -36,3 +36,5 @@ def test_operator_scale_prints_the_operator_and_the_plain_client_figures() -> No
     # The emulator's record counts the wide job's 2 pods too: (4 x 2 + 2) / 4.
     assert report["served_per_job"]["zerotrain-operator create pods"] == 2.5
     assert report["operator_over_plain_same_writes"] > 0
+    assert 0 < report["plain_first_pass_p50_s"] <= report["plain_first_pass_p99_s"]
+    assert report["busy_p99_over_plain_first_pass_p99"] > 0
