@@ -67,7 +67,7 @@ def _cpu_timed(self: Reconciler, key: tuple[str, str]) -> Any:
         CPU.append(time.thread_time() - t0)
 
 
-Reconciler._timed = _cpu_timed  # type: ignore[method-assign]
+Reconciler._timed = _cpu_timed
 
 
 class TimedMetrics(OperatorMetrics):
@@ -125,7 +125,7 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def pct(values: list[float], q: float) -> float:
+def pct(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100)[q - 1] if len(values) >= 2 else (values[0] if values else 0.0)
 
 

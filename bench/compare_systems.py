@@ -172,7 +172,8 @@ def _adamw(params: Any) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=LR, weight_decay=WEIGHT_DECAY)
 
 
-def _torch_system(name: str, model: nn.Module, spec: RunSpec) -> System:
+def _torch_system(name: str, model: nn.Module, spec: RunSpec | None = None) -> System:
+    """DDP, ZeroRedundancyOptimizer or FSDP2 around `model`; `spec` only for HSDP's mesh (bench_plan passes none)."""
     if name in ("ddp", "zro"):
         ddp = nn.parallel.DistributedDataParallel(model)
         if name == "ddp":
@@ -188,7 +189,7 @@ def _torch_system(name: str, model: nn.Module, spec: RunSpec) -> System:
 
     keep = name == "fsdp2-keep"
     mesh = None
-    if spec.hybrid:
+    if spec is not None and spec.hybrid:
         # HSDP: a 2-D mesh, shard inside each group of consecutive ranks, replicate across the groups.
         shape = (spec.world // spec.shard_group, spec.shard_group)
         mesh = init_device_mesh(spec.device, shape, mesh_dim_names=("replicate", "shard"))

@@ -28,3 +28,12 @@ def test_nothing_outside_the_plan_survives_a_bf16_step() -> None:
     # full-size copy of each bucket past the step (1.6 MB here, -3.2% against the plan). Bytes are exact: 1%.
     row = bench_plan.measure(bench_plan.Case("medium", stage=2, checkpointing=False, world=2, precision="bf16"))
     assert abs(row["error"]) < 0.01, row
+
+
+@pytest.mark.slow
+def test_fsdp2_beside_the_plan_is_measured() -> None:
+    # `bench_plan.py --versus-fsdp2` builds FSDP2 through compare.py's systems without a compare run's spec.
+    peak, ranks = bench_plan.measure_peak(
+        bench_plan.Case("small", stage=3, checkpointing=False, world=2, system="fsdp2")
+    )
+    assert peak > 0 and len(ranks) == 2 and all(r["report"] is None for r in ranks)
