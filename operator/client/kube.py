@@ -363,23 +363,39 @@ class Kube:
         creates the object or makes the fields the operator owns exactly `obj`'s, removing those an earlier build
         set and this one does not. The server's answer, or None when `known` (the caller's cached copy) shows this
         very configuration applied and still in place, so a steady pass sends nothing. Fields an older build wrote
-        by create or update (`known` shows their `Update` entry) first move to the operator's apply
-        (`field_owners`), so the apply can remove them too."""
+        by create or update first move to the operator's apply (`field_owners`), so the apply can remove them too:
+        before it, where `known` shows their `Update` entry; after it, where there is no copy (a kind the operator
+        does not cache, such as a PodGroup) and the answer shows one, and then the apply is sent again."""
         body = applied(obj)
         if known is not None and _applied_hash(known) == _applied_hash(body) and is_subset(body, known):
             return None
         md = obj["metadata"]
         path = path_of(obj["apiVersion"], self._plural(obj), md["namespace"], md["name"])
-        upgrade = upgrade_ops(known, FIELD_MANAGER) if known is not None else None
-        if upgrade is not None:
-            try:
-                self.request("PATCH", path, upgrade, _JSON_PATCH)
-            except KubeError as e:
-                if e.status not in (409, 422):  # changed since the cache saw it: the apply goes on; fields stay
-                    raise
-                log.info("%s %s changed before its fields moved to the apply: %s", obj["kind"], md["name"], e)
-        query = {"fieldManager": FIELD_MANAGER, "force": "true"}
-        return self.request("PATCH", path, json.dumps(body), _APPLY, query=query)
+        if known is not None:
+            self._move_fields(path, known, obj)
+        answer = self._send_apply(path, body)
+        if known is None and self._move_fields(path, answer, obj):
+            answer = self._send_apply(path, body)
+        return answer
+
+    def _send_apply(self, path: str, body: Obj) -> Obj:
+        return self.request(
+            "PATCH", path, json.dumps(body), _APPLY, query={"fieldManager": FIELD_MANAGER, "force": "true"}
+        )
+
+    def _move_fields(self, path: str, live: Obj, obj: Obj) -> bool:
+        """Send `live`'s field migration, if it needs one; whether one was made."""
+        upgrade = upgrade_ops(live, FIELD_MANAGER)
+        if upgrade is None:
+            return False
+        try:
+            self.request("PATCH", path, upgrade, _JSON_PATCH)
+        except KubeError as e:
+            if e.status not in (409, 422):  # changed since it was read: the apply goes on; the fields stay
+                raise
+            log.info("%s %s changed before its fields moved to the apply: %s", obj["kind"], obj["metadata"]["name"], e)
+            return False
+        return True
 
     def create_event(self, event: Obj) -> Obj | None:
         """Post an Event (builders.build_event); the Event as stored, or None: events are best-effort, as in kubelet,

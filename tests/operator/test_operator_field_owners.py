@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import kubernetes
+
 from zerotrain.operator.client.field_owners import union, upgrade_ops
+from zerotrain.operator.client.kube import Kube
 
 M = "zerotrain-operator"
 
@@ -55,3 +58,41 @@ def test_nothing_is_sent_without_an_update_entry_of_the_operator() -> None:
     assert upgrade_ops(live(entry(M, "Apply", {"f:spec": {}})), M) is None
     assert upgrade_ops(live(entry("someone-else", "Update", {"f:spec": {}})), M) is None
     assert upgrade_ops({"metadata": {"name": "s"}}, M) is None  # the emulator keeps no managedFields
+
+
+class Recording(Kube):
+    """A client whose server answers every apply with `answers` in turn, recording what it was sent."""
+
+    def __init__(self, answers: list[dict[str, Any]]) -> None:
+        super().__init__(kubernetes.client.Configuration())
+        self.answers = answers
+        self.sent: list[tuple[str, str]] = []
+
+    def request(self, method: str, path: str, body: Any = None, content_type: str = "", **_: Any) -> Any:
+        self.sent.append((method, content_type))
+        return self.answers.pop(0) if content_type.startswith("application/apply") else {}
+
+
+SERVICE = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s", "namespace": "n"}, "spec": {}}
+APPLIED = entry(M, "Apply", {"f:spec": {}})
+APPLY = ("PATCH", "application/apply-patch+yaml")
+MOVE = ("PATCH", "application/json-patch+json")
+
+
+def test_with_no_copy_the_answer_shows_an_older_builds_fields_and_the_apply_goes_again() -> None:
+    # A PodGroup is not cached: the first apply's answer is where the Update entry shows.
+    kube = Recording([live(APPLIED, entry(M, "Update", {"f:metadata": {}})), live(APPLIED)])
+    assert kube.apply(SERVICE) == live(APPLIED)
+    assert kube.sent == [APPLY, MOVE, APPLY]
+
+
+def test_with_no_copy_and_no_older_fields_one_apply_is_all() -> None:
+    kube = Recording([live(APPLIED)])
+    kube.apply(SERVICE)
+    assert kube.sent == [APPLY]
+
+
+def test_a_cached_copy_with_an_older_builds_fields_moves_them_before_the_one_apply() -> None:
+    kube = Recording([live(APPLIED)])
+    kube.apply(SERVICE, known=live(entry(M, "Update", {"f:spec": {}})))
+    assert kube.sent == [MOVE, APPLY]
