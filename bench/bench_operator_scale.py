@@ -67,7 +67,7 @@ def _cpu_timed(self: Reconciler, key: tuple[str, str]) -> Any:
         CPU.append(time.thread_time() - t0)
 
 
-Reconciler._timed = _cpu_timed
+Reconciler._timed = _cpu_timed  # type: ignore[method-assign]
 
 
 class TimedMetrics(OperatorMetrics):
