@@ -77,12 +77,14 @@ lint: $(STAMP) typecheck
 
 # mypy cannot follow setuptools' package-dir mapping through an editable install, so it checks a
 # symlinked tree shaped like the installed package (zerotrain/, zerotrain/operator, zerotrain/runtime).
+# bench/ holds scripts, not a package: they are checked in the same tree, so `zerotrain` resolves as installed.
 typecheck: $(STAMP)
 	rm -rf build/typecheck && mkdir -p build/typecheck/zerotrain
 	for f in zerotrain/*; do ln -s "$(CURDIR)/$$f" build/typecheck/zerotrain/; done
 	ln -s "$(CURDIR)/operator" build/typecheck/zerotrain/operator
 	ln -s "$(CURDIR)/runtime" build/typecheck/zerotrain/runtime
 	cd build/typecheck && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml -p zerotrain
+	cd build/typecheck && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml $(CURDIR)/bench/*.py $(CURDIR)/bench/gpu/*.py
 
 # The chart carries a byte-identical copy of the CRD (a test checks it).
 crd: $(STAMP)

@@ -111,9 +111,9 @@ def client_informer(lines: list[str], as_dict: bool) -> float:
         if as_dict:
             pod = api.sanitize_for_serialization(pod)
             key = job_of(pod)
-        else:
-            labels = pod.metadata.labels or {}
-            key = (pod.metadata.namespace, labels.get("zerotrain.dev/job"))
+        else:  # job_of's reading, on the client's V1Pod
+            job = (pod.metadata.labels or {}).get("zerotrain.dev/job")
+            key = (pod.metadata.namespace, job) if job else None
         if key is not None:
             q.add(key)
 
@@ -139,8 +139,8 @@ async def _kopf_events(lines: list[str]) -> float:
     registry = kopf.OperatorRegistry()
 
     @kopf.on.event("v1", "pods", registry=registry)
-    async def on_pod(event: dict[str, Any], **_: Any) -> None:
-        if (key := job_of(event["object"])) is not None:
+    async def on_pod(event: kopf.RawEvent, **_: Any) -> None:
+        if (key := job_of(dict(event["object"]))) is not None:  # as the operator's own job handler takes a body
             q.add(key)
 
     settings = kopf.OperatorSettings()

@@ -43,7 +43,7 @@ def _rank_main(rank: int, world: int, port: int, on: bool, args: argparse.Namesp
     dist.init_process_group("gloo", rank=rank, world_size=world)
     from zerotrain.runtime import ZeroEngine
     from zerotrain.runtime.job.model_start import make_engine
-    from zerotrain.runtime.job.rank_metrics import NoMetrics, RankMetrics
+    from zerotrain.runtime.job.rank_metrics import NoMetrics, RankMetrics, StepValues
     from zerotrain.runtime.job.task import build_task
     from zerotrain.runtime.job.train import RankContext, Trainer
     from zerotrain.spec import ZeroTrainingJobSpec
@@ -75,9 +75,9 @@ def _rank_main(rank: int, world: int, port: int, on: bool, args: argparse.Namesp
         metrics_port = metrics.serve(Endpoint("127.0.0.1", 0, 0, "bench"))
         inner = metrics.observe_step
 
-        def timed(*a: Any) -> None:
+        def timed(engine: ZeroEngine, values: StepValues) -> None:
             t0 = time.perf_counter()
-            inner(*a)
+            inner(engine, values)
             observe_s.append(time.perf_counter() - t0)
 
         metrics.observe_step = timed  # type: ignore[method-assign]
@@ -123,7 +123,7 @@ def main() -> None:
             mp.spawn(_rank_main, args=(args.world, free_port(), on, args, queue), nprocs=args.world)
             runs[on].append(queue.get())
     off = statistics.median(r["step_s"] for r in runs[False])
-    on = statistics.median(r["step_s"] for r in runs[True])
+    with_metrics = statistics.median(r["step_s"] for r in runs[True])
     observe = statistics.median(r["observe_s"] for r in runs[True])
     table = Table(
         title=f"metrics overhead: GPT d={args.d_model} L={args.layers}, stage {args.stage}, "
@@ -134,10 +134,10 @@ def main() -> None:
     table.add_row("metrics off", f"{off * 1e3:.1f} ms", "1.000", "-", "-", "-")
     table.add_row(
         "metrics on",
-        f"{on * 1e3:.1f} ms",
-        f"{on / off:.3f}",
+        f"{with_metrics * 1e3:.1f} ms",
+        f"{with_metrics / off:.3f}",
         f"{observe * 1e6:.0f} µs",
-        f"{observe / on:.2%}",
+        f"{observe / with_metrics:.2%}",
         f"{statistics.median(r['scrapes'] for r in runs[True]):.0f}",
     )
     Console().print(table)

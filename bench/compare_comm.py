@@ -15,12 +15,15 @@ they show up rather than vanish.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import _resolve_process_group
 from torch.utils._python_dispatch import TorchDispatchMode
+
+if TYPE_CHECKING:  # a NewType of str, where this torch's stubs name it
+    from torch.distributed.distributed_c10d import GroupName
 
 
 def _nbytes(tensors: Any) -> int:
@@ -98,7 +101,7 @@ def _group(args: tuple[Any, ...]) -> dist.ProcessGroup | None:
                 continue
     if args and isinstance(args[-1], str):
         try:
-            return _resolve_process_group(args[-1])
+            return _resolve_process_group(cast("GroupName", args[-1]))
         except (KeyError, ValueError, RuntimeError):
             return None
     return None

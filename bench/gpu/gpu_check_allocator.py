@@ -10,7 +10,7 @@ import os
 from typing import Any
 
 import torch
-from gpu_check_config import SIZES, Size
+from gpu_check_config import SIZES, GptSize, Size
 from gpu_check_records import Checks
 from gpu_check_train import adamw, batches, device_of, init_group, make_task, teardown
 
@@ -78,7 +78,7 @@ def plan(rep: Any) -> tuple[bool, float, str, dict[str, Any]]:
     return plan_ok, slack, text, figures
 
 
-def planned_peak(engine: ZeroEngine, rep: Any, gpt: dict[str, int]) -> int:
+def planned_peak(engine: ZeroEngine, rep: Any, gpt: GptSize) -> int:
     """`zerotrain plan`'s whole peak for this engine's units and the allocator model's shape (foreach AdamW, as
     torch steps on CUDA)."""
     shape = ModelShape(

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from gpu_check_config import SIZES
+from gpu_check_config import SIZES, GptSize
 from gpu_check_records import OK, Checks
 from gpu_check_train import adamw, batches, device_of, init_group, make_task, teardown
 
@@ -112,7 +112,7 @@ def raw_collectives(checks: Checks, device: torch.device, rank: int, world: int,
         checks.add(f"{name} ({world} rank{'s' if world > 1 else ''})", exact and ran, detail, **counts)
 
 
-def engine_collectives(checks: Checks, device: torch.device, gpt: dict[str, int]) -> None:
+def engine_collectives(checks: Checks, device: torch.device, gpt: GptSize) -> None:
     """The stage-3 engine at world size 1 issues real gathers and reduce-scatters with the variable, none without."""
     for single in (True, False):
         if single:

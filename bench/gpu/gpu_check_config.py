@@ -4,6 +4,7 @@ tolerances."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypedDict
 
 # offload comes last: the newest phase, measured on no GPU yet, takes what the budget has left rather than
 # squeezing the established ones (the driver gives each phase min(its timeout, what is left)).
@@ -65,13 +66,24 @@ TOLERANCES = {
 """The tolerances as gpu_check.json records them."""
 
 
+class GptSize(TypedDict):
+    """The keyword sizes of zerotrain.runtime.examples.gpt.build."""
+
+    seq_len: int
+    batch_size: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    max_bytes: int
+
+
 @dataclass
 class Size:
     """Model sizes and step counts of one mode (cuda, cpu, quick)."""
 
-    gpt: dict[str, int]
+    gpt: GptSize
     steps: int
-    alloc: dict[str, int]
+    alloc: GptSize
     alloc_steps: int
     sanitizer_steps: int
     throughput: str
@@ -83,8 +95,8 @@ class Size:
 
 
 # On the CPU the allocator phase trains the parity model itself.
-CPU_GPT = {"seq_len": 64, "batch_size": 8, "d_model": 128, "n_layers": 4, "n_heads": 4, "max_bytes": 200_000}
-QUICK_GPT = {"seq_len": 32, "batch_size": 4, "d_model": 64, "n_layers": 2, "n_heads": 4, "max_bytes": 40_000}
+CPU_GPT: GptSize = {"seq_len": 64, "batch_size": 8, "d_model": 128, "n_layers": 4, "n_heads": 4, "max_bytes": 200_000}
+QUICK_GPT: GptSize = {"seq_len": 32, "batch_size": 4, "d_model": 64, "n_layers": 2, "n_heads": 4, "max_bytes": 40_000}
 SIZES = {
     "cuda": Size(
         gpt={"seq_len": 128, "batch_size": 8, "d_model": 256, "n_layers": 4, "n_heads": 8, "max_bytes": 400_000},
@@ -98,17 +110,17 @@ SIZES = {
         offload_warmup=2,
     ),
     "cpu": Size(
-        gpt=dict(CPU_GPT),
+        gpt=CPU_GPT.copy(),
         steps=5,
-        alloc=dict(CPU_GPT),
+        alloc=CPU_GPT.copy(),
         alloc_steps=3,
         sanitizer_steps=2,
         throughput="--d-model 128 --layers 2 --heads 4 --seq-len 64 --batch 8 --steps 4 --warmup 1 --max-bytes 200000",
     ),
     "quick": Size(
-        gpt=dict(QUICK_GPT),
+        gpt=QUICK_GPT.copy(),
         steps=3,
-        alloc=dict(QUICK_GPT),
+        alloc=QUICK_GPT.copy(),
         alloc_steps=2,
         sanitizer_steps=1,
         throughput="--d-model 32 --layers 1 --heads 4 --seq-len 16 --batch 4 --steps 3 --warmup 1 --max-bytes 20000 "

@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 import torch
-from gpu_check_config import BF16_LOSS_ATOL, BF16_UPDATE_RTOL, BF16_VS_FP32_LOSS_ATOL, FP32_ATOL, SIZES
+from gpu_check_config import BF16_LOSS_ATOL, BF16_UPDATE_RTOL, BF16_VS_FP32_LOSS_ATOL, FP32_ATOL, SIZES, GptSize
 from gpu_check_records import Checks
 from gpu_check_train import (
     Trained,
@@ -93,7 +93,7 @@ def bf16_cases(chunk: int, world: int) -> list[tuple[str, int, dict[str, Any]]]:
 
 
 def parity_runs(
-    checks: Checks, device: torch.device, gpt: dict[str, int], steps: int, faults: set[str], rank: int, world: int
+    checks: Checks, device: torch.device, gpt: GptSize, steps: int, faults: set[str], rank: int, world: int
 ) -> None:
     """fp32 against AdamW on the global batch, bf16 against bf16 stage 0 on the same data."""
     ref_task = make_task(device, gpt)  # the whole global batch, one process
@@ -110,7 +110,7 @@ def parity_runs(
     for label, stage, cfg in parity_cases(chunk, world):
         run = train_engine(make_task(device, gpt, rank, world), data, stage, **cfg)
         fp32_check(checks, f"fp32 {label} vs AdamW ({where})", run, ref, single)
-    chunked = {"reduce_bucket_elements": chunk, "allgather_bucket_elements": chunk}
+    chunked: dict[str, Any] = {"reduce_bucket_elements": chunk, "allgather_bucket_elements": chunk}
     for stage in (2, 3):  # side work held back on the GPU: a consumer that did not wait for it reads other numbers
         os.environ[STREAM_MODEL_ENV] = "delayed"
         try:

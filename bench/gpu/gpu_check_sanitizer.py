@@ -52,7 +52,8 @@ def phase_sanitized_training(args: argparse.Namespace, checks: Checks) -> None:
     os.environ[SINGLE_RANK_ENV] = "1"
     init_group(device)
     size = SIZES[args.size]
-    gpt = {**size.gpt, "n_layers": 2}  # CSAN's cost is per kernel: two blocks exercise every path
+    gpt = size.gpt.copy()
+    gpt["n_layers"] = 2  # CSAN's cost is per kernel: two blocks exercise every path
     task = make_task(device, gpt)
     chunk = chunk_elements(task)
     data = batches(task, device, size.sanitizer_steps)

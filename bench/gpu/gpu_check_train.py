@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -22,6 +22,9 @@ from zerotrain.runtime.examples.gpt import build
 from zerotrain.runtime.job.launch import free_port
 from zerotrain.runtime.job.train import to_device
 from zerotrain.runtime.zero.process_group import process_group_backend
+
+if TYPE_CHECKING:
+    from gpu_check_config import GptSize
 
 
 def device_of(args: argparse.Namespace) -> torch.device:
@@ -67,7 +70,7 @@ def math_attention() -> Iterator[None]:
         yield
 
 
-def make_task(device: torch.device, gpt: dict[str, int], rank: int = 0, world: int = 1) -> Any:
+def make_task(device: torch.device, gpt: GptSize, rank: int = 0, world: int = 1) -> Any:
     torch.manual_seed(0)
     task = build(rank=rank, world_size=world, **gpt)
     task.model.to(device)
@@ -127,6 +130,7 @@ def train_engine(task: Any, data: list[Any], stage: int, precision: str = "fp32"
     for batch in data:
         engine.backward(task.loss(engine(task.inputs(batch)), batch))
         result = engine.step(report_grad_norm=True)
+        assert result.loss is not None  # backward was given this step's loss
         losses.append(float(result.loss))
         norms.append(float(result.grad_norm if result.grad_norm is not None else math.nan))
     weights = fp32_copy(engine.full_state_dict().items())
