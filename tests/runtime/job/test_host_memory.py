@@ -50,8 +50,12 @@ def _grown(mode: str) -> int:
 def test_weights_freed_while_starting_go_back_to_the_system() -> None:
     model = 4 * (12 * (12 * 768 * 768 + 13 * 768) + (256 + 64) * 768 + 2 * 768)  # 341 MB of fp32 weights
     # glibc's own threshold: the freed weights stay in the heap. Unless they end up at its top, which glibc trims: the
-    # address layout decides that, about 1 run in 6 here, so the largest growth of four runs shows what is kept.
-    assert max(_grown("heap") for _ in range(4)) > model // 2
+    # address layout (randomised per process) decides that, in 1 to 2 runs of 8 here, and four trims in a row have
+    # happened under a full test run. So runs go on until one shows what is kept, up to twelve.
+    grown = [0]
+    while grown[-1] <= model // 2 and len(grown) <= 12:
+        grown.append(_grown("heap"))
+    assert grown[-1] > model // 2, grown
     assert _grown("returned") < model // 4  # the rank's slices (model / 8) and little else
 
 
