@@ -3,8 +3,9 @@
 What an entry point and a user of the engine import, from here and nowhere deeper (the subpackages `job`, `zero`,
 `checkpoints`, `construction` and `models` are internal and move as the code does):
 
-- the entry-point contract: `TrainingTask` (what `spec.entrypoint` returns), `ConfigError` (a configuration the
-  job cannot run: exit status 2, reported as the job's InvalidConfig condition);
+- the entry-point contract: `TrainingTask` (what `spec.entrypoint` returns), `LossSum` (a loss given as a sum over
+  counted tokens, weighed alike across ranks and accumulation), `ConfigError` (a configuration the job cannot run:
+  exit status 2, reported as the job's InvalidConfig condition);
 - data helpers: `rank_rows` (this rank's rows of a global micro-batch), `TokenFiles`, `TokenBatches` and
   `EvalTokenBatches` (token files from `zerotrain data prepare`);
 - the engine: `ZeroEngine`, `ZeroConfig`, `Stage`, `Precision`, and `EngineState` with its `ShardLayout` (what
@@ -24,7 +25,7 @@ from zerotrain.zero_config import Precision, Stage, ZeroConfig
 
 if TYPE_CHECKING:
     from zerotrain.runtime.job.data import rank_rows
-    from zerotrain.runtime.job.task import ConfigError, TrainingTask
+    from zerotrain.runtime.job.task import ConfigError, LossSum, TrainingTask
     from zerotrain.runtime.job.token_data import EvalTokenBatches, TokenBatches, TokenFiles
     from zerotrain.runtime.zero.engine import ZeroEngine
     from zerotrain.runtime.zero.engine_state import EngineState, ShardLayout
@@ -37,6 +38,7 @@ warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category
 _HOMES = {
     "ConfigError": "zerotrain.runtime.job.task",
     "TrainingTask": "zerotrain.runtime.job.task",
+    "LossSum": "zerotrain.runtime.job.task",
     "rank_rows": "zerotrain.runtime.job.data",
     "TokenFiles": "zerotrain.runtime.job.token_data",
     "TokenBatches": "zerotrain.runtime.job.token_data",
@@ -50,6 +52,7 @@ __all__ = [
     "ConfigError",
     "EngineState",
     "EvalTokenBatches",
+    "LossSum",
     "Precision",
     "ShardLayout",
     "Stage",

@@ -74,6 +74,9 @@ class PlanInput(SpecModel):
     """Bytes of one compute-precision weight (2 for fp16/bf16; 0 when the parameter shard is offloaded)."""
     bytes_per_gradient: float = Field(default=2.0, gt=0)
     """Bytes of one gradient element (2 for fp16/bf16)."""
+    trainable_parameters: int | None = Field(default=None, ge=0)
+    """Ψ_t, the parameters that train (a LoRA job's adapters); only these hold gradients and optimizer state. None:
+    all Ψ (frozen parameters hold their weights only, in the compute dtype)."""
     device_memory: int | None = Field(default=None, ge=1)
     """Bytes of one device; enables the recommendation."""
     headroom: float = Field(default=DEFAULT_HEADROOM, ge=0, lt=1)
@@ -182,9 +185,11 @@ SHARDED: dict[Stage, tuple[bool, bool, bool]] = {
 
 
 def _full_bytes(p: PlanInput) -> tuple[float, float, float]:
-    """(parameter, gradient, optimizer) bytes of the whole, unpartitioned model."""
+    """(parameter, gradient, optimizer) bytes of the whole, unpartitioned model: weights of all Ψ, gradients and
+    optimizer state of the trainable Ψ_t."""
     psi = float(p.parameters)
-    return p.bytes_per_weight * psi, p.bytes_per_gradient * psi, p.optimizer_multiplier * psi
+    trains = psi if p.trainable_parameters is None else float(p.trainable_parameters)
+    return p.bytes_per_weight * psi, p.bytes_per_gradient * trains, p.optimizer_multiplier * trains
 
 
 def stage_bytes(stage: Stage, p: PlanInput) -> tuple[float, float, float]:

@@ -4,7 +4,8 @@ Every rank runs the first `batches` of its task's evaluation micro-batches throu
 `torch.no_grad()` (stage 3 gathers and frees each unit as in a training forward; nothing is reduced), then one
 all-reduce of (sum of losses, count) gives the mean over every rank's micro-batches. Each micro-batch's loss is the
 task's own mean over it and every rank holds the same number of rows, so this is the mean over the evaluation
-samples (over tokens too, when every row has the same number of counted tokens, as token files give).
+samples (over tokens too, when every row has the same number of counted tokens, as token files give). A task whose
+loss is a `LossSum` is averaged over every counted token of every rank instead, whatever each micro-batch counts.
 
 It changes nothing of the training: the model goes back to train mode, and the random generators (torch's CPU and
 CUDA ones, which dropout or a model's own sampling would draw from) are put back as they were, so a run with
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from zerotrain.runtime.job.task import ConfigError, TrainingTask
+from zerotrain.runtime.job.task import ConfigError, LossSum, TrainingTask, call_model
 from zerotrain.spec import EvaluationSpec
 
 if TYPE_CHECKING:
@@ -84,19 +85,25 @@ def evaluate(
 
     assert task.eval_batches is not None, "check_task refuses a task without eval_batches"
     start = time.perf_counter()
-    total = torch.zeros(2, dtype=torch.float64, device=device)  # (sum of micro-batch losses, micro-batches)
+    # (sum of losses, what they average over: micro-batches, or the counted tokens of summed losses, micro-batches)
+    total = torch.zeros(3, dtype=torch.float64, device=device)
     with _untouched(engine):
         for batch in itertools.islice(task.eval_batches(), evaluation.batches):
             batch = to_device(batch, device)
-            inputs = task.inputs(batch)
-            output = engine(*inputs) if isinstance(inputs, tuple) else engine(inputs)
-            total[0] += task.loss(output, batch).detach().double()
-            total[1] += 1
-    ran = int(total[1].item())
+            loss = task.loss(call_model(engine, task.inputs(batch)), batch)
+            if isinstance(loss, LossSum):
+                total[0] += loss.total.detach().double()
+                total[1] += torch.as_tensor(loss.count, dtype=torch.float64, device=device)
+            else:
+                total[0] += loss.detach().double()
+                total[1] += 1
+            total[2] += 1
+    ran = int(total[2].item())
     if ran < evaluation.batches:  # every rank holds the same number of micro-batches, so all refuse together
         raise ConfigError(
             f"spec.training.evaluation.batches: got {evaluation.batches}, but the task's evaluation data holds "
             f"only {ran} micro-batches per rank; ask for at most {ran}, or give the task more evaluation data"
         )
     engine.comm.all_reduce(total, "evaluation", label="evaluation")
-    return Evaluation(step, float(total[0] / total[1]), ran, time.perf_counter() - start)
+    mean = float(total[0] / total[1]) if total[1] > 0 else 0.0
+    return Evaluation(step, mean, ran, time.perf_counter() - start)

@@ -34,6 +34,20 @@ def _as_is(batch: Any) -> Any:
     return batch
 
 
+@dataclass(frozen=True)
+class LossSum:
+    """A micro-batch's loss as a sum over the items it counts (the tokens whose label is not ignored), with their
+    number. The runtime divides the summed losses of every rank and every accumulated micro-batch by their summed
+    counts, so the step's loss and gradient are those of the mean over every counted item of the global batch: one
+    process's, however unevenly the items fall on ranks and micro-batches (answer-only labels). A mean per
+    micro-batch averaged over ranks is that only when every micro-batch counts as many."""
+
+    total: torch.Tensor
+    """The summed loss (a scalar tensor that backward runs through)."""
+    count: torch.Tensor | int
+    """How many items `total` sums over (0: none; the micro-batch then adds nothing)."""
+
+
 @dataclass
 class TrainingTask:
     """What an entry point returns for one rank."""
@@ -41,12 +55,15 @@ class TrainingTask:
     model: nn.Module
     """The model, built as usual: the runtime builds it partitioned (each rank keeping only its slice of every
     parameter as the modules are registered), with the same values an ordinary build from the seed gives."""
-    loss: Callable[[Any, Any], torch.Tensor]
-    """`loss(model_output, batch)`: the scalar mean loss of one micro-batch."""
+    loss: Callable[[Any, Any], torch.Tensor | LossSum]
+    """`loss(model_output, batch)`: the scalar mean loss of one micro-batch, or a `LossSum` (the summed loss and the
+    count it sums over) when micro-batches count different numbers of items, so the runtime weighs every item
+    alike across ranks and accumulation."""
     batches: Iterator[Any]
     """This rank's micro-batches, in order; one optimizer step consumes gradientAccumulationSteps of them."""
     inputs: Callable[[Any], Any] = _as_is
-    """Maps a batch to the model's input: a tuple is passed as positional arguments, anything else as one."""
+    """Maps a batch to the model's input: a tuple is passed as positional arguments, a dict as keyword arguments,
+    anything else as one argument."""
     tokens_per_batch: int = 0
     """Tokens in one of this rank's micro-batches, for throughput; 0 if not meaningful."""
     samples_per_batch: int = 0
@@ -57,6 +74,16 @@ class TrainingTask:
     """A fresh iterator over this rank's evaluation micro-batches on every call (the same batches each time, split
     across ranks like `batches`); `spec.training.evaluation` runs the first `batches` of them. None: the task has no
     evaluation data, and a manifest asking for evaluation is refused."""
+
+
+def call_model(model: Callable[..., Any], inputs: Any) -> Any:
+    """The model's output for `TrainingTask.inputs(batch)`: a tuple as positional arguments, a dict as keyword
+    arguments, anything else as one argument."""
+    if isinstance(inputs, tuple):
+        return model(*inputs)
+    if isinstance(inputs, dict):
+        return model(**inputs)
+    return model(inputs)
 
 
 def is_script(entrypoint: str) -> bool:

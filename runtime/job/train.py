@@ -38,7 +38,7 @@ from zerotrain.runtime.job.rank_metrics import MetricsSink, NoMetrics, RankMetri
 from zerotrain.runtime.job.reports import gather_reports, summary_record
 from zerotrain.runtime.job.resume import CheckpointPolicy, save_checkpoint, settle
 from zerotrain.runtime.job.spec_bindings import device_for
-from zerotrain.runtime.job.task import ConfigError, TrainingTask, is_script
+from zerotrain.runtime.job.task import ConfigError, LossSum, TrainingTask, call_model, is_script
 from zerotrain.runtime.zero.process_group import init_from_env
 from zerotrain.spec import ZeroTrainingJobSpec
 
@@ -91,7 +91,8 @@ class TrainResult:
     """What one rank's loop produced."""
 
     losses: list[float] = field(default_factory=list)
-    """Every step's loss: the mean over micro-batches and ranks, i.e. over the global batch at any world size."""
+    """Every step's loss: the mean over micro-batches and ranks, i.e. over the global batch at any world size (over
+    its counted tokens, when the task's loss is a `LossSum`)."""
     grad_norms: list[float] = field(default_factory=list)
     """Global gradient norm of every step, as the engine returned it."""
     learning_rates: list[float] = field(default_factory=list)
@@ -192,11 +193,15 @@ class Trainer:
                     f"spec.training.steps: got {self.spec.training.steps}, but the entry point's batches ran out at "
                     f"step {step}; give it more data or train fewer steps"
                 ) from None
-            inputs = self.task.inputs(batch)
-            output = self.engine(*inputs) if isinstance(inputs, tuple) else self.engine(inputs)
+            output = call_model(self.engine, self.task.inputs(batch))
             loss = self.task.loss(output, batch)
             self.metrics.phase(RankPhase.BACKWARD)
-            self.engine.backward(loss)
+            if isinstance(loss, LossSum):
+                # Sum and count over one fixed figure: the gradients keep a mean's magnitude (fp16's loss scale).
+                per = max(1, self.task.tokens_per_batch)
+                self.engine.backward(loss.total / per, tokens=loss.count / per)
+            else:
+                self.engine.backward(loss)
 
     def evaluate(self, result: TrainResult, step: int) -> None:
         """The evaluation after `step`, into the result, the metrics and the progress record (rank 0)."""

@@ -1,6 +1,8 @@
 """The optimizer step's one control all-reduce: everything the ranks must agree on, in a few float64 numbers.
 
-Per optimizer step the ranks need the loss averaged over them (what a run reports), the global gradient norm
+Per optimizer step the ranks need the loss averaged over them (what a run reports) or, for losses given as sums
+over counted tokens, the sum and the count of every rank and micro-batch (the step divides the gradients by that
+count, so the update is one process's on the whole global batch), the global gradient norm
 (for clipping and the fp16 overflow test, when asked for), any vote a caller wants counted (SIGTERM: every rank
 stops after the same step) and the divergence check (did every rank run the same units in the same order?).
 Each used to be its own blocking collective; here they ride one all-reduce of `len(Slot)` float64 values
@@ -42,6 +44,8 @@ class Slot(IntEnum):
     FINGERPRINT_HI_SQ = 6
     WRITTEN = 7
     """Ranks whose background checkpoint write has finished (asynchronous checkpoints commit when all have)."""
+    TOKENS = 8
+    """Counted tokens (items) of the losses given as sums, over every rank and micro-batch of the step."""
 
 
 def fingerprint_bits(world_size: int) -> int:
@@ -55,7 +59,10 @@ class Agreed:
     """What the ranks agreed on, after the all-reduce."""
 
     loss: float | None
-    """Mean loss over ranks and micro-batches (None when no loss was seen)."""
+    """Mean loss over ranks and micro-batches, or over the counted tokens of losses given as sums (None when no loss
+    was seen)."""
+    tokens: float | None
+    """The counted tokens of every rank's and micro-batch's summed losses (None: the losses were means)."""
     votes: int
     """How many ranks voted."""
     written: int
@@ -74,11 +81,14 @@ def pack(
     world_size: int,
     device: torch.device,
     written: bool = False,
+    tokens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """This rank's control vector; tensors stay on their device (no sync before the collective)."""
     out = torch.zeros(len(Slot), dtype=torch.float64, device=device)
     if loss_sum is not None:
         out[Slot.LOSS] = loss_sum.detach().to(torch.float64).reshape(())
+    if tokens is not None:
+        out[Slot.TOKENS] = tokens.to(torch.float64).reshape(())
     out[Slot.VOTES] = float(vote)
     out[Slot.WRITTEN] = float(written)
     if norm_sq is not None:
@@ -92,16 +102,23 @@ def pack(
     return out
 
 
-def unpack(summed: torch.Tensor, world_size: int, micro_batches: int, had_loss: bool) -> Agreed:
-    """Read the all-reduced vector (one device-to-host copy)."""
+def unpack(summed: torch.Tensor, world_size: int, micro_batches: int, had_loss: bool, counted: bool = False) -> Agreed:
+    """Read the all-reduced vector (one device-to-host copy); `counted`: the losses were sums over counted tokens
+    (a step that counted none reports 0, as its gradients are)."""
     v = summed.cpu().tolist()
     consistent = all(
         world_size * v[sq] == v[s] * v[s]
         for s, sq in ((Slot.FINGERPRINT_LO, Slot.FINGERPRINT_LO_SQ), (Slot.FINGERPRINT_HI, Slot.FINGERPRINT_HI_SQ))
     )
-    loss = v[Slot.LOSS] / (world_size * micro_batches) if had_loss else None
+    tokens = v[Slot.TOKENS] if counted else None
+    if tokens is not None:
+        loss = v[Slot.LOSS] / tokens if tokens > 0 else 0.0
+    else:
+        loss = v[Slot.LOSS] / (world_size * micro_batches) if had_loss else None
     votes, written = round(v[Slot.VOTES]), round(v[Slot.WRITTEN])
-    return Agreed(loss=loss, votes=votes, written=written, norm_sq=v[Slot.NORM_SQ], consistent=consistent)
+    return Agreed(
+        loss=loss, tokens=tokens, votes=votes, written=written, norm_sq=v[Slot.NORM_SQ], consistent=consistent
+    )
 
 
 def local_norm_sq(units: list[Unit]) -> torch.Tensor:
@@ -120,11 +137,22 @@ class StepControl:
         self.copies = copies
         """Shard groups holding the same shards (hybrid sharding): the summed norm counts each shard this often."""
         self.loss_sum: torch.Tensor | None = None
+        self.tokens: torch.Tensor | None = None
+        """The counted tokens of this step's summed losses so far (None: its losses are means)."""
 
-    def note_loss(self, loss: torch.Tensor) -> None:
-        """A micro-batch's loss, kept on its device (no sync) until the step."""
+    def note_loss(self, loss: torch.Tensor, tokens: torch.Tensor | float | None = None) -> None:
+        """A micro-batch's loss, kept on its device (no sync) until the step: a mean, or with `tokens` a sum over
+        that many counted tokens. A step's micro-batches are all of one kind."""
+        if self.loss_sum is not None and (tokens is None) != (self.tokens is None):
+            raise ValueError(
+                "backward: a step mixes mean losses and summed ones (tokens=); give every micro-batch's loss the "
+                "same way"
+            )
         seen = loss.detach().float()
         self.loss_sum = seen if self.loss_sum is None else self.loss_sum + seen
+        if tokens is not None:
+            count = torch.as_tensor(tokens, dtype=torch.float64, device=seen.device).detach().reshape(())
+            self.tokens = count if self.tokens is None else self.tokens + count
 
     def agree(
         self, units: list[Unit], vote: bool, need_norm: bool, written: bool = False
@@ -134,10 +162,11 @@ class StepControl:
         fingerprint = self.order_check.hash if self.order_check is not None else None
         world, device = self.comm.world_size, units[0].grad_shard.device
         # Stage 0's gradients are whole on every rank: its norm is local, and summing it would count it N times.
-        vec = pack(self.loss_sum, vote, local_sq if self.sharded else None, fingerprint, world, device, written)
+        sharded_sq = local_sq if self.sharded else None
+        vec = pack(self.loss_sum, vote, sharded_sq, fingerprint, world, device, written, self.tokens)
         self.comm.all_reduce(vec, "<step>", label="control")
-        agreed = unpack(vec, world, self.accumulation, self.loss_sum is not None)
-        self.loss_sum = None
+        agreed = unpack(vec, world, self.accumulation, self.loss_sum is not None, self.tokens is not None)
+        self.loss_sum = self.tokens = None
         if self.order_check is not None:
             if not agreed.consistent:
                 raise self.order_check.explain("optimizer step")

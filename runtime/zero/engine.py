@@ -10,7 +10,9 @@ Contract for callers:
   calls) and returns a `StepResult` saying whether it did. One forward, then its backward.
 - `backward` divides the loss by `gradient_accumulation_steps`, and gradients are averaged over
   ranks: with equal per-rank batch sizes the update uses exactly the gradient of the mean loss over
-  the global batch.
+  the global batch. A loss given as a sum over counted tokens (`backward(loss, tokens=n)`) is exact whatever each
+  micro-batch counts: the step divides the gradients by the tokens every rank and micro-batch counted, so the update
+  is that of the mean over every counted token of the global batch, as one process computes it.
 - Collectives, so call them on every rank: forward (stage 3), backward, step (one small control all-reduce
   that also carries the loss mean, votes and the divergence check), `full_state_dict()`, `save_checkpoint()`,
   `load_checkpoint()`.
@@ -94,7 +96,8 @@ class StepResult:
     loss_scale: float = 1.0
     """Loss scale used for this step's gradients."""
     loss: float | None = None
-    """The loss of this step's micro-batches averaged over them and over ranks (None between boundaries)."""
+    """The loss of this step's micro-batches averaged over them and over ranks, or for summed losses the mean over
+    every counted token (None between boundaries)."""
     votes: int = 0
     """How many ranks passed `vote=True` to this step."""
     written: int = 0
@@ -147,7 +150,8 @@ class ZeroEngine:
         self.buffers = ModelBuffers(model, self.comm, config.broadcast_buffers)
         """The model's persistent buffers (BatchNorm statistics, counters): kept, saved, broadcast (`buffers`)."""
         self.buffers.sync()
-        self.root = next((u for u in self.units if u.layout.module is None), None)
+        self.roots = [u for u in self.units if u.layout.module is None]
+        """The root unit and its frozen twin: what no unit module claims (stage 3 keeps them gathered into backward)."""
         each = config.gradient_sync is GradientSync.EVERY_MICRO_BATCH
         self._reduce_each = self._ctx.policy.gradients and each
         """Sharded gradients are reduced (and freed) every micro-batch, unless told to sync only at the boundary."""
@@ -166,7 +170,7 @@ class ZeroEngine:
             self.comm, self.order_check, config.gradient_accumulation_steps, shards, self.world_size // self.shard_ranks
         )
         self._forward_order: list[int] = []
-        self._schedule = ReductionSchedule(len(self.units), self._reduce)
+        self._schedule = ReductionSchedule([u.index for u in self.units if not u.layout.frozen], self._reduce)
         self._activations = SavedActivations()
         self._install_hooks()
         self._unsharded_gradients = UnshardedGradients()
@@ -215,7 +219,8 @@ class ZeroEngine:
         ctx.size_pool(layouts)
         if config.contiguous_gradients and ctx.policy.gradients:
             # Contiguous gradients: unsharded gradients in reused arenas (see `grad_arena`).
-            ctx.arenas = GradArenas(layouts, self.dtypes.compute, device, pool, config.reduce_bucket_elements)
+            trainable = [la for la in layouts if not la.frozen]
+            ctx.arenas = GradArenas(trainable, self.dtypes.compute, device, pool, config.reduce_bucket_elements)
         return ctx
 
     def _build_units(self, layouts: list[UnitLayout], device: torch.device, source: ParameterSource) -> list[Unit]:
@@ -231,11 +236,16 @@ class ZeroEngine:
 
     def _install_hooks(self) -> None:
         self._prefetcher.install()
-        modules = [u.layout.module for u in self.units if u.layout.module is not None]
+        # A module's trainable unit and its frozen twin share it: it is compiled and checkpointed once.
+        named: dict[int, tuple[str, nn.Module]] = {}
+        for u in self.units:
+            if u.layout.module is not None:
+                named.setdefault(id(u.layout.module), (u.name, u.layout.module))
+        modules = [m for _, m in named.values()]
         self.eager_units: dict[str, str] = {}
         """zero.compile: units whose forward did not compile to one graph, with why (they run eagerly)."""
         if self.config.compile_units:
-            self.eager_units = compile_units([(u.name, u.layout.module) for u in self.units if u.layout.module])
+            self.eager_units = compile_units(list(named.values()))
         if self.config.activation_checkpointing:
             apply_checkpointing(
                 modules, self.config.offload_activation_checkpoints, self._activations.observe, self.device
@@ -243,7 +253,7 @@ class ZeroEngine:
         self._grad_hooks = GradReadyHooks(self.units, self._on_grads_ready)
         if self._ctx.arenas is not None:
             for u in self.units:
-                if u.layout.module is not None:
+                if u.layout.module is not None and not u.layout.frozen:
                     u.layout.module.register_forward_hook(lambda _m, _i, out, u=u: self._bind_arena_on_grad(u, out))
         for u in self.units:
             if u.layout.module is not None:
@@ -283,9 +293,9 @@ class ZeroEngine:
         args, kwargs = cast_inputs(args, kwargs, self.dtypes.compute)
         self.buffers.sync()  # rank 0's running statistics on every rank, as DDP's broadcast_buffers
         self._forward_order = []
-        if self.root is not None:
-            self.root.wait_for_unshard()  # stages 1/2: the post-step gather; block units wait in their pre-hook
-        self._prefetcher.begin_forward(self.root)
+        for root in self.roots:
+            root.wait_for_unshard()  # stages 1/2: the post-step gather; block units wait in their pre-hook
+        self._prefetcher.begin_forward(self.roots)
         with self._activations.measure(self._parameter_storages()):
             out = self.module(*args, **kwargs)
         # Before any gradient collective: a rank that ran other units fails here, naming them.
@@ -293,7 +303,7 @@ class ZeroEngine:
             self._finish_forward_check()  # a forward without backward (evaluation) left one in flight
             # Waited for as backward starts: the loss computation in between hides its latency.
             self._forward_check = self.order_check.launch("end of forward")
-        return self._prefetcher.end_forward(self.root, out)
+        return self._prefetcher.end_forward(self.roots, out)
 
     def _parameter_storages(self) -> set[int]:
         # Storage identities, not data pointers: a stage-3 buffer gathered during the forward gets a new pointer
@@ -331,21 +341,25 @@ class ZeroEngine:
         # Off the boundary with gradientSync: boundary the gradients stay unsharded; the parameters are freed anyway.
         if self._boundary or self._reduce_each:
             self._unsharded_gradients.drop(u.reduce(self.config.overlap_comm, self._boundary))
-        if not u.has_frozen:
-            u.reshard()  # nothing tells when autograd is done with frozen parameters: those wait for the end
+        u.reshard()  # its gradients are complete, so autograd is done with its parameters
 
-    def backward(self, loss: torch.Tensor) -> None:
-        """Backward of `loss / gradient_accumulation_steps` (times the fp16 loss scale) and gradient reduction."""
+    def backward(self, loss: torch.Tensor, tokens: torch.Tensor | float | None = None) -> None:
+        """Backward of `loss / gradient_accumulation_steps` (times the fp16 loss scale) and gradient reduction.
+
+        `tokens`: `loss` is a sum over that many counted tokens (or items), not a mean; the step then divides the
+        gradients by the count over every rank and micro-batch. Dividing the sum and the count by one fixed figure
+        (the micro-batch's positions, say) changes nothing but keeps the gradients' magnitude that of a mean, which
+        an fp16 loss scale wants."""
         self._boundary = (self.micro_steps + 1) % self.config.gradient_accumulation_steps == 0
         self._finish_forward_check()
-        GradReadyHooks.arm(self.units)
+        GradReadyHooks.arm([u for u in self.units if not u.layout.frozen])
         self._schedule.begin(self._forward_order)
         self._unsharded_gradients.live = 0  # a new backward: stages 0/1 count their flat buffers again as ready
         self._prefetcher.begin_backward()
         for u in self.units:
             u.prepare_backward()
         scale = self.scaler.scale / self.config.gradient_accumulation_steps
-        self.control.note_loss(loss)
+        self.control.note_loss(loss, tokens)
         (loss * scale).backward()
         # Units some parameters of which got no gradient: reduce them now, in schedule order. The check
         # comes after, so a rank whose backward skipped units still issues every collective the others did.
@@ -393,6 +407,13 @@ class ZeroEngine:
         clip = self.config.gradient_clipping
         need_norm = report_grad_norm or clip is not None or self.scaler.enabled
         agreed, norm = self.control.agree(self.units, vote, need_norm, written)
+        # Summed losses: the gradients hold Σ∇sum / (N·G) (averaged over ranks, divided by the accumulation); one
+        # process's mean over the T counted tokens is Σ∇sum / T.
+        factor = 1.0
+        if agreed.tokens is not None:
+            factor = self.world_size * self.config.gradient_accumulation_steps / agreed.tokens if agreed.tokens else 0.0
+        if norm is not None:
+            norm *= factor
         self.last_grad_norm = norm
         done = StepResult(False, norm, loss_scale=scale, loss=agreed.loss, votes=agreed.votes, written=agreed.written)
         if self.scaler.update(overflow=norm is not None and not math.isfinite(norm)):
@@ -400,11 +421,14 @@ class ZeroEngine:
             done.overflow = True
             return done
         if clip is not None and norm is not None:
-            torch._foreach_mul_(grads, min(1.0, clip / (norm + 1e-6)))
+            factor *= min(1.0, clip / (norm + 1e-6))
+        if factor != 1.0:
+            torch._foreach_mul_(grads, factor)
         self.optimizer.step()
         self._zero_grads()
         for i in self._gather_order():
-            self.units[i].after_step(async_op=self.config.overlap_comm)
+            if not self.units[i].layout.frozen:  # nothing changed a frozen unit's values
+                self.units[i].after_step(async_op=self.config.overlap_comm)
         self.steps += 1
         self.comm.stats.settle()  # completed CUDA timings (none on CPU): the list stays one step long
         done.applied = True
@@ -421,7 +445,7 @@ class ZeroEngine:
 
     def _gather_order(self) -> list[int]:
         """Units in the order the next forward needs them: the root, then the last forward's order, then the rest."""
-        first = ([self.root.index] if self.root is not None else []) + self._forward_order
+        first = [r.index for r in self.roots] + self._forward_order
         seen = list(dict.fromkeys(first))
         return seen + [u.index for u in self.units if u.index not in set(seen)]
 

@@ -54,7 +54,7 @@ class GradArenas:
     def serves(self, u: Unit) -> bool:
         """Whether the unit's gradients land in an arena: at most `limit` (reduceBucketElements) elements, so what
         the arenas keep for the whole run is bounded by the configuration, not by the model."""
-        return u.layout.padded <= self.limit
+        return u.layout.padded <= self.limit and not u.layout.frozen
 
     def _new(self) -> torch.Tensor:
         arena = torch.zeros(self.block_elements, dtype=self.dtype, device=self.device)

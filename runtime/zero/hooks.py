@@ -11,14 +11,17 @@ starts gathering the next `prefetch_units` units of the previous iteration's for
 asynchronously; a forward hook frees it and hooks its outputs' gradients (`on_output_grad`), so the unit is
 gathered again (and the unit backward reaches next prefetched) before any of the unit's backward runs. The
 outputs themselves are left as they are, so code may modify them in place. The unit is freed again when its
-gradients are complete, unless it holds frozen parameters: nothing tells when autograd is done with those,
-so such units are freed at the end of backward. The root unit (every parameter outside the unit classes: embeddings,
-the head) stays gathered from forward into backward, which needs it first: stage 3 moves 3Ψ per step less one
-gather of the root.
+gradients are complete. A frozen unit has no gradients to tell that: it is freed once backward has computed the
+gradients of its module's inputs (`on_input_grad`, as FSDP2's post-backward), after which nothing of that module's
+backward is left; where no input needs a gradient (the first block under a frozen embedding), at the end of backward.
+A module's trainable unit and its frozen twin are gathered together, and prefetching counts modules, not units. The
+root unit (every parameter outside the unit classes: embeddings, the head) stays gathered from forward into
+backward, which needs it first: stage 3 moves 3Ψ per step less one gather of the root.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -55,6 +58,37 @@ class GradReadyHooks:
             u.move_grads(GradState.ACCUMULATING)
 
 
+class _AfterBackward(torch.autograd.Function):
+    """Identity on a module's inputs whose backward runs `hook`: autograd calls it once every gradient the module's
+    backward produces for them is in, so nothing of that module's backward is left to run."""
+
+    @staticmethod
+    def forward(ctx: Any, hook: Callable[[], None], *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.hook = hook
+        return inputs
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
+        ctx.hook()
+        return (None, *grads)
+
+
+def on_input_grad(args: Any, kwargs: Any, hook: Callable[[], None]) -> tuple[Any, Any]:
+    """`args` and `kwargs` of a module's call with its grad-requiring tensors passed through `_AfterBackward`, so
+    `hook` runs when backward has finished the module (none need a gradient: unchanged, and `hook` never runs)."""
+    if not torch.is_grad_enabled():
+        return args, kwargs
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    at = [i for i, t in enumerate(leaves) if isinstance(t, torch.Tensor) and t.requires_grad]
+    if not at:
+        return args, kwargs
+    passed = _AfterBackward.apply(hook, *(leaves[i] for i in at))
+    for i, t in zip(at, passed, strict=True):
+        leaves[i] = t
+    new_args, new_kwargs = pytree.tree_unflatten(leaves, spec)
+    return new_args, new_kwargs
+
+
 def on_output_grad(output: Any, hook: Callable[[], None]) -> None:
     """Run `hook` when backward first reaches any grad-requiring tensor of `output` (any pytree): before the
     module that made it runs its backward. A hook on the tensors, not a wrapper around them, so the caller may go
@@ -83,11 +117,19 @@ class Prefetcher:
         self.backward_seen: set[int] = set()  # units whose pre-backward ran in this backward
 
     def prefetch_after(self, order: list[int], pos: int, step: int) -> None:
-        """Start gathering the next `prefetch` units after position `pos` of `order`, walking by `step`."""
-        for k in range(1, self.prefetch + 1):
-            j = pos + step * k
-            if 0 <= j < len(order) and self.units[order[j]].unshard():
+        """Start gathering the units of the next `prefetch` modules after position `pos` of `order`, walking by
+        `step` (a frozen twin beside the unit at `pos` is its own module's, and gathered too)."""
+        modules = {id(self.units[order[pos]].layout.module)} if 0 <= pos < len(order) else set()
+        budget = len(modules) + self.prefetch
+        j = pos + step
+        while 0 <= j < len(order):
+            unit = self.units[order[j]]
+            modules.add(id(unit.layout.module))
+            if len(modules) > budget:
+                return
+            if unit.unshard():
                 self.prefetches += 1
+            j += step
 
     def install(self) -> None:
         if not self.active:
@@ -96,6 +138,15 @@ class Prefetcher:
             if u.layout.module is not None:
                 u.layout.module.register_forward_pre_hook(self._pre_forward(u))
                 u.layout.module.register_forward_hook(self._post_forward(u))
+                if u.layout.frozen and not u.resident:
+                    u.layout.module.register_forward_pre_hook(self._release_after_backward(u), with_kwargs=True)
+
+    @staticmethod
+    def _release_after_backward(u: Unit) -> Callable[..., tuple[Any, Any]]:
+        def hook(_m: Any, args: Any, kwargs: Any) -> tuple[Any, Any]:
+            return on_input_grad(args, kwargs, u.reshard)
+
+        return hook
 
     def _pre_forward(self, u: Unit) -> Callable[..., None]:
         def hook(*_: Any) -> None:
@@ -134,15 +185,15 @@ class Prefetcher:
         if self.active and index not in self.backward_seen:
             self.pre_backward(self.units[index])
 
-    def begin_forward(self, root: Unit | None) -> None:
+    def begin_forward(self, roots: list[Unit]) -> None:
         if not self.active:
             return
         self.current, self.pos = [], 0
-        if root is not None:
+        for root in roots:
             root.gather_now()
         self.prefetch_after(self.order, -1, +1)
 
-    def end_forward(self, root: Unit | None, output: Any) -> Any:
+    def end_forward(self, roots: list[Unit], output: Any) -> Any:
         if not self.active:
             return output
         if self.current:
@@ -150,11 +201,10 @@ class Prefetcher:
         for u in self.units:
             # Including units scheduled (so gathered) but not run. The root stays gathered into backward, which
             # needs it first (the head): freeing it here would cost one more gather of it every step.
-            if u is not root or not torch.is_grad_enabled():
+            if not any(u is root for root in roots) or not torch.is_grad_enabled():
                 u.reshard()
-        if root is None:
-            return output
-        on_output_grad(output, lambda: self.pre_backward(root))
+        for root in roots:
+            on_output_grad(output, functools.partial(self.pre_backward, root))
         return output
 
     def begin_backward(self) -> None:

@@ -18,8 +18,9 @@ compute dtype for stages 0/1, whose fp32 copy lives only from reduction to step;
 for stages 2/3) and K = per-element optimizer state bytes (measured once the optimizer has state;
 Adam's 8 before) plus 4 for a separate fp32 master. So fp32 AdamW is K = 8 (with fp32 compute the
 parameters are the master: no second copy exists, and none is counted), bf16 AdamW K = 12, as the
-ZeRO paper counts. Frozen parameters count in Ψ but hold no gradient or optimizer state. Padding
-to a multiple of N is real memory, reported apart so a comparison can allow for it.
+ZeRO paper counts. Frozen parameters count in Ψ but hold no gradient, master or optimizer state: those are
+predicted for the trainable Ψ_t. Padding to a multiple of N is real memory, reported apart so a comparison can
+allow for it.
 """
 
 from __future__ import annotations
@@ -158,12 +159,20 @@ class StorageCounter:
         return total
 
 
-def predict(stage: Stage, psi: int, n: int, w: float, g: float, k: float) -> tuple[int, int, int]:
-    """(parameter, gradient, optimizer) bytes per rank the ZeRO formula predicts."""
-    pb, gb, ob = stage_bytes(
-        stage,
-        PlanInput(parameters=psi, data_parallel=n, optimizer_multiplier=k, bytes_per_weight=w, bytes_per_gradient=g),
+def predict(
+    stage: Stage, psi: int, n: int, w: float, g: float, k: float, trainable: int | None = None
+) -> tuple[int, int, int]:
+    """(parameter, gradient, optimizer) bytes per rank the ZeRO formula predicts (gradients and optimizer state of
+    the `trainable` elements only, when given)."""
+    plan = PlanInput(
+        parameters=psi,
+        data_parallel=n,
+        optimizer_multiplier=k,
+        bytes_per_weight=w,
+        bytes_per_gradient=g,
+        trainable_parameters=trainable,
     )
+    pb, gb, ob = stage_bytes(stage, plan)
     return round(pb), round(gb), round(ob)
 
 
@@ -254,7 +263,8 @@ def memory_report(view: Accounting) -> MemoryReport:
     state_bytes = 8.0 if per_element is None else per_element
     w, g, k = element_bytes(view.config.fixed_stage, compute, state_bytes, offload, off_params)
     psi = sum(u.layout.numel for u in units)
-    pp, pg, po = predict(view.config.fixed_stage, psi, view.shard_ranks, w, g, k)
+    trainable = sum(u.layout.numel for u in units if not u.layout.frozen)
+    pp, pg, po = predict(view.config.fixed_stage, psi, view.shard_ranks, w, g, k, trainable)
     host_k = host_state_bytes(state_bytes, offload)
     host_w = host_parameter_bytes(compute, off_params)
     buffers = buffer_plan(view, compute, g, k)
@@ -290,7 +300,7 @@ def memory_report(view: Accounting) -> MemoryReport:
         predicted_gradient_arena_bytes=arena_bytes(buffers),
         predicted_gathered_peak_bytes=gathered_bytes(buffers),
         host_optimizer_bytes=host_opt,
-        predicted_host_optimizer_bytes=round(host_k * psi / view.shard_ranks),
+        predicted_host_optimizer_bytes=round(host_k * trainable / view.shard_ranks),
         host_parameter_bytes=host_params,
         predicted_host_parameter_bytes=round(host_w * psi / view.shard_ranks),
     )

@@ -5,9 +5,14 @@ parameter) becomes one flat 1-D buffer padded to a multiple of the world size N,
 one contiguous shard of exactly `padded / N` elements (gloo has no uneven collectives).
 
 Inside a unit the parameters are ordered by optimizer class: weight-decayed trainable parameters
-first, then trainable parameters excluded from weight decay, then frozen parameters, then padding.
-A rank's shard therefore meets at most one contiguous run of each class, so the optimizer gets at
-most two flat views per unit (one per weight-decay group) and stays element-wise exact.
+first, then trainable parameters excluded from weight decay, then padding. A rank's shard therefore meets at most
+one contiguous run of each class, so the optimizer gets at most two flat views per unit (one per weight-decay
+group) and stays element-wise exact.
+
+Frozen parameters (`requires_grad=False`: a LoRA job's base) form a unit of their own beside their module's
+trainable one, named `<unit>/frozen`, sharded the same way. It is held in the compute dtype only, with no fp32
+master, gradient or optimizer state, and, being its own flat buffer, it is spread over the ranks as evenly as the
+trainable unit is (were both in one buffer, the small trainable run would sit on rank 0's shard alone).
 
 Every parameter starts at a multiple of `ALIGN` elements and so does every rank's shard: an odd-sized tensor
 (a 50,257-token vocabulary) would otherwise leave every later weight view and every shard start misaligned for
@@ -27,6 +32,8 @@ from zerotrain.peak import ALIGN, align_up, padded_elements
 from zerotrain.runtime.zero.engine_errors import ZeroSetupError
 
 ROOT_UNIT = "<root>"
+FROZEN_SUFFIX = "/frozen"
+"""Appended to a unit's name for the unit of its frozen parameters."""
 
 
 class ParamClass(IntEnum):
@@ -76,6 +83,11 @@ class UnitLayout:
         self.numel = sum(s.numel for s in self.slots)
         self.extent = max((s.offset + s.numel for s in self.slots), default=0)
         self.padded = padded_elements(self.extent, self.world_size)
+
+    @property
+    def frozen(self) -> bool:
+        """Every parameter of the unit is frozen: it holds values only (no master, gradient or optimizer state)."""
+        return bool(self.slots) and all(s.kind is ParamClass.FROZEN for s in self.slots)
 
     @property
     def shard_numel(self) -> int:
@@ -149,7 +161,8 @@ def _param_class(name: str, param: nn.Parameter, no_weight_decay: list[str]) -> 
 def build_units(
     model: nn.Module, unit_modules: list[str], no_weight_decay: list[str], world_size: int
 ) -> list[UnitLayout]:
-    """The units in module registration order, root unit last; validates the model against the config first.
+    """The units in module registration order, root unit last, each module's frozen parameters in a unit of their
+    own right after its trainable one; validates the model against the config first.
 
     A parameter shared by two units (tied weights) moves to the root unit, which stays gathered for
     the whole forward and backward in stage 3, so every user of it sees it.
@@ -176,13 +189,29 @@ def build_units(
     for uname, mod in roots:
         mine = [p for p in mod.parameters() if users[id(p)] == {uname}]
         taken.update(id(p) for p in mine)
-        if mine:
-            names = [owner_names[id(p)] for p in mine]
-            units.append(_layout(uname, names, params, no_weight_decay, world_size, mod))
+        names = [owner_names[id(p)] for p in mine]
+        units += _layouts(uname, names, params, no_weight_decay, world_size, mod)
     rest = [n for n, p in params.items() if id(p) not in taken]
-    if rest:
-        units.append(_layout(ROOT_UNIT, rest, params, no_weight_decay, world_size, None))
-    return units
+    return units + _layouts(ROOT_UNIT, rest, params, no_weight_decay, world_size, None)
+
+
+def _layouts(
+    uname: str,
+    names: list[str],
+    params: dict[str, nn.Parameter],
+    no_weight_decay: list[str],
+    world_size: int,
+    module: nn.Module | None,
+) -> list[UnitLayout]:
+    """The module's trainable unit and its frozen one, each only when it has parameters."""
+    trainable = [n for n in names if params[n].requires_grad]
+    frozen = [n for n in names if not params[n].requires_grad]
+    out = []
+    if trainable:
+        out.append(_layout(uname, trainable, params, no_weight_decay, world_size, module))
+    if frozen:
+        out.append(_layout(uname + FROZEN_SUFFIX, frozen, params, no_weight_decay, world_size, module))
+    return out
 
 
 def _layout(

@@ -18,21 +18,23 @@ from collections.abc import Callable
 
 
 class ReductionSchedule:
-    """Issues `reduce(unit)` in schedule order as units become ready."""
+    """Issues `reduce(unit)` in schedule order as the `units` it schedules (those with gradients: a frozen unit has
+    none) become ready."""
 
-    def __init__(self, n_units: int, reduce: Callable[[int], None]) -> None:
-        self.n_units, self.reduce = n_units, reduce
-        self.order: list[int] = list(range(n_units))
+    def __init__(self, units: list[int], reduce: Callable[[int], None]) -> None:
+        self.units, self.reduce = units, reduce
+        self.order: list[int] = list(units)
         self.pos = 0
         self.ready: set[int] = set()
 
     def begin(self, forward_order: list[int]) -> None:
         """Fix the schedule for one backward from the units the forward ran, in order."""
+        scheduled = set(self.units)
         seen: list[int] = []
         for i in reversed(forward_order):
-            if i not in seen:
+            if i not in seen and i in scheduled:
                 seen.append(i)
-        self.order = seen + [i for i in range(self.n_units) if i not in seen]
+        self.order = seen + [i for i in self.units if i not in seen]
         self.pos, self.ready = 0, set()
 
     def mark_ready(self, unit: int) -> None:

@@ -222,7 +222,9 @@ class Unit:
         stages 1/2 all-gather the shards, a unit within `allgather_bucket` elements in place (its shard is already
         its slot of the full buffer) and asynchronously when asked (the next forward waits for it), a larger one
         in chunks through the pool; stage 3 updates the shard, and gathers a resident unit that is gathered."""
-        policy, copy, offload = self.ctx.policy, self.ctx.own_master, self.ctx.offload
+        policy, offload = self.ctx.policy, self.ctx.offload
+        # A frozen unit's `master` is its compute-dtype values themselves: nothing to copy.
+        copy = self.ctx.own_master and not self.layout.frozen
         if not policy.optimizer:
             if copy:
                 self.full.data.copy_(self.master, non_blocking=offload)
@@ -245,12 +247,13 @@ class Unit:
         self._issue_gather(mine, async_op)
 
     def full_master(self) -> torch.Tensor:
-        """The unit's whole fp32 master (a collective on every rank when the optimizer state is sharded)."""
+        """The unit's whole fp32 master, a frozen unit's values in fp32 (a collective on every rank when the
+        optimizer state is sharded)."""
         if not self.ctx.policy.optimizer:
             return self.master.float()
         device = self.full.data.device  # the group's device: an offloaded master is gathered from a device copy
         full = torch.empty(self.layout.padded, dtype=torch.float32, device=device)
-        self.ctx.comm.all_gather(full, self.master.to(device), self.name)
+        self.ctx.comm.all_gather(full, self.master.to(device, torch.float32), self.name)
         return full
 
     def optimizer_segments(self, rank: int) -> list[Segment]:
@@ -316,6 +319,7 @@ class Unit:
         Stage 0 all-reduces and stage 1 reduce-scatters the full gradients (or their fp32 sum) at the boundary;
         stages 2/3 reduce-scatter this micro-batch's gradients, from the arena or from `.grad`, into the shard. With
         hybrid sharding the shard is averaged across the groups once, at the accumulation `boundary`."""
+        assert not self.layout.frozen, f"unit {self.name!r} is frozen: it has no gradients to reduce"
         self.move_grads(GradState.REDUCING)
         if self.grad_full is not None:
             src = self.fold_into_fp32() if self.ctx.accumulate_fp32 else self.grad_full.data
@@ -382,8 +386,9 @@ class Unit:
         return [*held, self.grad_shard, *(p.grad for p in self.params)]
 
     def master_tensors(self) -> list[torch.Tensor]:
-        """The fp32 master (the parameters themselves under fp32 compute: then counted there, first)."""
-        return [self.master]
+        """The fp32 master (the parameters themselves under fp32 compute: then counted there, first); a frozen unit
+        has none (its `master` is its parameters)."""
+        return [] if self.layout.frozen else [self.master]
 
 
 def kept_range(ctx: UnitContext, layout: UnitLayout) -> tuple[int, int]:
@@ -397,6 +402,8 @@ def build_unit(
     """Buffers of one unit, as the policy shards them, from `values`: the fp32 values of `kept_range` only, which
     become the master where it is a buffer of its own; stages 1/2 then gather their full compute parameters from
     the shards, as after a step. A stage-3 unit of at most `persist` elements stays gathered once gathered."""
+    if layout.frozen:
+        return _build_frozen(ctx, index, layout, params, values, persist)
     policy, compute, device = ctx.policy, ctx.dtypes.compute, values.device
     lo, hi = kept_range(ctx, layout)
     full = FlatBuffer(layout, compute, device)
@@ -434,4 +441,33 @@ def build_unit(
         unit.host_grad = torch.zeros(hi - lo, dtype=torch.float32, pin_memory=pin)
     if not policy.parameters:
         unit.after_step(async_op=False)  # the full compute parameters: copied from the master, gathered at 1/2
+    return unit
+
+
+def _build_frozen(
+    ctx: UnitContext, index: int, layout: UnitLayout, params: list[nn.Parameter], values: torch.Tensor, persist: int
+) -> Unit:
+    """A unit of frozen parameters: their values in the compute dtype only, sharded as the stage shards parameters;
+    no fp32 master, no gradient and no optimizer state. Its `master` is the compute-dtype range this rank keeps
+    (the stage-3 shard, or its slot of the full buffer), what a checkpoint saves of it; stages 1/2 gather the full
+    values from the slots once, here, and never again (nothing updates them)."""
+    compute, device = ctx.dtypes.compute, values.device
+    lo, hi = kept_range(ctx, layout)
+    full = FlatBuffer(layout, compute, device)
+    full.bind(params)
+    shard = None
+    if ctx.policy.parameters:
+        shard = master = values.to(compute)
+        if ctx.offload_parameters:
+            shard = master = shard.to("cpu").pin_memory() if device.type == "cuda" else shard.to("cpu")
+        full.free()
+    else:
+        master = full.data[lo:hi]
+        master.copy_(values)
+    no_grads = torch.zeros(0, dtype=torch.float32, device=device)
+    unit = Unit(index, layout, params, ctx, full, master, no_grads, (lo, hi), shard, None)
+    unit.resident = not ctx.policy.parameters or layout.padded <= persist
+    unit.params_state = ParamState.SHARDED if ctx.policy.parameters else ParamState.GATHERED
+    if ctx.policy.optimizer and not ctx.policy.parameters:
+        unit.after_step(async_op=False)  # stages 1/2: the full values from every rank's slot
     return unit

@@ -31,7 +31,7 @@ def measure_activations(spec: ZeroTrainingJobSpec, real: bool = False) -> int:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from zerotrain.runtime.job.task import build_task
+    from zerotrain.runtime.job.task import LossSum, build_task, call_model
     from zerotrain.runtime.zero.activations import apply_checkpointing
     from zerotrain.runtime.zero.live_bytes import LiveBytes
     from zerotrain.runtime.zero.precision import DTYPES
@@ -58,8 +58,8 @@ def measure_activations(spec: ZeroTrainingJobSpec, real: bool = False) -> int:
     try:
         with fake, meter:
             batch = next(task.batches)
-            loss = task.loss(model(task.inputs(batch)), batch)
-            loss.backward()
+            loss = task.loss(call_model(model, task.inputs(batch)), batch)
+            (loss.total if isinstance(loss, LossSum) else loss).backward()
     except (NotImplementedError, RuntimeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(

@@ -9,7 +9,7 @@ from tiny_models import TinyLM
 from torch import nn
 
 from zerotrain.runtime.zero.engine_errors import ZeroSetupError
-from zerotrain.runtime.zero.partition import ALIGN, ROOT_UNIT, ParamClass, build_units
+from zerotrain.runtime.zero.partition import ALIGN, FROZEN_SUFFIX, ROOT_UNIT, ParamClass, build_units
 
 NO_DECAY = ["*.bias", "*norm*"]
 
@@ -35,14 +35,16 @@ def test_every_parameter_and_every_shard_starts_aligned(world: int) -> None:
     assert unit.padded - unit.numel < ALIGN * (len(unit.slots) + world)
 
 
-def test_parameters_are_ordered_decay_then_no_decay_then_frozen() -> None:
+def test_parameters_are_ordered_decay_then_no_decay_and_frozen_ones_form_the_units_twin() -> None:
     model = TinyLM()
     model.blocks[0].up.weight.requires_grad_(False)
-    block = build_units(model, ["Block"], NO_DECAY, world_size=2)[0]
+    block, twin = build_units(model, ["Block"], NO_DECAY, world_size=2)[:2]
     kinds = [s.kind for s in block.slots]
     assert kinds == sorted(kinds)
-    assert {s.name: s.kind for s in block.slots}["blocks.0.up.weight"] is ParamClass.FROZEN
     assert {s.name: s.kind for s in block.slots}["blocks.0.norm.weight"] is ParamClass.NO_DECAY
+    assert ParamClass.FROZEN not in kinds and not block.frozen
+    assert (twin.name, twin.frozen, twin.module) == ("blocks.0" + FROZEN_SUFFIX, True, block.module)
+    assert [(s.name, s.kind, s.offset) for s in twin.slots] == [("blocks.0.up.weight", ParamClass.FROZEN, 0)]
     offsets = [s.offset for s in block.slots]
     assert offsets == sorted(offsets) and offsets[0] == 0
 
