@@ -16,6 +16,7 @@ from zerotrain import elastic as elastic_sizes
 from zerotrain._model import Rule, SpecModel
 from zerotrain.elastic import ElasticSpec
 from zerotrain.job_status import ZeroTrainingJobStatus
+from zerotrain.lora_config import LoraSpec
 from zerotrain.zero_config import AutoStage, ZeroConfig, shard_group_ranks
 
 GROUP = "zerotrain.dev"
@@ -194,7 +195,10 @@ class ModelInfo(SpecModel):
     shape's formula."""
     pretrained: PretrainedSpec | None = None
     """Weights to start from (fine-tuning): read into each rank's shard, never whole. A job that has a checkpoint
-    of its own resumes from it instead."""
+    of its own resumes from it instead (its frozen parameters, a LoRA job's base, are read from here again: the
+    checkpoint holds what trains)."""
+    lora: LoraSpec | None = None
+    """Low-rank adapters (LoRA) on the frozen, sharded base: only they (and modulesToSave) train and are saved."""
 
 
 class OptimizerSpec(SpecModel):
@@ -500,6 +504,14 @@ class ZeroTrainingJobSpec(SpecModel):
             "elastic needs scheduling.gang none: a gang scheduler binds no pod until minMember fit, so no smaller "
             "gang could ever be seen to fit; drop scheduling.gang or spec.elastic",
             ("scheduling.gang",),
+        ),
+        Rule(
+            "!has(self.model) || !has(self.model.lora) || !self.entrypoint.endsWith('.py')",
+            lambda s: s.model.lora is None or not s.entrypoint.endswith(".py"),
+            "model.lora: a script entry point builds its own model, so the runtime cannot add adapters to it; use a "
+            "`module:function` entry point returning a TrainingTask, or add the adapters in the script (peft) and "
+            "drop model.lora",
+            ("entrypoint",),
         ),
         Rule(
             "!has(self.elastic) || (has(self.checkpoint) && has(self.checkpoint.claimName))",

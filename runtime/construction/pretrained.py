@@ -7,7 +7,9 @@ Matching (`match`), decided from the names and shapes alone, before anything is 
   stored names carry it and the model's do not (`model.` in: weights of `LlamaForCausalLM` into a `LlamaModel`), or
   the other way round (`model.` out: a model that wraps the pretrained one under `model`). The rule that matches
   the most names is used, and said; exact names win a tie.
-- A model tensor the weights lack is refused unless `newParameters` names it (it keeps the model's own init).
+- A model tensor the weights lack is refused unless `newParameters` names it, or it is one the runtime added (LoRA's
+  adapters): it keeps the model's own init. A tensor the runtime renamed (peft's `<layer>.base_layer.weight`) is
+  looked for under its name in the base model too.
 - A stored tensor the model lacks is refused unless `unusedKeys` names it, it is one of the model's non-persistent
   buffers (Hugging Face once saved `rotary_emb.inv_freq`), or the model's own `_keys_to_ignore_on_load_unexpected`
   says so. Both refusals list both sides.
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import torch
@@ -75,14 +78,15 @@ class Matched:
     rule: Rule = field(default_factory=Rule)
 
 
-def _names(model: nn.Module) -> dict[str, list[str]]:
-    """Each parameter (under the name it is kept under) with all its names, then each persistent buffer."""
+def _names(model: nn.Module, renamed: Callable[[str], str]) -> dict[str, list[str]]:
+    """Each parameter (under the name it is kept under) with all its names, then each persistent buffer; a name the
+    runtime changed is followed by its name in the base model."""
     owner: dict[int, str] = {}
     out: dict[str, list[str]] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
         first = owner.setdefault(id(p), name)
-        out.setdefault(first, []).append(name)
-    return out | {name: [name] for name in persistent_buffers(model)}
+        out.setdefault(first, []).extend(dict.fromkeys([name, renamed(name)]))
+    return out | {name: list(dict.fromkeys([name, renamed(name)])) for name in persistent_buffers(model)}
 
 
 def _rules(model_names: list[str], stored: set[str]) -> list[Rule]:
@@ -120,9 +124,20 @@ def _ignored(model: nn.Module, name: str, spec: PretrainedSpec, rule: Rule) -> b
     return name in transient or any(re.search(pat, name) for pat in patterns)
 
 
-def match(model: nn.Module, store: WeightStore, spec: PretrainedSpec) -> Matched:
-    """Map the model onto the stored tensors (see the module docstring); WeightsError when they do not fit."""
-    names, stored = _names(model), set(store.entries)
+def _same(name: str) -> str:
+    return name
+
+
+def match(
+    model: nn.Module,
+    store: WeightStore,
+    spec: PretrainedSpec,
+    added: Collection[str] = (),
+    renamed: Callable[[str], str] = _same,
+) -> Matched:
+    """Map the model onto the stored tensors (see the module docstring); WeightsError when they do not fit. `added`:
+    parameters the runtime added (new, whatever newParameters says); `renamed`: a name in the base model."""
+    names, stored = _names(model, renamed), set(store.entries)
     rule = _best_rule(names, stored)
     params = dict(model.named_parameters())
     found, used = Matched(rule=rule), set()
@@ -130,7 +145,8 @@ def match(model: nn.Module, store: WeightStore, spec: PretrainedSpec) -> Matched
     for name, candidates in names.items():
         hit = _find(candidates, rule, stored)
         if hit is None:
-            (found.new if any(fnmatch.fnmatchcase(name, p) for p in spec.new_parameters) else missing).append(name)
+            listed = name in added or any(fnmatch.fnmatchcase(name, p) for p in spec.new_parameters)
+            (found.new if listed else missing).append(name)
             continue
         used.add(hit)
         (found.params if name in params else found.buffers)[name] = hit

@@ -2,9 +2,10 @@
 
 What every rank would refuse, refused once, in seconds: a module that does not import, a function that is not
 there, `entrypointArgs` it does not take, an error the entry point raises itself, a `spec.model.parameters` (or a
-shape's or a Hugging Face config's Ψ) that is not the model's, unit classes the model does not contain. The model
-is built on the meta device: no memory, no initialisation. An entry point whose own code needs real tensors (it
-reads its data into the model, say) cannot be built there; then the ranks check the rest, and the line says so.
+shape's or a Hugging Face config's Ψ) that is not the model's, unit classes the model does not contain, LoRA
+targets that name no layer of it. The model is built on the meta device: no memory, no initialisation. An entry
+point whose own code needs real tensors (it reads its data into the model, say) cannot be built there; then the
+ranks check the rest, and the line says so.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from zerotrain.runtime.job.task import (
     is_script,
     load_entrypoint,
 )
+from zerotrain.runtime.models import lora as lora_adapters
 from zerotrain.runtime.zero.partition import check_unit_classes
 from zerotrain.spec import ZeroTrainingJobSpec
 
@@ -44,6 +46,8 @@ def check_entrypoint(spec: ZeroTrainingJobSpec, build: bool = True, world_size: 
     try:
         with torch.device("meta"):
             task = check_task(fn(rank=0, world_size=world, **args), spec.entrypoint)
+            if spec.model.lora is not None:
+                lora_adapters.apply(task.model, spec.model.lora)
     except UserError:
         raise
     except Exception as e:  # the entry point's own code may need real tensors; the ranks will build it for real
@@ -56,7 +60,8 @@ def check_entrypoint(spec: ZeroTrainingJobSpec, build: bool = True, world_size: 
         declared = declared_parameters(spec)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    check_declared_parameters(task.model, declared)
+    lora = spec.model.lora is not None
+    check_declared_parameters(task.model, declared, lora_adapters.adapter_names(task.model) if lora else ())
     units = list(spec.zero.unit_modules) or list(task.unit_modules)
     check_unit_classes(task.model, units)
     drawn = _draw(task)  # once: the batches are an iterator, a second draw would be the second micro-batch
@@ -64,9 +69,11 @@ def check_entrypoint(spec: ZeroTrainingJobSpec, build: bool = True, world_size: 
         _check_shape(spec, task, drawn)
     uneven = _unequal_rows(fn, spec, drawn, world)
     count = sum(p.numel() for p in task.model.parameters())
+    trains = sum(p.numel() for p in task.model.parameters() if p.requires_grad)
     held = sum(1 for m in task.model.modules() if type(m).__name__ in set(units))
+    trained = f", {trains:,} of them LoRA's and trained ({trains / count:.2%})" if lora else ""
     return (
-        f"entry point: {spec.entrypoint} builds a model of {count:,} parameters, {held} unit(s) of "
+        f"entry point: {spec.entrypoint} builds a model of {count:,} parameters{trained}, {held} unit(s) of "
         f"{', '.join(units) or '(none: one unit, the whole model)'} (built on the meta device)"
     ) + (f"\n{uneven}" if uneven else "")
 

@@ -8,10 +8,14 @@ outside the task's model) the rank builds it whole, as before, and says why in o
 The engine's `ParameterSource` is then the construction's (`materialize.ConstructedValues`), or, for a model built
 whole, none: the engine's default takes rank 0's values.
 
+With `spec.model.lora` the adapters are added to the model inside the same construction (`models.lora`).
+
 With `spec.model.pretrained` the names are matched against the weights right after construction, before anything
 is allocated for the model, and the engine reads its ranges from the files (`construction.pretrained`), unless the
-job has a committed checkpoint of its own: it resumes from that instead, and says so. Should every one of those be
-refused, the pretrained weights are read into the engine after all (`refill`).
+job has a committed checkpoint of its own and no frozen parameters: it resumes from that instead, and says so.
+Should every one of those be refused, the pretrained weights are read into the engine after all (`refill`). A
+model with frozen parameters (a LoRA job's base) reads them from the weights on every start: its checkpoints hold
+what trains, and a reference to the weights (`checkpoints.base`).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import torch.distributed as dist
 
 from zerotrain import elastic
 from zerotrain.errors import UserError
+from zerotrain.lora_config import LoraSpec
 from zerotrain.plan_inputs import declared_parameters
 from zerotrain.planner import format_bytes
 from zerotrain.runtime.checkpoints import checkpoint
@@ -31,7 +36,7 @@ from zerotrain.runtime.checkpoints.checkpoint import Loaded
 from zerotrain.runtime.construction.materialize import ConstructedValues
 from zerotrain.runtime.construction.partitioned import build_partitioned
 from zerotrain.runtime.construction.pretrained import Matched, PretrainedValues, load_buffers, match
-from zerotrain.runtime.construction.weight_files import open_weights
+from zerotrain.runtime.construction.weight_files import WeightStore, open_weights
 from zerotrain.runtime.job.elastic_batches import SlotBatches
 from zerotrain.runtime.job.rank_metrics import RankPhase
 from zerotrain.runtime.job.resume import CheckpointPolicy, resume
@@ -45,6 +50,7 @@ from zerotrain.runtime.job.task import (
     check_task,
     load_entrypoint,
 )
+from zerotrain.runtime.models import lora as lora_adapters
 from zerotrain.runtime.zero.param_source import ModelValues, ParameterSource
 from zerotrain.spec import PretrainedSpec, ZeroTrainingJobSpec
 
@@ -74,14 +80,19 @@ def _group() -> tuple[int, int]:
     return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
 
 
-def start_task(entrypoint: str, *, rank: int, world_size: int, args: dict[str, Any]) -> Start:
+def start_task(
+    entrypoint: str, *, rank: int, world_size: int, args: dict[str, Any], lora: LoraSpec | None = None
+) -> Start:
     """Import and call the entry point for one rank (as `rank` of `world_size` for its data), its model built
-    partitioned over the process group's ranks where it can be."""
+    partitioned over the process group's ranks where it can be, with `lora`'s adapters added as part of it."""
     fn = load_entrypoint(entrypoint)
     check_arguments(fn, entrypoint, args)
 
     def call() -> TrainingTask:
-        return check_task(fn(rank=rank, world_size=world_size, **args), entrypoint)
+        task = check_task(fn(rank=rank, world_size=world_size, **args), entrypoint)
+        if lora is not None:
+            lora_adapters.apply(task.model, lora)
+        return task
 
     built = build_partitioned(call, lambda task: task.model, *_group(), passthrough=UserError)
     task: TrainingTask = built.result
@@ -91,12 +102,19 @@ def start_task(entrypoint: str, *, rank: int, world_size: int, args: dict[str, A
     return Start(task, ConstructedValues(built.slices, task.model), [])
 
 
-def use_pretrained(start: Start, spec: PretrainedSpec) -> PretrainedValues:
+def match_model(model: nn.Module, store: WeightStore, spec: PretrainedSpec, lora: LoraSpec | None) -> Matched:
+    """The model's names against the weights', LoRA's adapters new and its base layers under their base names."""
+    if lora is None:
+        return match(model, store, spec)
+    return match(model, store, spec, lora_adapters.adapter_names(model), lora_adapters.base_name)
+
+
+def use_pretrained(start: Start, spec: PretrainedSpec, lora: LoraSpec | None = None) -> PretrainedValues:
     """Match the model against the weights (refusing, before anything is allocated, what does not fit), read its
     buffers, and make the engine's source read its parameters from them."""
     store = open_weights(spec.path)
     model = start.task.model
-    found = match(model, store, spec)
+    found = match_model(model, store, spec, lora)
     load_buffers(model, store, found)
     base = start.source if start.source is not None else ModelValues(model)
     source = PretrainedValues(store, found, base)
@@ -152,7 +170,8 @@ def make_engine(
         declared = declared_parameters(spec)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    check_declared_parameters(task.model, declared)
+    lora = spec.model.lora is not None
+    check_declared_parameters(task.model, declared, lora_adapters.adapter_names(task.model) if lora else ())
     zero = spec.zero
     if not zero.unit_modules and task.unit_modules:
         zero = zero.model_copy(update={"unit_modules": list(task.unit_modules)})
@@ -167,17 +186,19 @@ def elastic_task(spec: ZeroTrainingJobSpec, ctx: RankContext) -> tuple[ZeroTrain
     """The rank's task, and the spec it runs: at the manifest's size both as they are; in an elastic gang of
     another size the spec's accumulation becomes the layout's and the task's batches this rank's slots of the
     manifest's global micro-batches (the entry point is built for the manifest's layout, rank r mod W)."""
-    args = spec.entrypoint_args
+    args, lora = spec.entrypoint_args, spec.model.lora
     if spec.elastic is None:
-        return spec, start_task(spec.entrypoint, rank=ctx.rank, world_size=ctx.world_size, args=args)
+        return spec, start_task(spec.entrypoint, rank=ctx.rank, world_size=ctx.world_size, args=args, lora=lora)
     try:
         grid = elastic.layout(spec.replicas, spec.nproc_per_node, spec.zero.gradient_accumulation_steps, ctx.world_size)
     except ValueError as e:
         raise ConfigError(f"spec.elastic: {e}") from None
     if grid is None:
-        return spec, start_task(spec.entrypoint, rank=ctx.rank, world_size=ctx.world_size, args=args)
+        return spec, start_task(spec.entrypoint, rank=ctx.rank, world_size=ctx.world_size, args=args, lora=lora)
     zero = spec.zero.model_copy(update={"gradient_accumulation_steps": grid.accumulation})
-    start = start_task(spec.entrypoint, rank=ctx.rank % spec.world_size, world_size=spec.world_size, args=args)
+    start = start_task(
+        spec.entrypoint, rank=ctx.rank % spec.world_size, world_size=spec.world_size, args=args, lora=lora
+    )
     start.task.batches = SlotBatches(start.task.batches, grid, ctx.rank)
     return spec.model_copy(update={"zero": zero}), start
 
@@ -223,35 +244,44 @@ def start_engine(
     origin = {"pretrained": pretrained.path} if pretrained is not None else {}
     started.policy = CheckpointPolicy.from_spec(started.spec.checkpoint, origin)
     own = started.policy is not None and checkpoint.latest(started.policy.root) is not None
-    if pretrained is not None and not own:
-        source = use_pretrained(start, pretrained)
+    frozen = any(not p.requires_grad for p in start.task.model.parameters())
+    if pretrained is not None and (not own or frozen):  # frozen parameters are never in the job's checkpoints
+        source = use_pretrained(start, pretrained, started.spec.model.lora)
     for line in start.notes:
         log.note(line)
     started.engine = make_engine(start.task, started.spec, device, factory, start.source)
     start.source = None  # the construction's slices are in the engine now
     started.loaded = resume(started.engine, start.task, started.policy, metrics)
-    if pretrained is not None and own and started.loaded is None:
+    if pretrained is not None and own and started.loaded is None and source is None:
         told = len(start.notes)
-        source = use_pretrained(start, pretrained)  # every checkpoint of the job was refused
+        source = use_pretrained(start, pretrained, started.spec.model.lora)  # every checkpoint was refused
         refill(started.engine, source)
         for line in start.notes[told:]:
             log.note(line)
     if started.loaded is not None:
         log.resumed(started.loaded.step, str(started.loaded.path))
-        if pretrained is not None:
+        if pretrained is not None and source is None:
             log.note(f"resumed from the job's own checkpoint: spec.model.pretrained ({pretrained.path}) was not read")
+        elif pretrained is not None:
+            log.note(f"resumed from the job's own checkpoint; the frozen parameters from {pretrained.path}")
     elif source is not None:
         log.note(loaded_note(source))
 
 
-def match_on_meta(entrypoint: str, args: dict[str, object], world_size: int, spec: PretrainedSpec) -> Matched | str:
-    """`zerotrain validate`: the entry point's model built on the meta device (no memory, no init) and matched
-    against the weights: the Matched, or why the model could not be built that way (then not checked). A mismatch
-    raises WeightsError, as the ranks would."""
+def match_on_meta(
+    entrypoint: str, args: dict[str, object], world_size: int, spec: PretrainedSpec, lora: LoraSpec | None = None
+) -> Matched | str:
+    """`zerotrain validate`: the entry point's model built on the meta device (no memory, no init), `lora`'s
+    adapters added, and matched against the weights: the Matched, or why the model could not be built that way
+    (then not checked). A mismatch raises WeightsError, as the ranks would."""
     store = open_weights(spec.path)
     try:
         with torch.device("meta"):
             task = build_task(entrypoint, rank=0, world_size=world_size, args=dict(args))
+            if lora is not None:
+                lora_adapters.apply(task.model, lora)
+    except UserError:
+        raise
     except Exception as e:  # the entry point's own data or checks may need real tensors
         return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-    return match(task.model, store, spec)
+    return match_model(task.model, store, spec, lora)

@@ -19,7 +19,7 @@ import importlib
 import inspect
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -172,11 +172,12 @@ PARAMETER_COUNT_TOLERANCE = 0.01
 same; a figure for another model would make every memory plan of the job wrong."""
 
 
-def check_declared_parameters(model: nn.Module, declared: int | None) -> None:
-    """Refuse a manifest whose `spec.model.parameters` (what admission planned with) is not this model's Ψ."""
+def check_declared_parameters(model: nn.Module, declared: int | None, added: Collection[str] = ()) -> None:
+    """Refuse a manifest whose `spec.model.parameters` (what admission planned with) is not this model's Ψ: the
+    model's own parameters, those the runtime `added` (LoRA's adapters) left out."""
     if declared is None:
         return
-    count = sum(p.numel() for p in model.parameters())  # each tied parameter once
+    count = sum(p.numel() for n, p in model.named_parameters() if n not in added)  # each tied parameter once
     if abs(declared - count) > PARAMETER_COUNT_TOLERANCE * count:
         raise ConfigError(
             f"spec.model.parameters: got {declared:,}, but the entry point's model has {count:,} parameters (the "
