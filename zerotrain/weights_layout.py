@@ -10,6 +10,7 @@ where they begin in the file.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import struct
@@ -149,3 +150,35 @@ def layout(path: str | Path) -> Layout:
         f"{several if found else 'holds no safetensors weights'} (nor {SINGLE}, nor a zerotrain checkpoint)",
         f"point it at weights saved as {SINGLE} or with {INDEX}",
     )
+
+
+SAMPLES = 16
+"""Pieces of each weights file a digest reads, spread evenly through its data."""
+SAMPLE_BYTES = 1 << 16
+
+
+def digest(path: str | Path) -> str:
+    """A short digest of the weights at `path`: what a LoRA job's checkpoints record of their base, so that a base
+    changed since is refused. It covers the index and every file's header and size, and `SAMPLES` pieces of 64 KiB
+    spread through each file's data (about 1 MiB a file, whatever its size); a zerotrain checkpoint, the SHA-256 of
+    every file its marker records. The same files give the same digest wherever they are."""
+    held = layout(path)
+    h = hashlib.sha256(held.kind.name.encode())
+    if held.kind is Kind.CHECKPOINT:
+        files = json.loads((held.root / COMMITTED).read_text()).get("files", {})
+        h.update(json.dumps(files, sort_keys=True).encode())
+        return h.hexdigest()[:16]
+    if held.kind is Kind.INDEXED:
+        h.update((held.root / INDEX).read_bytes())
+    for file in sorted({e.file for e in held.entries.values()}):
+        size = file.stat().st_size
+        h.update(f"{file.name}:{size}".encode())
+        with file.open("rb") as f:
+            (header,) = struct.unpack("<Q", f.read(8))
+            h.update(f.read(header))
+            data = 8 + header
+            span = max(0, size - data - SAMPLE_BYTES)
+            for i in range(SAMPLES):
+                f.seek(data + span * i // max(1, SAMPLES - 1))
+                h.update(f.read(SAMPLE_BYTES))
+    return h.hexdigest()[:16]

@@ -23,7 +23,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -62,7 +62,7 @@ class InFlight:
     """When the save began (its duration to the commit is what the metrics report)."""
     digest: bytes = b""
     error: BaseException | None = None
-    origin: dict[str, str] = field(default_factory=dict)
+    origin: dict[str, Any] = field(default_factory=dict)
     """Where the model's weights first came from, for the marker (`checkpoint.save`)."""
 
     @property
@@ -78,13 +78,13 @@ class AsyncSaver:
     buffers: dict[str, torch.Tensor] = field(default_factory=dict)
     inflight: InFlight | None = None
 
-    def start(self, engine: Checkpointable, root: Path, origin: dict[str, str] | None = None) -> Path:
+    def start(self, engine: Checkpointable, root: Path, origin: dict[str, Any] | None = None) -> Path:
         """Snapshot this rank's state and start writing it; a collective on every rank (the directory's token).
         A save still in flight is finished first."""
         self.finish(engine)
         state = engine.state_dict()
         target, position = checkpoint.begin(engine, state, root)
-        tensors, record = checkpoint.rank_contents(state)
+        tensors, record = checkpoint.rank_contents(state, origin)
         rank = state.layout.rank
         host, copied = self._snapshot(tensors)
         job = InFlight(target, position, threading.Thread(), origin=origin or {})

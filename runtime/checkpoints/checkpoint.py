@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from zerotrain.runtime.checkpoints import rank_state, reshard
+from zerotrain.runtime.checkpoints import base, rank_state, reshard
 from zerotrain.runtime.checkpoints.model_record import (
     BUFFER_PREFIX,
     buffer_difference,
@@ -137,12 +137,13 @@ def _optimizer_record(optimizer: dict[str, Any]) -> tuple[dict[str, torch.Tensor
     return tensors, {"optimizer_keys": keys, "optimizer_scalars": scalars, "param_groups": groups}
 
 
-def save(engine: Checkpointable, root: str | os.PathLike[str], origin: dict[str, str] | None = None) -> Path:
+def save(engine: Checkpointable, root: str | os.PathLike[str], origin: dict[str, Any] | None = None) -> Path:
     """Save and commit this rank's shard of the training state in a fresh directory; a collective on every rank.
-    `origin` says where the model's weights first came from (`{"pretrained": path}`), for an export's config."""
+    `origin` says where the model's weights first came from (`{"pretrained": path}`, for an export's config) and
+    which frozen base the checkpoint refers to instead of holding it (`base.BaseReference`)."""
     state = engine.state_dict()
     target, pos = begin(engine, state, root)
-    tensors, record = rank_contents(state)
+    tensors, record = rank_contents(state, origin)
     commit(engine, target, pos, write_rank(target, state.layout.rank, tensors, record), origin)
     return target
 
@@ -159,16 +160,20 @@ def begin(engine: Checkpointable, state: EngineState, root: str | os.PathLike[st
     return target, pos
 
 
-def rank_contents(state: EngineState) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def rank_contents(
+    state: EngineState, origin: dict[str, Any] | None = None
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """What this rank's file holds: its tensors (the state's own, views of the engine's buffers: copy them before
-    the next step changes them) and its JSON record. No collective."""
+    the next step changes them) and its JSON record; frozen units the base `origin` refers to are left out. No
+    collective."""
     layout = state.layout
     tensors, rank_record = rank_state.capture(state)
     if layout.holds_model_states:
         opt_tensors, opt_record = _optimizer_record(state.optimizer)
         tensors.update(opt_tensors)
-        tensors.update({f"master.{i}": m for i, m in enumerate(state.masters)})
-        ranges = [list(u.master_range) for u in layout.units]
+        skip = base.left_out(layout, origin)
+        tensors.update({f"master.{i}": m for i, m in enumerate(state.masters) if i not in skip})
+        ranges = [[u.master_range[0]] * 2 if i in skip else list(u.master_range) for i, u in enumerate(layout.units)]
         segments = [list(s) for s in layout.optimizer_segments]
     else:
         # Hybrid sharding: the other shard groups hold the same bytes as the first; their files keep only what is
@@ -200,7 +205,7 @@ def write_rank(target: Path, rank: int, tensors: dict[str, torch.Tensor], record
 
 
 def commit(
-    engine: Checkpointable, target: Path, pos: dict[str, int], mine: bytes, origin: dict[str, str] | None = None
+    engine: Checkpointable, target: Path, pos: dict[str, int], mine: bytes, origin: dict[str, Any] | None = None
 ) -> None:
     """Gather every rank's digest and size (which also proves every file is durable: only then may the marker
     exist) and write the marker from rank 0; a collective on every rank."""
@@ -215,7 +220,7 @@ def commit(
         _commit(layout, target, bytes(gathered.cpu().tolist()), pos, origin or {})
 
 
-def _commit(layout: ShardLayout, target: Path, raw: bytes, pos: dict[str, int], origin: dict[str, str]) -> None:
+def _commit(layout: ShardLayout, target: Path, raw: bytes, pos: dict[str, int], origin: dict[str, Any]) -> None:
     size = _DIGEST + 8
     files, sizes = {}, {}
     for r in range(layout.world_size):
@@ -315,7 +320,8 @@ def prepare(engine: Checkpointable, path: Path) -> Prepared | str:
         readers = [ShardReader(path / name, stats) for name in sorted(files)]
         units = [(u.name, u.extent, u.master_range) for u in layout.units]
         remap = reshard.layout_runs(marker["model"], mine)
-        plan = reshard.plan_load(readers, layout.rank, units, layout.optimizer_segments, remap)
+        skip = base.left_out(marker["model"], marker.get("origin"))
+        plan = reshard.plan_load(readers, layout.rank, units, layout.optimizer_segments, remap, skip)
         buffers = buffer_file(readers, layout.rank) if marker.get("buffers") else None
     except (ShardFileError, reshard.ReshardError, KeyError) as e:
         return str(e)
@@ -343,7 +349,9 @@ def apply(engine: Checkpointable, ready: Prepared) -> Loaded:
     state = engine.state_dict()
     with torch.no_grad():
         for index, master in enumerate(state.masters):
-            reshard.fill(readers, plan.masters[index], master)
+            target = plan.masters[index]
+            if target is not None:  # None: a frozen unit the checkpoint refers to its base for (read as it started)
+                reshard.fill(readers, target, master)
     optimizer = state.optimizer
     optimizer["state"] = reshard.optimizer_state(readers, plan, state.masters[0].device)  # beside the master
     saved_groups = readers[0].record["param_groups"]

@@ -10,6 +10,9 @@
   `dcp.load` reads into a plain model or an FSDP2-wrapped one at any world size. Tied parameters appear under
   every name, and the persistent buffers beside them, as a module's `state_dict()` lists them. DCP writes from one state
   dict, so this export holds the model (and optimizer state) in memory once.
+
+A checkpoint that refers to its frozen base instead of holding it (`base`: a LoRA job's) is exported with the base's
+tensors read from the base weights, which the caller opens (and checks against the recorded digest).
 """
 
 from __future__ import annotations
@@ -19,12 +22,13 @@ import os
 import struct
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
+from zerotrain.runtime.checkpoints import base as base_ref
 from zerotrain.runtime.checkpoints import checkpoint, reshard
 from zerotrain.runtime.checkpoints.model_record import buffer_file, read_buffers
 from zerotrain.runtime.checkpoints.shard_file import DTYPES, ShardFileError, ShardReader
@@ -47,6 +51,14 @@ class Param:
         return int(torch.Size(self.shape).numel())
 
 
+class StoredTensors(Protocol):
+    """Tensors by name, readable by flattened element range (pretrained weights: `construction.weight_files`)."""
+
+    def read_into(self, name: str, a: int, b: int, out: torch.Tensor) -> None:
+        """Elements [a, b) of tensor `name`, flattened row-major, converted into `out`."""
+        ...
+
+
 @dataclass
 class Opened:
     """A committed checkpoint opened for reading, its digests verified."""
@@ -57,10 +69,30 @@ class Opened:
     params: list[Param]
     buffers: dict[str, torch.Tensor]
     """The model's persistent buffers (rank 0's), by name; empty for a checkpoint saved before they were kept."""
+    left_out: set[int] = field(default_factory=set)
+    """Units the checkpoint does not hold: frozen, read from the base it refers to (`base`)."""
+    base: StoredTensors | None = None
+    """The base weights those units are read from."""
+
+    @property
+    def reference(self) -> base_ref.BaseReference | None:
+        return base_ref.BaseReference.of(self.marker.get("origin"))
 
 
-def open_checkpoint(path: str | os.PathLike[str]) -> Opened:
-    """The committed checkpoint at `path` (or the newest under a root), every file verified against its digest."""
+def base_needed(path: str | os.PathLike[str]) -> base_ref.BaseReference | None:
+    """The frozen base the newest checkpoint at `path` leaves out, or None when it holds the whole model."""
+    marker = checkpoint.read_marker(checkpoint.resolve(path))
+    return (
+        base_ref.BaseReference.of(marker.get("origin"))
+        if base_ref.left_out(marker["model"], marker.get("origin"))
+        else None
+    )
+
+
+def open_checkpoint(path: str | os.PathLike[str], base: StoredTensors | None = None, whole: bool = True) -> Opened:
+    """The committed checkpoint at `path` (or the newest under a root), every file verified against its digest; its
+    left-out frozen units read from `base`. Refused when it leaves some out and no base is given, unless the caller
+    reads no more than what the checkpoint holds (`whole` False)."""
     target = checkpoint.resolve(path)
     marker = checkpoint.read_marker(target)
     bad = checkpoint.unverified(target, marker["files"], marker["files"])
@@ -74,13 +106,36 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Opened:
         Param(p[0], ui, tuple(p[1]), p[2], p[3]) for ui, unit in enumerate(marker["model"]) for p in unit["params"]
     ]
     buffers = read_buffers(readers[buffer_file(readers, 0)]) if marker.get("buffers") else {}
-    return Opened(target, marker, readers, params, buffers)
+    left_out = base_ref.left_out(marker["model"], marker.get("origin"))
+    opened = Opened(target, marker, readers, params, buffers, left_out, base)
+    if left_out and base is None and whole:
+        ref = opened.reference
+        assert ref is not None
+        raise ZeroSetupError(
+            "--base",
+            ref.path,
+            f"checkpoint {target} holds the trained parameters only; its frozen ones are the base it was trained on "
+            f"(digest {ref.digest}), which is needed for this export",
+            "pass --base with the base's path, or export the adapters alone (--format peft)",
+        )
+    return opened
+
+
+def read_range(ck: Opened, p: Param, lo: int, hi: int) -> torch.Tensor:
+    """Elements [lo, hi) of one parameter's flattened fp32 values, from the rank files that hold them, or from the
+    base for a unit the checkpoint leaves out."""
+    if p.unit in ck.left_out:
+        assert ck.base is not None and ck.reference is not None
+        out = torch.empty(hi - lo, dtype=torch.float32)
+        ck.base.read_into(ck.reference.names[p.name], lo, hi, out)
+        return out
+    sources = reshard.master_sources(ck.readers, range(len(ck.readers)), p.unit)
+    return reshard.read_range(ck.readers, sources, p.offset + lo, p.offset + hi, p.name)
 
 
 def read_param(ck: Opened, p: Param) -> torch.Tensor:
-    """One parameter's fp32 values, assembled from the rank files that hold its range."""
-    sources = reshard.master_sources(ck.readers, range(len(ck.readers)), p.unit)
-    return reshard.read_range(ck.readers, sources, p.offset, p.offset + p.numel, p.name).view(p.shape)
+    """One parameter's fp32 values, assembled from the rank files that hold its range (or the base)."""
+    return read_range(ck, p, 0, p.numel).view(p.shape)
 
 
 SAFETENSORS_DTYPES = {torch_dtype: name for name, torch_dtype in DTYPES.items()}
@@ -111,10 +166,12 @@ def _header(ck: Opened) -> bytes:
     return struct.pack("<Q", len(raw)) + raw
 
 
-def export_safetensors(path: str | os.PathLike[str], out: Path, force: bool = False) -> Path:
+def export_safetensors(
+    path: str | os.PathLike[str], out: Path, force: bool = False, base: StoredTensors | None = None
+) -> Path:
     """Write the consolidated weights to `out`, tensor by tensor (through a temporary name)."""
     _refuse_existing(out, force)
-    ck = open_checkpoint(path)
+    ck = open_checkpoint(path, base)
     tmp = out.with_name(out.name + ".tmp")
     with tmp.open("wb") as f:
         f.write(_header(ck))
@@ -150,12 +207,18 @@ def _covers(sources: list[reshard.Source], p: Param) -> bool:
     return any(s.lo <= p.offset < s.hi for s in sources)
 
 
-def export_dcp(path: str | os.PathLike[str], out: Path, optimizer: bool = False, force: bool = False) -> Path:
+def export_dcp(
+    path: str | os.PathLike[str],
+    out: Path,
+    optimizer: bool = False,
+    force: bool = False,
+    base: StoredTensors | None = None,
+) -> Path:
     """Write a torch.distributed.checkpoint directory of the unflattened model (and optimizer state)."""
     import torch.distributed.checkpoint as dcp
 
     _refuse_existing(out, force)
-    ck = open_checkpoint(path)
+    ck = open_checkpoint(path, base)
     model = {p.name: read_param(ck, p) for p in ck.params}
     # A module's state_dict (plain or FSDP2) lists a tied parameter under every name: so does this one.
     model |= {alias: model[owner] for alias, owner in ck.marker.get("aliases", {}).items()}

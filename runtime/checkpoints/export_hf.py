@@ -11,7 +11,10 @@
 - Atomic: every shard is written under a temporary name and renamed once all are complete; the index comes last.
   An interrupted export leaves no index and no file under a final name.
 - The configuration and tokenizer files of the directory the job started from (`spec.model.pretrained`, recorded in
-  the checkpoint) are copied beside the shards, or of `--copy-from`.
+  the checkpoint) are copied beside the shards, or of `--copy-from`; config.json's dtype is set to the one written,
+  so `from_pretrained` loads what the export holds.
+- A LoRA job's model is its base and its adapters: `merge` writes the base's weights with the adapters merged in,
+  under the base's own names (`export_lora.merged`), reading the base the checkpoint refers to (`base`).
 """
 
 from __future__ import annotations
@@ -26,8 +29,17 @@ from pathlib import Path
 
 import torch
 
-from zerotrain.runtime.checkpoints import reshard
-from zerotrain.runtime.checkpoints.export import SAFETENSORS_DTYPES, Opened, Param, open_checkpoint, tensor_bytes
+from zerotrain.hf_config import CONFIG_FILE
+from zerotrain.runtime.checkpoints.export import (
+    SAFETENSORS_DTYPES,
+    Opened,
+    Param,
+    StoredTensors,
+    open_checkpoint,
+    read_range,
+    tensor_bytes,
+)
+from zerotrain.runtime.checkpoints.export_lora import Merge, merged, merged_rows
 from zerotrain.runtime.zero.engine_errors import ZeroSetupError
 from zerotrain.weights_layout import INDEX, SINGLE, Kind, layout
 
@@ -40,21 +52,25 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5
 
 @dataclass(frozen=True)
 class Item:
-    """One output tensor: a parameter (read from its unit's ranges) or a buffer (whole)."""
+    """One output tensor: a parameter (read from its unit's ranges, its adapters merged in) or a buffer (whole)."""
 
     name: str
     shape: tuple[int, ...]
     dtype: torch.dtype
     param: Param | None = None
+    merge: Merge | None = None
 
     @property
     def nbytes(self) -> int:
         return math.prod(self.shape) * torch.empty(0, dtype=self.dtype).element_size()
 
 
-def items(ck: Opened, dtype: torch.dtype | None) -> list[Item]:
+def items(ck: Opened, dtype: torch.dtype | None, merge: bool = False) -> list[Item]:
     """Every tensor the export writes, in the checkpoint's order, in its output dtype."""
-    out = [Item(p.name, p.shape, dtype or torch.float32, p) for p in ck.params]
+    if merge:
+        out = [Item(name, p.shape, dtype or torch.float32, p, m) for name, p, m in merged(ck)]
+    else:
+        out = [Item(p.name, p.shape, dtype or torch.float32, p) for p in ck.params]
     for name, b in ck.buffers.items():
         kept = dtype if dtype is not None and b.dtype.is_floating_point else b.dtype
         out.append(Item(name, tuple(b.shape), kept))
@@ -101,11 +117,14 @@ def _write_tensor(ck: Opened, t: Item, f: object) -> None:
         write(tensor_bytes(ck.buffers[t.name].to(t.dtype)))
         return
     p = t.param
-    sources = reshard.master_sources(ck.readers, range(len(ck.readers)), p.unit)
+    if t.merge is not None:
+        rows = max(1, CHUNK_ELEMENTS // p.shape[1])
+        for r0 in range(0, p.shape[0], rows):
+            write(tensor_bytes(merged_rows(ck, p, t.merge, r0, min(p.shape[0], r0 + rows)).to(t.dtype)))
+        return
     for lo in range(0, p.numel, CHUNK_ELEMENTS):
         hi = min(p.numel, lo + CHUNK_ELEMENTS)
-        values = reshard.read_range(ck.readers, sources, p.offset + lo, p.offset + hi, p.name)
-        write(tensor_bytes(values.to(t.dtype)))
+        write(tensor_bytes(read_range(ck, p, lo, hi).to(t.dtype)))
 
 
 def _refuse(out: Path) -> None:
@@ -133,14 +152,22 @@ def config_source(ck: Opened, copy_from: Path | None) -> Path | None:
 CONFIG_SUFFIXES = (".json", ".txt", ".model", ".tiktoken", ".jinja")
 
 
-def copy_config(source: Path, out: Path) -> list[str]:
-    """The configuration and tokenizer files of `source` (config.json, generation_config.json, tokenizer.json, …)."""
+def copy_config(source: Path, out: Path, dtype: torch.dtype) -> list[str]:
+    """The configuration and tokenizer files of `source` (config.json, generation_config.json, tokenizer.json, …);
+    config.json's dtype becomes `dtype`, the one the weights are written in."""
     copied = []
     for f in sorted(source.iterdir()):
         keep = f.suffix in CONFIG_SUFFIXES and not f.name.endswith(".index.json")  # another save's weight map
         if f.is_file() and not f.name.startswith(".") and keep:
             shutil.copy2(f, out / f.name)
             copied.append(f.name)
+    config = out / CONFIG_FILE
+    if CONFIG_FILE in copied:
+        fields = json.loads(config.read_text())
+        written = str(dtype).removeprefix("torch.")
+        # transformers 5 reads "dtype", older releases "torch_dtype": both say what the shards hold.
+        fields.update({key: written for key in ("dtype", "torch_dtype") if key in fields} or {"dtype": written})
+        config.write_text(json.dumps(fields, indent=2, sort_keys=True) + "\n")
     return copied
 
 
@@ -159,12 +186,31 @@ def export_huggingface(
     dtype: torch.dtype | None = None,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     copy_from: Path | None = None,
+    base: StoredTensors | None = None,
+    merge: bool = False,
 ) -> Exported:
-    """Write the checkpoint at `path` (its newest under a root) to the empty directory `out` (see the module)."""
+    """Write the checkpoint at `path` (its newest under a root) to the empty directory `out` (see the module);
+    `merge`: a LoRA job's adapters merged into its base, read from `base`."""
     _refuse(out)
-    ck = open_checkpoint(path)
+    ck = open_checkpoint(path, base)
+    lora = (ck.marker.get("origin") or {}).get("lora") is not None
+    if merge and not lora:
+        raise ZeroSetupError(
+            "--merge",
+            True,
+            f"checkpoint {ck.path} is of a job without spec.model.lora: it has no adapters",
+            "drop --merge",
+        )
+    if lora and not merge:
+        raise ZeroSetupError(
+            "--format",
+            "huggingface",
+            f"checkpoint {ck.path} is of a LoRA job: its model is a base with adapters, which transformers does not "
+            "load as one model",
+            "add --merge to write the adapters merged into the base, or export the adapters with --format peft",
+        )
     source = config_source(ck, copy_from)
-    shards = plan_shards(items(ck, dtype), max_shard_bytes)
+    shards = plan_shards(items(ck, dtype, merge), max_shard_bytes)
     names = shard_names(len(shards))
     out.mkdir(parents=True, exist_ok=True)
     partial = [out / f".{name}.partial" for name in names]
@@ -184,5 +230,5 @@ def export_huggingface(
         tmp_index = out / f".{INDEX}.partial"
         tmp_index.write_text(json.dumps(index, indent=2) + "\n")
         tmp_index.rename(out / INDEX)
-    copied = copy_config(source, out) if source is not None else []
+    copied = copy_config(source, out, dtype or torch.float32) if source is not None else []
     return Exported(names, total, copied)

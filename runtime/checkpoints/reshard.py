@@ -59,7 +59,9 @@ class TargetPlan:
 class LoadPlan:
     """Everything to read, decided before anything is read or changed."""
 
-    masters: list[TargetPlan]
+    masters: list[TargetPlan | None]
+    """Per unit, how to fill its master; None: the checkpoint holds none of it (a frozen unit whose values come from
+    the base it refers to), left as it is."""
     optimizer: dict[int, dict[str, TargetPlan]] = field(default_factory=dict)
     """Per optimizer parameter index, per per-element state key."""
     scalars: dict[str, Any] = field(default_factory=dict)
@@ -67,7 +69,7 @@ class LoadPlan:
 
     def files(self) -> set[int]:
         """The rank files this plan reads."""
-        out = {p.file for t in self.masters for p in t.pieces}
+        out = {p.file for t in self.masters if t is not None for p in t.pieces}
         out |= {p.file for per in self.optimizer.values() for t in per.values() for p in t.pieces}
         out |= {v[0] for v in self.scalars.values() if isinstance(v, tuple)}
         return out
@@ -164,13 +166,18 @@ def plan_load(
     units: Sequence[tuple[str, int, tuple[int, int]]],
     segments: Sequence[tuple[int, int, int]],
     remap: dict[int, Runs] | None = None,
+    left_out: set[int] | None = None,
 ) -> LoadPlan:
     """Plan this rank's load: `units` are (name, extent, master range), `segments` its optimizer ranges, `remap`
-    the units whose parameters the checkpoint holds at other offsets (`layout_runs`)."""
+    the units whose parameters the checkpoint holds at other offsets (`layout_runs`), `left_out` the units it does
+    not hold (`base.left_out`)."""
     remap = remap or {}
     order = _prefer(readers, own_rank)
     plan = LoadPlan(masters=[])
     for ui, (uname, numel, (lo, hi)) in enumerate(units):
+        if left_out and ui in left_out:
+            plan.masters.append(None)
+            continue
         sources = master_sources(readers, order, ui)
         pieces = _cover_unit(sources, lo, hi, numel, remap.get(ui), f"unit {uname} master")
         plan.masters.append(TargetPlan(pieces, hi - lo))

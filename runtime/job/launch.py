@@ -60,6 +60,7 @@ from zerotrain.pod_contract import (
     TERMINATION_LOG,
     TERMINATION_LOG_ENV,
 )
+from zerotrain.runtime.checkpoints import base
 from zerotrain.runtime.job.entry_check import check_entrypoint
 from zerotrain.runtime.job.failures import consequence, exit_code, failure_time, how, last_line, log_files, root_cause
 from zerotrain.runtime.job.preemption import EXIT_PREEMPTED
@@ -156,13 +157,18 @@ def local_plan(nproc: int) -> LaunchPlan:
 def preflight(spec: ZeroTrainingJobSpec, world_size: int | None = None) -> str:
     """Configuration errors every rank would hit, reported once before any rank starts: the entry point (imported,
     its arguments bound, its model built on the meta device and checked against the spec: `entry_check`), and the
-    pretrained weights' files (their names and shapes are matched in the ranks, before the model is allocated).
+    pretrained weights' files (their names and shapes are matched in the ranks, before the model is allocated), and
+    the base a LoRA job's newest checkpoint was trained on against the one it would read now.
     Returns the entry check's line (and a warning line, if any); `world_size`: a local run's --nproc."""
     if is_script(spec.entrypoint) and not Path(spec.entrypoint).is_file():
         raise ConfigError(f"spec.entrypoint: script {spec.entrypoint!r} does not exist; fix the path")
     checked = check_entrypoint(spec, world_size=world_size)
-    if spec.model.pretrained is not None:
-        layout(spec.model.pretrained.path)
+    pretrained = spec.model.pretrained.path if spec.model.pretrained is not None else None
+    if pretrained is not None:
+        layout(pretrained)
+    problem = base.check_resume(spec.checkpoint.path, pretrained)  # a LoRA job's checkpoint, from another base
+    if problem is not None:
+        raise ConfigError(problem)
     return checked
 
 

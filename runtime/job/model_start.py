@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 import torch.distributed as dist
 
-from zerotrain import elastic
+from zerotrain import elastic, weights_layout
 from zerotrain.errors import UserError
 from zerotrain.lora_config import LoraSpec
 from zerotrain.plan_inputs import declared_parameters
 from zerotrain.planner import format_bytes
-from zerotrain.runtime.checkpoints import checkpoint
+from zerotrain.runtime.checkpoints import base, checkpoint
 from zerotrain.runtime.checkpoints.checkpoint import Loaded
 from zerotrain.runtime.construction.materialize import ConstructedValues
 from zerotrain.runtime.construction.partitioned import build_partitioned
@@ -241,12 +241,13 @@ def start_engine(
     started.spec, start = elastic_task(started.spec, ctx)
     started.task, started.built_whole = start.task, start.source is None
     pretrained, source = started.spec.model.pretrained, None
-    origin = {"pretrained": pretrained.path} if pretrained is not None else {}
-    started.policy = CheckpointPolicy.from_spec(started.spec.checkpoint, origin)
-    own = started.policy is not None and checkpoint.latest(started.policy.root) is not None
+    saves = started.spec.checkpoint.path
+    own = saves is not None and checkpoint.latest(saves) is not None
     frozen = any(not p.requires_grad for p in start.task.model.parameters())
-    if pretrained is not None and (not own or frozen):  # frozen parameters are never in the job's checkpoints
+    if pretrained is not None and (not own or frozen):  # a frozen base is read again: checkpoints refer to it
         source = use_pretrained(start, pretrained, started.spec.model.lora)
+    origin = checkpoint_origin(started.spec, start.task.model, source)
+    started.policy = CheckpointPolicy.from_spec(started.spec.checkpoint, origin)
     for line in start.notes:
         log.note(line)
     started.engine = make_engine(start.task, started.spec, device, factory, start.source)
@@ -266,6 +267,28 @@ def start_engine(
             log.note(f"resumed from the job's own checkpoint; the frozen parameters from {pretrained.path}")
     elif source is not None:
         log.note(loaded_note(source))
+
+
+def checkpoint_origin(spec: ZeroTrainingJobSpec, model: nn.Module, source: PretrainedValues | None) -> dict[str, Any]:
+    """What every checkpoint marker records of where the model came from: the pretrained weights' path (an export
+    copies their config), LoRA's spec (an adapter export writes its config from it) and, for frozen parameters read
+    from the weights, the reference the checkpoints hold instead of them (`checkpoints.base`)."""
+    origin: dict[str, Any] = {}
+    if spec.model.lora is not None:
+        origin["lora"] = spec.model.lora.to_wire()
+        origin["lora_layers"] = lora_adapters.layers(model)
+        origin["entrypoint"] = spec.entrypoint
+    pretrained = spec.model.pretrained
+    if pretrained is None:
+        return origin
+    origin["pretrained"] = pretrained.path
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    if source is not None and frozen:
+        names = {n: stored for n, stored in source.found.params.items() if n in frozen}
+        origin[base.ORIGIN_KEY] = base.BaseReference(
+            pretrained.path, weights_layout.digest(pretrained.path), names
+        ).record()
+    return origin
 
 
 def match_on_meta(

@@ -13,9 +13,10 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from zerotrain.runtime.checkpoints import checkpoint
+from zerotrain.errors import ConfigError
+from zerotrain.runtime.checkpoints import base, checkpoint
 from zerotrain.runtime.checkpoints.async_save import AsyncSaver, InFlight, check_directory_fsync
 from zerotrain.runtime.job.rank_metrics import MetricsSink, RankPhase
 from zerotrain.spec import CheckpointSpec
@@ -36,11 +37,12 @@ class CheckpointPolicy:
     interval: int
     keep_last: int
     saver: AsyncSaver | None = None
-    origin: dict[str, str] = field(default_factory=dict)
-    """Where the model's weights first came from (`{"pretrained": path}`), recorded in every marker."""
+    origin: dict[str, Any] = field(default_factory=dict)
+    """Where the model's weights first came from (`{"pretrained": path}`) and the frozen base the checkpoints refer
+    to (`checkpoints.base`), recorded in every marker."""
 
     @classmethod
-    def from_spec(cls, spec: CheckpointSpec, origin: dict[str, str] | None = None) -> CheckpointPolicy | None:
+    def from_spec(cls, spec: CheckpointSpec, origin: dict[str, Any] | None = None) -> CheckpointPolicy | None:
         """The policy for this run, or None when spec.checkpoint.path is unset (a throw-away local run)."""
         if not spec.path:
             return None
@@ -73,8 +75,17 @@ class CheckpointPolicy:
         return job
 
     def resume_newest(self, engine: ZeroEngine) -> checkpoint.Loaded | None:
-        """Load the newest checkpoint all ranks can verify; None (and a fresh start) if there is none."""
+        """Load the newest checkpoint all ranks can verify; None (and a fresh start) if there is none. One trained on
+        another base than this run's is refused outright (ConfigError naming both digests): an older one would
+        have been too."""
         for path in reversed(checkpoint.committed(self.root)):
+            try:
+                saved = checkpoint.read_marker(path).get("origin")
+            except (OSError, ValueError):
+                saved = None  # prepare says why
+            problem = base.mismatch(saved, self.origin, str(path))
+            if problem is not None:
+                raise ConfigError(problem)
             ready = checkpoint.prepare(engine, path)
             problem = checkpoint.agree(engine, ready)
             if problem is None and not isinstance(ready, str):

@@ -135,3 +135,27 @@ def adapter_names(model: nn.Module) -> list[str]:
 def base_name(name: str) -> str:
     """A parameter's name in the base model: peft's `.base_layer` left out."""
     return name.replace(BASE_LAYER + ".", ".")
+
+
+def layers(model: nn.Module) -> dict[str, dict[str, object]]:
+    """Every adapted layer, as a checkpoint records it for an export that merges the adapters into the base:
+    its weight's name, its adapters' (A, B), their scale (alpha / rank) and whether the weight is stored transposed
+    to B·A (GPT-2's Conv1D, embeddings): W' = W + scale·(B·A), or its transpose."""
+    tuner = importlib.import_module("peft.tuners.lora")
+    out: dict[str, dict[str, object]] = {}
+    for name, module in model.named_modules():
+        if not isinstance(module, tuner.LoraLayer):
+            continue
+        base = module.get_base_layer()
+        embedding = ADAPTER in getattr(module, "lora_embedding_A", {})
+        a, b = ("lora_embedding_A", "lora_embedding_B") if embedding else ("lora_A", "lora_B")
+        suffix = "" if embedding else ".weight"
+        out[name] = {
+            "weight": f"{name}{BASE_LAYER}.weight",
+            "a": f"{name}.{a}.{ADAPTER}{suffix}",
+            "b": f"{name}.{b}.{ADAPTER}{suffix}",
+            "scale": float(module.scaling[ADAPTER]),
+            "transposed": embedding or bool(getattr(module, "fan_in_fan_out", False)),
+            "mergeable": isinstance(base, (nn.Linear, nn.Embedding)) or type(base).__name__ == "Conv1D",
+        }
+    return out

@@ -12,7 +12,7 @@ import argparse
 import enum
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.text import Text
@@ -20,13 +20,17 @@ from rich.text import Text
 from zerotrain.commands.tables import Rows, print_rows
 from zerotrain.planner import format_bytes
 
+if TYPE_CHECKING:
+    from zerotrain.runtime.checkpoints.export import StoredTensors
+
 INSPECT = """List every checkpoint under a checkpoint root (or one checkpoint): step, samples, world size, stage, bytes
 per rank, and whether it is complete (committed, every digest verified)."""
 
 EXPORT = """Write the newest complete checkpoint under a root (or the one named) as one safetensors file of the model's
-weights and buffers (safetensors), a torch.distributed.checkpoint directory with the optimizer state (dcp), or
-sharded safetensors with their index as transformers saves a model (huggingface). Reads a chunk at a time: never the
-whole model."""
+weights and buffers (safetensors), a torch.distributed.checkpoint directory with the optimizer state (dcp), sharded
+safetensors with their index as transformers saves a model (huggingface; a LoRA job's with --merge), or a LoRA job's
+adapters as peft saves them (peft). Reads a chunk at a time: never the whole model. A LoRA job's checkpoint holds
+what trained: the base it refers to is read (and checked against its digest) where an export needs it."""
 
 
 class ExportFormat(str, enum.Enum):
@@ -35,6 +39,7 @@ class ExportFormat(str, enum.Enum):
     SAFETENSORS = "safetensors"
     DCP = "dcp"
     HUGGINGFACE = "huggingface"
+    PEFT = "peft"
 
 
 class ExportDtype(str, enum.Enum):
@@ -43,6 +48,13 @@ class ExportDtype(str, enum.Enum):
     FP32 = "fp32"
     BF16 = "bf16"
     FP16 = "fp16"
+
+
+def export_dtype(name: str) -> Any:
+    """--dtype as a torch dtype (None: fp32, the master's); torch is imported only when a command exports."""
+    import torch
+
+    return {ExportDtype.BF16.value: torch.bfloat16, ExportDtype.FP16.value: torch.float16}.get(name)
 
 
 class OutputFormat(str, enum.Enum):
@@ -80,6 +92,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--copy-from",
         help="huggingface: copy config and tokenizer files from this directory (default: the job's pretrained one)",
     )
+    e.add_argument(
+        "--merge", action="store_true", help="huggingface, for a LoRA job: the adapters merged into the base's weights"
+    )
+    e.add_argument(
+        "--base",
+        help="a LoRA job's base weights, when not where the job read them (spec.model.pretrained.path); checked "
+        "against the digest its checkpoint recorded",
+    )
     e.set_defaults(func=export)
 
 
@@ -116,13 +136,22 @@ def export(args: argparse.Namespace) -> int:
 
     if args.optimizer and args.format != ExportFormat.DCP.value:
         raise ZeroSetupError("--optimizer", True, "only DCP exports carry optimizer state", "add --format dcp")
+    if args.merge and args.format != ExportFormat.HUGGINGFACE.value:
+        raise ZeroSetupError("--merge", True, "only Hugging Face exports merge adapters", "add --format huggingface")
     out = Path(args.out)
+    if args.format == ExportFormat.PEFT.value:
+        from zerotrain.runtime.checkpoints.export_lora import export_peft
+
+        keys = export_peft(args.dir, out, export_dtype(args.dtype))
+        Console().print(Text(f"wrote {out}: adapter_config.json, {len(keys)} tensors in adapter_model.safetensors"))
+        return 0
+    base = open_base(args.dir, args.base)
     if args.format == ExportFormat.HUGGINGFACE.value:
-        return export_huggingface(args, out)
+        return export_huggingface(args, out, base)
     if args.format == ExportFormat.SAFETENSORS.value:
-        written = ex.export_safetensors(args.dir, out, force=args.force)
+        written = ex.export_safetensors(args.dir, out, force=args.force, base=base)
     else:
-        written = ex.export_dcp(args.dir, out, optimizer=args.optimizer, force=args.force)
+        written = ex.export_dcp(args.dir, out, optimizer=args.optimizer, force=args.force, base=base)
     Console().print(Text(f"wrote {written} ({args.format})"))
     return 0
 
@@ -138,18 +167,39 @@ def shard_bytes(text: str) -> int:
     return value
 
 
-def export_huggingface(args: argparse.Namespace, out: Path) -> int:
-    import torch
+def open_base(checkpoint: str, given: str | None) -> StoredTensors | None:
+    """The frozen base the newest checkpoint at `checkpoint` refers to (None when it holds the whole model): at
+    `given`, else where the job read it; refused when missing or not the one the checkpoint was trained on."""
+    from zerotrain.runtime.checkpoints.export import base_needed
+    from zerotrain.runtime.construction.weight_files import open_weights
+    from zerotrain.runtime.zero.engine_errors import ZeroSetupError
+    from zerotrain.weights_layout import digest
 
+    ref = base_needed(checkpoint)
+    if ref is None:
+        return None
+    path = given or ref.path
+    field = "--base" if given else "the checkpoint's base"
+    if not Path(path).exists():
+        fix = "pass --base with the base's path (the weights the job read: spec.model.pretrained.path)"
+        raise ZeroSetupError(field, path, f"does not exist (the frozen base, digest {ref.digest})", fix)
+    found = digest(path)
+    if found != ref.digest:
+        raise ZeroSetupError(
+            field,
+            path,
+            f"has digest {found}, but the checkpoint was trained on {ref.path}, digest {ref.digest}",
+            "pass --base with the base the job was trained on",
+        )
+    return open_weights(path)
+
+
+def export_huggingface(args: argparse.Namespace, out: Path, base: StoredTensors | None) -> int:
     from zerotrain.runtime.checkpoints.export_hf import export_huggingface as write
 
-    dtypes = {
-        ExportDtype.FP32.value: None,
-        ExportDtype.BF16.value: torch.bfloat16,
-        ExportDtype.FP16.value: torch.float16,
-    }
     copy_from = Path(args.copy_from) if args.copy_from else None
-    done = write(args.dir, out, dtypes[args.dtype], shard_bytes(args.max_shard_size), copy_from)
+    dtype = export_dtype(args.dtype)
+    done = write(args.dir, out, dtype, shard_bytes(args.max_shard_size), copy_from, base, args.merge)
     copied = f"; copied {', '.join(done.copied)}" if done.copied else "; no config copied (use --copy-from)"
     Console().print(
         Text(f"wrote {out}: {len(done.shards)} shard(s), {format_bytes(done.total_bytes)} ({args.dtype}){copied}"),
