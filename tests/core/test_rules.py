@@ -72,6 +72,9 @@ CASES: list[dict[str, Any]] = [
     {"training": {"steps": 10, "lrSchedule": {"warmupSteps": 10}}},
     {"training": {"lrSchedule": {"warmupSteps": 101}}},
     {"training": {"lrSchedule": {"decay": "linear"}}},
+    {"model": {"lora": {"targetModules": ["q_proj"]}}},
+    {"entrypoint": "train.py", "model": {"lora": {"targetModules": ["q_proj"]}}},
+    {"entrypoint": "train.py"},
     {
         "replicas": 2,
         "nprocPerNode": 2,
@@ -141,6 +144,6 @@ def test_each_rule_s_cel_and_predicate_agree(path: str, model: type[SpecModel], 
 
 
 def test_every_model_rule_is_here() -> None:
-    # Resources, ModelShape, PretrainedSpec's 2, DataSpec's 2, TrainingSpec, FailurePolicy, Scheduling, the spec's 9,
+    # Resources, ModelShape, PretrainedSpec's 2, DataSpec's 2, TrainingSpec, FailurePolicy, Scheduling, the spec's 10,
     # ZeroConfig's 6, elastic
-    assert len(RULES) == 25
+    assert len(RULES) == 26
