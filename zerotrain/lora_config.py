@@ -10,7 +10,8 @@ per cent of Ψ. The plan counts Ψ_t from the same shapes (`adapter_parameters`)
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from pydantic import Field
 
@@ -35,59 +36,112 @@ class LoraSpec(SpecModel):
     saved and exported with them."""
 
 
-def linear_shapes(config: dict[str, object]) -> dict[str, tuple[int, int]] | None:
-    """(in, out) of each linear layer a decoder block of this Hugging Face config holds, by its name, for the Llama
-    family's layout (attention q/k/v/o and a gated MLP), GPT-2's (c_attn, c_proj, c_fc) and Mixtral's experts
-    (w1, w2, w3, per expert, counted in `experts_of`); None for a family whose layout is not known here."""
-    hidden = _int(config, "hidden_size", "n_embd")
-    heads = _int(config, "num_attention_heads", "n_head")
-    if hidden is None or heads is None:
+GPT_ENTRYPOINT = "zerotrain.runtime.examples.gpt:build"
+"""The built-in GPT, whose layers `spec.model.shape` describes (`zerotrain.transformer_plan`)."""
+
+
+@dataclass(frozen=True)
+class Layers:
+    """A model's layers as LoRA sees them: each block's linear layers (in, out) by their names inside the block, and
+    the root's modules that can be trained in full (their parameter counts) or adapted (their (in, out))."""
+
+    block: dict[str, tuple[int, int]]
+    root_sizes: dict[str, int] = field(default_factory=dict)
+    root_linear: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LoraSizes:
+    """What LoRA makes of the model's units: per block and in the root, the parameters that train (the adapters and
+    modulesToSave) and those left frozen, as the runtime lays them out."""
+
+    blocks: int
+    """How many blocks the model has."""
+    block_trainable: int
+    block_frozen: int
+    root_trainable: int
+    root_frozen: int
+
+    @property
+    def parameters(self) -> int:
+        """Ψ with the adapters."""
+        return self.blocks * (self.block_trainable + self.block_frozen) + self.root_trainable + self.root_frozen
+
+    @property
+    def trainable(self) -> int:
+        """Ψ_t: the adapters and the modules to save."""
+        return self.blocks * self.block_trainable + self.root_trainable
+
+
+def _named(name: str, targets: list[str]) -> bool:
+    return any(name == t or name.endswith(f".{t}") or name.rsplit(".", 1)[-1] == t for t in targets)
+
+
+def sizes(lora: LoraSpec, layers: Layers, blocks: int, block: int, root: int) -> LoraSizes | None:
+    """The units' trainable and frozen parameters for a model of `blocks` blocks of `block` parameters and `root`
+    outside them; None when a module to save is not one this plan can size (then it counts every parameter as
+    trained)."""
+    targets = lora.target_modules
+    every = targets == ["all-linear"]
+    adapters = sum(
+        lora.rank * (fan_in + fan_out)
+        for name, (fan_in, fan_out) in layers.block.items()
+        if every or _named(name, targets)
+    )
+    root_adapters = sum(
+        lora.rank * (fan_in + fan_out)
+        for name, (fan_in, fan_out) in layers.root_linear.items()
+        if _named(name, targets)
+    )
+    saved = 0
+    for module in lora.modules_to_save:
+        if module not in layers.root_sizes:
+            return None
+        saved += layers.root_sizes[module]
+    return LoraSizes(blocks, adapters, block, root_adapters + saved, root - saved)
+
+
+def hf_layers(config: Mapping[str, object]) -> Layers | None:
+    """The layers of a Hugging Face config's model, for the Llama family's layout (attention q/k/v/o and a gated
+    MLP), Mixtral's (the same attention; its experts are not linear layers) and GPT-2's (c_attn, c_proj, c_fc); None
+    for another."""
+    hidden, heads = _int(config, "hidden_size", "n_embd"), _int(config, "num_attention_heads", "n_head")
+    vocab = _int(config, "vocab_size")
+    if hidden is None or heads is None or vocab is None:
+        return None
+    model_type = str(config.get("model_type", ""))
+    tied = config.get("tie_word_embeddings", model_type == "gpt2") is True
+    head = {} if tied else {"lm_head": (hidden, vocab)}
+    root_sizes = {"lm_head": hidden * vocab} if not tied else {}
+    if model_type == "gpt2":
+        inner = _int(config, "n_inner") or 4 * hidden
+        block = {"attn.c_attn": (hidden, 3 * hidden), "attn.c_proj": (hidden, hidden)}
+        block |= {"mlp.c_fc": (hidden, inner), "mlp.c_proj": (inner, hidden)}
+        return Layers(block, root_sizes | {"wte": vocab * hidden}, head)
+    inter = _int(config, "intermediate_size")
+    if inter is None or model_type not in ("llama", "mistral", "qwen2", "mixtral"):
         return None
     head_dim = _int(config, "head_dim") or hidden // heads
     kv = _int(config, "num_key_value_heads") or heads
-    inter = _int(config, "intermediate_size", "n_inner")
-    model_type = str(config.get("model_type", ""))
-    if model_type == "gpt2":
-        inner = inter or 4 * hidden
-        return {
-            "c_attn": (hidden, 3 * hidden),
-            "attn.c_proj": (hidden, hidden),
-            "c_fc": (hidden, inner),
-            "mlp.c_proj": (inner, hidden),
-        }
-    if inter is None:
-        return None
-    shapes = {
-        "q_proj": (hidden, heads * head_dim),
-        "k_proj": (hidden, kv * head_dim),
-        "v_proj": (hidden, kv * head_dim),
-        "o_proj": (heads * head_dim, hidden),
+    block = {
+        "self_attn.q_proj": (hidden, heads * head_dim),
+        "self_attn.k_proj": (hidden, kv * head_dim),
+        "self_attn.v_proj": (hidden, kv * head_dim),
+        "self_attn.o_proj": (heads * head_dim, hidden),
     }
-    if model_type == "mixtral":
-        return shapes | {"w1": (hidden, inter), "w3": (hidden, inter), "w2": (inter, hidden)}
-    return shapes | {"gate_proj": (hidden, inter), "up_proj": (hidden, inter), "down_proj": (inter, hidden)}
+    if model_type != "mixtral":  # Mixtral's experts are one fused module each, which LoRA does not adapt
+        block |= {"mlp.gate_proj": (hidden, inter), "mlp.up_proj": (hidden, inter), "mlp.down_proj": (inter, hidden)}
+    return Layers(block, root_sizes | {"embed_tokens": vocab * hidden}, head)
 
 
-def experts_of(config: dict[str, object], name: str) -> int:
-    """How many copies of layer `name` a block holds (Mixtral's experts), 1 for the rest."""
-    experts = _int(config, "num_local_experts")
-    return experts if experts and name in ("w1", "w2", "w3") else 1
+def gpt_layers(hidden: int, ffn_multiplier: int) -> Layers:
+    """The built-in GPT's block (`zerotrain.runtime.examples.gpt.Block`); its head is tied to the embedding."""
+    inner = ffn_multiplier * hidden
+    block = {"qkv": (hidden, 3 * hidden), "proj": (hidden, hidden), "fc_in": (hidden, inner), "fc_out": (inner, hidden)}
+    return Layers(block)
 
 
-def adapter_parameters(
-    shapes: dict[str, tuple[int, int]], targets: Iterable[str], rank: int, copies: dict[str, int]
-) -> int:
-    """Ψ_t of one block: r·(in + out) for every layer a target names (by its name or the end of it)."""
-    wanted = list(targets)
-    total = 0
-    for name, (fan_in, fan_out) in shapes.items():
-        last = name.rsplit(".", 1)[-1]
-        if "all-linear" in wanted or any(t in (name, last) or name.endswith(f".{t}") for t in wanted):
-            total += copies.get(name, 1) * rank * (fan_in + fan_out)
-    return total
-
-
-def _int(config: dict[str, object], *keys: str) -> int | None:
+def _int(config: Mapping[str, object], *keys: str) -> int | None:
     for key in keys:
         value = config.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:

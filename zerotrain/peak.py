@@ -75,9 +75,15 @@ class PeakInput(SpecModel):
     """Hybrid sharding: groups of N ranks, each holding a whole copy of the model states (1: plain ZeRO). Stage 0
     shards nothing: there N is the world and this is 1."""
     blocks: list[int] = Field(default_factory=list)
-    """Padded elements of each block unit's flat buffer (the unit classes), in forward order."""
+    """Padded elements of each block unit's flat buffer (the unit classes), in forward order: its trainable
+    parameters (0 for a block whose parameters are all frozen)."""
     root: int = Field(default=0, ge=0)
     """Padded elements of the root unit (every parameter outside the unit classes); 0 if there is none."""
+    frozen_blocks: list[int] = Field(default_factory=list)
+    """Padded elements of each block's frozen twin (its frozen parameters: a LoRA job's base), in the order of
+    `blocks`; empty when nothing is frozen. Weights only: no gradient, master or optimizer state."""
+    frozen_root: int = Field(default=0, ge=0)
+    """Padded elements of the root's frozen twin."""
     compute_bytes: float = Field(gt=0)
     """w: bytes of one element in the compute dtype."""
     gradient_bytes: float = Field(gt=0)
@@ -145,14 +151,31 @@ def pool_capacity(shards: list[int], world_size: int, reduce_bucket: int, allgat
     return max(chunk_capacity(shard, world_size, bucket) for shard in shards)
 
 
+def trainable_units(p: PeakInput) -> list[int]:
+    """Padded elements of every unit with gradients (the blocks', then the root's)."""
+    return [u for u in [*p.blocks, p.root] if u]
+
+
+def frozen_units(p: PeakInput) -> list[int]:
+    """Padded elements of every frozen twin."""
+    return [u for u in [*p.frozen_blocks, p.frozen_root] if u]
+
+
+def _pairs(p: PeakInput) -> list[int]:
+    """Each block's units together (its trainable unit and its frozen twin): what stage 3 gathers for it."""
+    frozen = p.frozen_blocks or [0] * len(p.blocks)
+    return [b + f for b, f in zip(p.blocks, frozen, strict=True)]
+
+
 def pool_bytes(p: PeakInput) -> int:
     """The communication pool: up to `POOL_DEPTH` buffers of the reduce dtype (one of the compute dtype for chunked
     stage 1/2 gathers), each as large as the largest chunk any unit asks for."""
-    units = [*p.blocks, *([p.root] if p.root else [])]
+    units = trainable_units(p)
     if not units:
         return 0
     n = p.world_size
-    capacity = pool_capacity([u // n for u in units], n, p.reduce_bucket_elements, p.allgather_bucket_elements)
+    shards = [u // n for u in units + frozen_units(p)]
+    capacity = pool_capacity(shards, n, p.reduce_bucket_elements, p.allgather_bucket_elements)
     if p.stage == Stage.DATA_PARALLEL:
         # All-reduced in place when the gradients already have the reduce dtype, else chunk by chunk.
         source = 4.0 if p.compute_bytes != 4.0 and p.accumulation_steps > 1 else p.compute_bytes
@@ -191,8 +214,8 @@ def gathered_bytes(p: PeakInput, running: bool = True) -> int:
     When backward starts, the root runs and only the last block is prefetched."""
     if p.stage < Stage.PARAMETERS:
         return 0
-    window = sorted(p.blocks, reverse=True)[: int(running) + p.prefetch_units]
-    return int((sum(window) + p.root) * p.compute_bytes)
+    window = sorted(_pairs(p), reverse=True)[: int(running) + p.prefetch_units]
+    return int((sum(window) + p.root + p.frozen_root) * p.compute_bytes)
 
 
 def fp32_gradient_bytes(p: PeakInput) -> int:
@@ -219,12 +242,14 @@ def step_bytes(p: PeakInput) -> int:
 def peak_plan(p: PeakInput) -> PeakPlan:
     """Every category at the rank's peak, and which moment of the step sets it."""
     padded = sum(p.blocks) + p.root
+    frozen = sum(p.frozen_blocks) + p.frozen_root
     w, g, k = (
         round(b)
         for b in stage_bytes(
             p.stage,
             PlanInput(
-                parameters=max(padded, 1),
+                parameters=max(padded + frozen, 1),
+                trainable_parameters=padded,
                 data_parallel=p.world_size,
                 optimizer_multiplier=p.state_bytes,
                 # Only stage 3 has a parameter shard to offload (the other stages' rows keep theirs on the device).
@@ -274,7 +299,7 @@ def comm_bytes_per_step(p: PeakInput) -> dict[str, int]:
     def ring(elements: int, nbytes: float) -> int:
         return int(elements * nbytes) * (n - 1) // n
 
-    units = [*p.blocks, *([p.root] if p.root else [])]
+    units = trainable_units(p)
     total, m = sum(units), p.accumulation_steps
     reduces = 1 if p.stage < Stage.GRADIENTS or p.boundary_sync else m
     if p.stage == Stage.DATA_PARALLEL:
@@ -285,11 +310,13 @@ def comm_bytes_per_step(p: PeakInput) -> dict[str, int]:
         # The shard of each unit (chunk by chunk), averaged across the groups once per step.
         out[ACROSS_GROUPS] = sum(2 * int(u // n * p.reduce_bytes) * (r - 1) // r for u in units)
     if p.stage < Stage.PARAMETERS:
-        out["all_gather"] = ring(total, p.compute_bytes)
+        out["all_gather"] = ring(total, p.compute_bytes)  # frozen twins are gathered once, as the engine starts
         return out
-    resident = [u for u in units if u <= p.param_persistence_elements]
-    blocks = [b for b in p.blocks if b > p.param_persistence_elements]
-    root = [p.root] if p.root and p.root > p.param_persistence_elements else []
+    persist = p.param_persistence_elements
+    every = units + frozen_units(p)
+    resident = [u for u in every if u <= persist]
+    blocks = [b for b in [*p.blocks, *p.frozen_blocks] if b > persist]
+    root = [u for u in (p.root, p.frozen_root) if u > persist]
     gathered = m * (sum(blocks) * 2 + sum(root)) + sum(resident)
     out["all_gather"] = ring(gathered, p.compute_bytes)
     return out

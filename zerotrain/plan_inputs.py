@@ -5,11 +5,16 @@
 Face entry point that gives neither spec.model.parameters nor spec.model.shape plans from the model's config
 (`zerotrain.hf_config`): Ψ and the units exact, the activations from the GPT formula (approximate for gated MLPs and
 experts); where the config cannot be read (a directory only the pods have), nothing is derived.
+
+With `spec.model.lora` the plan counts what LoRA makes of the units (`lora_config.sizes`): each block's adapters
+train, its base is frozen (weights only), and the root's modulesToSave train; for the layouts known there (the
+Hugging Face families counted, the built-in GPT of `spec.model.shape`). Where they are not known, every parameter
+is counted as trained: more than the job will hold, never less.
 """
 
 from __future__ import annotations
 
-from zerotrain import hf_config, transformer_plan
+from zerotrain import hf_config, lora_config, transformer_plan
 from zerotrain.peak import PRECISION_BYTES, PeakInput, config_fields, padded_elements, peak_plan
 from zerotrain.planner import MemoryPlan, PlanInput, element_bytes, host_parameter_bytes, host_state_bytes, plan
 from zerotrain.quantity import parse_bytes
@@ -66,6 +71,32 @@ def declared_parameters(spec: ZeroTrainingJobSpec) -> int | None:
     return declared if declared is not None else derived
 
 
+def lora_sizes(spec: ZeroTrainingJobSpec) -> lora_config.LoraSizes | None:
+    """What spec.model.lora makes of the units (trainable and frozen per block and in the root), when the model's
+    layers are known here; None without LoRA or when they are not."""
+    lora, units = spec.model.lora, model_units(spec)
+    if lora is None or units is None:
+        return None
+    shape, block, root = units
+    layers = None
+    if spec.model.shape is not None and spec.entrypoint == lora_config.GPT_ENTRYPOINT:
+        layers = lora_config.gpt_layers(shape.hidden, shape.ffn_multiplier)
+    elif spec.model.shape is None:
+        config = hf_config.read_config(spec.entrypoint_args.get("config"))
+        layers = lora_config.hf_layers(config) if config is not None else None
+    return lora_config.sizes(lora, layers, shape.layers, block, root) if layers is not None else None
+
+
+def planned_parameters(spec: ZeroTrainingJobSpec) -> tuple[int, int | None] | None:
+    """(Ψ, Ψ_t) the model-state plan counts: every parameter, LoRA's adapters included, and those that train (None:
+    all of them); None when Ψ is unknown."""
+    psi = declared_parameters(spec)
+    if psi is None:
+        return None
+    found = lora_sizes(spec)
+    return (psi, None) if found is None else (found.parameters, found.trainable)
+
+
 def _element_bytes(spec: ZeroTrainingJobSpec) -> tuple[float, float, float]:
     offload = spec.zero.offload.optimizer is not None
     w, g, k = element_bytes(
@@ -83,26 +114,30 @@ def _element_bytes(spec: ZeroTrainingJobSpec) -> tuple[float, float, float]:
 def host_bytes_per_pod(spec: ZeroTrainingJobSpec) -> int:
     """Host memory a pod's ranks hold for offloaded model states: nprocPerNode × (K + 4)·Ψ/N, plus w·Ψ/N for an
     offloaded parameter shard in bf16/fp16 (0 without offload, or without Ψ)."""
-    psi = declared_parameters(spec)
+    counted = planned_parameters(spec)
     offload = spec.zero.offload
-    if offload.optimizer is None or psi is None:
+    if offload.optimizer is None or counted is None:
         return 0
-    per_element = host_state_bytes(optimizer_state_bytes(spec.training.optimizer), True) + host_parameter_bytes(
-        PRECISION_BYTES[spec.zero.precision], offload.parameters is not None
+    psi, trainable = counted
+    state = host_state_bytes(optimizer_state_bytes(spec.training.optimizer), True) * (
+        psi if trainable is None else trainable
     )
-    return round(spec.nproc_per_node * per_element * psi / spec.shard_group_ranks)
+    weights = host_parameter_bytes(PRECISION_BYTES[spec.zero.precision], offload.parameters is not None) * psi
+    return round(spec.nproc_per_node * (state + weights) / spec.shard_group_ranks)
 
 
 def plan_input(spec: ZeroTrainingJobSpec, device_memory: int | None = None) -> PlanInput:
     """The planner's input for `spec` (Ψ must be known: parameters or shape); `device_memory` in bytes, else the
     spec's gpuMemory."""
-    psi = declared_parameters(spec)
-    assert psi is not None, "spec.model.parameters (or spec.model.shape) is needed to plan"
+    counted = planned_parameters(spec)
+    assert counted is not None, "spec.model.parameters (or spec.model.shape) is needed to plan"
+    psi, trainable = counted
     w, g, k = _element_bytes(spec)
     if device_memory is None and spec.resources.gpu_memory:
         device_memory = gpu_memory_bytes(spec.resources.gpu_memory)
     return PlanInput(
         parameters=psi,
+        trainable_parameters=trainable,
         data_parallel=spec.shard_group_ranks,
         optimizer_multiplier=k,
         bytes_per_weight=w,
@@ -139,12 +174,19 @@ def peak_input(spec: ZeroTrainingJobSpec, foreach_step: bool | None = None) -> P
         acts, in_block, host = transformer_plan.activation_peak(
             shape, w, z.activation_checkpointing, z.offload_activation_checkpoints
         )
+    units_of = {"blocks": [padded_elements(block, n)] * shape.layers, "root": padded_elements(root, n)}
+    if (lora := lora_sizes(spec)) is not None:
+        units_of = {
+            "blocks": [padded_elements(lora.block_trainable, n)] * shape.layers,
+            "root": padded_elements(lora.root_trainable, n),
+            "frozen_blocks": [padded_elements(lora.block_frozen, n)] * shape.layers,
+            "frozen_root": padded_elements(lora.root_frozen, n),
+        }
     return PeakInput(
         **config_fields(z),
         world_size=n,
         shard_groups=spec.world_size // n,
-        blocks=[padded_elements(block, n)] * shape.layers,
-        root=padded_elements(root, n),
+        **units_of,
         compute_bytes=w,
         gradient_bytes=g,
         state_bytes=k,

@@ -156,6 +156,8 @@ class MemoryPlan(SpecModel):
 
     parameters: int
     """Ψ."""
+    trainable_parameters: int | None = None
+    """Ψ_t, the parameters that train (a LoRA job's adapters), when not all of them."""
     data_parallel: int
     """N."""
     optimizer_multiplier: float
@@ -247,6 +249,7 @@ def plan(
         )
     result = MemoryPlan(
         parameters=p.parameters,
+        trainable_parameters=p.trainable_parameters,
         data_parallel=p.data_parallel,
         optimizer_multiplier=p.optimizer_multiplier,
         device_memory=p.device_memory,

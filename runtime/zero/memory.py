@@ -217,14 +217,22 @@ class Accounting:
 
 
 def buffer_plan(view: Accounting, w: float, g: float, k: float) -> PeakInput:
-    """The whole-peak plan's input for an engine's own units and configuration (activations left out)."""
+    """The whole-peak plan's input for an engine's own units and configuration (activations left out): per block
+    module, its trainable unit and its frozen twin."""
     layouts = [u.layout for u in view.units]
+    blocks: dict[int, list[int]] = {}
+    for la in layouts:
+        if la.module is not None:
+            blocks.setdefault(id(la.module), [0, 0])[int(la.frozen)] += la.padded
+    frozen = [f for _, f in blocks.values()]
     return PeakInput(
         **config_fields(view.config),
         world_size=view.shard_ranks,
         shard_groups=view.world_size // view.shard_ranks,
-        blocks=[la.padded for la in layouts if la.module is not None],
-        root=sum(la.padded for la in layouts if la.module is None),
+        blocks=[t for t, _ in blocks.values()],
+        root=sum(la.padded for la in layouts if la.module is None and not la.frozen),
+        frozen_blocks=frozen if any(frozen) else [],
+        frozen_root=sum(la.padded for la in layouts if la.module is None and la.frozen),
         compute_bytes=w,
         gradient_bytes=g,
         state_bytes=k,

@@ -173,6 +173,8 @@ def render(result: MemoryPlan, console: Console) -> None:
     """The plan as a table, in decimal GB as the ZeRO paper counts."""
     title = f"model states per device: Ψ = {result.parameters:.3g} parameters, N = {result.data_parallel}, "
     title += f"K = {result.optimizer_multiplier:g}"
+    if result.trainable_parameters is not None:  # LoRA: gradients and optimizer state of Ψ_t only
+        title += f", Ψ_t = {result.trainable_parameters:.3g} trained"
     columns = ["stage", "params", "grads", "optimizer", "total", "comm / step"]
     if result.usable_memory is not None:
         columns.append("fits")

@@ -187,3 +187,75 @@ def test_rank_zero_is_refused_naming_the_field() -> None:
 
     with pytest.raises(ValidationError, match="rank"):
         LoraSpec(rank=0, target_modules=["q_proj"])
+
+
+PLANNED = {
+    "model_type": "llama",
+    "vocab_size": 512,
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 64,
+    "tie_word_embeddings": False,
+}
+PLANNED_LORA = LoraSpec(rank=8, alpha=16, target_modules=LLAMA_LORA.target_modules)
+
+
+def planned_spec(stage: int) -> Any:
+    from zerotrain.spec import ZeroTrainingJobSpec
+
+    return ZeroTrainingJobSpec.model_validate(
+        {
+            "entrypoint": HF,
+            "entrypointArgs": {"config": PLANNED, "seq_len": 16, "batch_size": 2},
+            "nprocPerNode": 2,
+            "zero": {"stage": stage, "precision": "bf16"},
+            "model": {"lora": PLANNED_LORA.to_wire()},
+        }
+    )
+
+
+def held_model_states(rank: int, world: int, path: str) -> dict[int, int]:
+    import torch.distributed as dist
+
+    from zerotrain.runtime import ZeroConfig, ZeroEngine
+    from zerotrain.runtime.job.model_start import start_task
+
+    dist.init_process_group("gloo")
+    held = {}
+    for stage in (1, 2, 3):
+        torch.manual_seed(0)
+        start = start_task(HF, rank=rank, world_size=world, args=planned_args(path), lora=PLANNED_LORA)
+        config = ZeroConfig(stage=stage, unit_modules=start.task.unit_modules, precision="bf16")
+        engine = ZeroEngine(start.task.model, config, adamw, init=start.source, device=torch.device("cpu"))
+        batch = next(start.task.batches)
+        engine.backward(start.task.loss(engine(start.task.inputs(batch)), batch))
+        engine.step()  # the optimizer's state exists from its first step
+        held[stage] = engine.memory_report().model_state_bytes
+        del engine
+    return held
+
+
+def planned_args(path: str) -> dict[str, Any]:
+    return {"config": PLANNED, "train": path, "seq_len": 16, "batch_size": 2}
+
+
+def test_the_plan_counts_a_lora_jobs_model_states_within_two_per_cent_at_stages_1_to_3(tmp_path: Path) -> None:
+    from zerotrain.plan_inputs import plan_job
+
+    path = tokens(tmp_path / "train.bin")
+    ranks = run_ranks(held_model_states, 2, path, timeout=300)
+    for stage in (1, 2, 3):
+        planned = plan_job(planned_spec(stage)).stages[stage]
+        assert planned.peak is not None  # the whole peak, from the config: units as the runtime lays them out
+        for held in ranks:
+            assert abs(held[stage] - planned.model_state_bytes) <= 0.02 * planned.model_state_bytes, (
+                stage,
+                held[stage],
+                planned.model_state_bytes,
+            )
+    # What makes it a LoRA plan: gradients and optimizer state of the adapters only.
+    three = plan_job(planned_spec(3)).stages[3]
+    assert three.optimizer_bytes < three.parameter_bytes / 3
