@@ -64,6 +64,7 @@ def check_entrypoint(spec: ZeroTrainingJobSpec, build: bool = True, world_size: 
     check_declared_parameters(task.model, declared, lora_adapters.adapter_names(task.model) if lora else ())
     units = list(spec.zero.unit_modules) or list(task.unit_modules)
     check_unit_classes(task.model, units)
+    _check_counted(spec, task)
     drawn = _draw(task)  # once: the batches are an iterator, a second draw would be the second micro-batch
     if world == spec.world_size:  # the shape is the manifest's layout: another --nproc gives other rows per rank
         _check_shape(spec, task, drawn)
@@ -76,6 +77,22 @@ def check_entrypoint(spec: ZeroTrainingJobSpec, build: bool = True, world_size: 
         f"entry point: {spec.entrypoint} builds a model of {count:,} parameters{trained}, {held} unit(s) of "
         f"{', '.join(units) or '(none: one unit, the whole model)'} (built on the meta device)"
     ) + (f"\n{uneven}" if uneven else "")
+
+
+def _check_counted(spec: ZeroTrainingJobSpec, task: TrainingTask) -> None:
+    """Batches that say what their labels count (instruction records): refuse a run in which some global
+    micro-batch counts no token on any rank (its records' answers all cut away by seq_len)."""
+    counted = getattr(task.batches, "counted", None)
+    if not callable(counted):
+        return
+    per_step = spec.zero.gradient_accumulation_steps
+    for k in range(spec.training.steps * per_step):
+        if counted(k) == 0:
+            raise ConfigError(
+                f"spec.entrypointArgs.seq_len: got {spec.entrypoint_args.get('seq_len')}, but global micro-batch {k} "
+                f"(step {k // per_step + 1}) would have no token the loss counts on any rank: every record in it has "
+                "its answer cut away; use a longer seq_len, or shorter prompts"
+            )
 
 
 def _draw(task: TrainingTask) -> tuple[object, ...]:

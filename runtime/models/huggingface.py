@@ -17,7 +17,8 @@ from __future__ import annotations
 import difflib
 import importlib
 import json
-from collections.abc import Iterator, Mapping
+import sys
+from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol, cast
@@ -27,12 +28,19 @@ import torch.nn.functional as F
 
 from zerotrain.hf_config import CONFIG_FILE, DEFAULT_BATCH_SIZE, DEFAULT_SEQ_LEN
 from zerotrain.runtime.job.data import rank_rows
-from zerotrain.runtime.job.task import ConfigError, TrainingTask
+from zerotrain.runtime.job.task import ConfigError, LossSum, TrainingTask
+from zerotrain.runtime.job.token_data import TokenBatches
+from zerotrain.runtime.models.hf_data import (
+    DEFAULT_MAX_TRUNCATED,
+    Data,
+    DataArgs,
+    NoTrainingData,
+    model_directory,
+    open_data,
+)
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel
-
-    from zerotrain.runtime.job.token_data import EvalTokenBatches, TokenBatches
 
 
 def _import_transformers() -> ModuleType | None:
@@ -78,19 +86,6 @@ def model_inputs(batch: torch.Tensor) -> torch.Tensor:
     """Every token but the last of each row, as input_ids. -100 is no token id the embedding can look up, so an
     ignored position is fed as token 0; causal attention shows it only to itself and the positions after it."""
     return batch[:, :-1].clamp_min(0)
-
-
-class NoTrainingData:
-    """The batches of a task built without `train`: the model can be built and evaluated, but not trained."""
-
-    def __iter__(self) -> Iterator[torch.Tensor]:
-        return self
-
-    def __next__(self) -> torch.Tensor:
-        raise ConfigError(
-            f"{FIELD}.train: not set, so the task has no training data; point it at token files "
-            "(a path, a glob or a list of them, e.g. data/train.bin)"
-        )
 
 
 def _transformers() -> ModuleType:
@@ -226,86 +221,93 @@ def _check_seq_len(config: PretrainedConfig, seq_len: int) -> None:
         )
 
 
-def _data(
-    train: str | list[str] | None,
-    eval: str | list[str] | None,
-    *,
-    rank: int,
-    world_size: int,
-    seq_len: int,
-    batch_size: int,
-    token_dtype: str,
-    vocab_size: int | None,
-) -> tuple[TokenBatches | NoTrainingData, EvalTokenBatches | None]:
-    """This rank's training batches (drawn in the order of the seed the runtime set) and evaluation batches."""
-    from zerotrain.runtime.job.token_data import EvalTokenBatches, TokenBatches, TokenFiles
+def record_loss(output: HasLogits, batch: dict[str, torch.Tensor]) -> LossSum:
+    """Cross-entropy (in fp32) summed over the rows' counted labels (already shifted: label i is predicted from input
+    i), and their number: the runtime divides by the count over every rank and micro-batch."""
+    logits, labels = output.logits, batch["labels"]
+    flat = logits.reshape(-1, logits.shape[-1]).float()
+    total = F.cross_entropy(flat, labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum")
+    return LossSum(total, (labels != IGNORE_INDEX).sum())
 
-    shape = {"seq_len": seq_len, "batch_size": batch_size, "rank": rank, "world_size": world_size}
-    batches: TokenBatches | NoTrainingData = NoTrainingData()
-    if train is not None:
-        files = TokenFiles(train, dtype=token_dtype, field=f"{FIELD}.train")
-        batches = TokenBatches(files, **shape, seed=torch.initial_seed(), vocab_size=vocab_size)
-    evaluation = None
-    if eval is not None:
-        files = TokenFiles(eval, dtype=token_dtype, field=f"{FIELD}.eval")
-        evaluation = EvalTokenBatches(files, **shape, vocab_size=vocab_size)
-    return batches, evaluation
+
+def record_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A record row's input ids and positions (restarting per record when packed) as the model's keyword arguments."""
+    return {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"]}
+
+
+def check_packing(cls: type[PreTrainedModel], data: DataArgs) -> None:
+    """Packed records need a model that keeps them apart: one whose mask follows position ids that restart
+    (transformers' `create_causal_mask`), else their tokens would attend across records."""
+    if not data.packing:
+        return
+    module = sys.modules.get(cls.__module__)
+    if module is None or not hasattr(module, "create_causal_mask"):
+        raise ConfigError(
+            f"{FIELD}.packing: true, but {cls.__name__} builds its attention mask without transformers' "
+            "create_causal_mask, so packed records would attend to one another; use packing: false (one record a row)"
+        )
 
 
 def _prepared(
     rank: int,
     world_size: int,
     config: str | dict[str, Any],
-    train: str | list[str] | None,
-    eval: str | list[str] | None,
-    seq_len: int,
-    batch_size: int,
-    token_dtype: str,
+    data: DataArgs,
     model_class: str | None,
-) -> tuple[PretrainedConfig, type[PreTrainedModel], TokenBatches | NoTrainingData, EvalTokenBatches | None]:
+) -> tuple[PretrainedConfig, type[PreTrainedModel], Data]:
     """Everything `build` checks and opens before it builds the model: the config, the class, the data."""
-    if batch_size < 1:
-        raise ConfigError(f"{FIELD}.batch_size: got {batch_size}; it must be at least 1; use e.g. {DEFAULT_BATCH_SIZE}")
-    rank_rows(batch_size, rank, world_size)
+    if data.batch_size < 1:
+        raise ConfigError(
+            f"{FIELD}.batch_size: got {data.batch_size}; it must be at least 1; use e.g. {DEFAULT_BATCH_SIZE}"
+        )
+    rank_rows(data.batch_size, rank, world_size)
     transformers = _transformers()
     loaded = load_config(transformers, config)
-    _check_seq_len(loaded, seq_len)
+    _check_seq_len(loaded, data.seq_len)
     cls = _model_class(transformers, loaded, model_class)
+    check_packing(cls, data)
     vocab = getattr(loaded.get_text_config(), "vocab_size", None)
     # The data before the model: a wrong path is refused before a large model is built (nothing here draws from
     # the random state the model's initialisation uses).
-    batches, evaluation = _data(
-        train,
-        eval,
-        rank=rank,
-        world_size=world_size,
-        seq_len=seq_len,
-        batch_size=batch_size,
-        token_dtype=token_dtype,
-        vocab_size=vocab if isinstance(vocab, int) else None,
+    opened = open_data(data, rank, world_size, vocab if isinstance(vocab, int) else None, model_directory(config))
+    return loaded, cls, opened
+
+
+DATA_ARGS = ("train", "eval", "seq_len", "batch_size", "token_dtype", "packing", "loss_on", "max_truncated")
+"""The entrypointArgs about the data (`hf_data.DataArgs`)."""
+
+
+def data_args(args: Mapping[str, Any]) -> DataArgs:
+    known = {k: args[k] for k in DATA_ARGS if k in args}
+    return DataArgs(
+        **{"train": None, "eval": None, "seq_len": DEFAULT_SEQ_LEN, "batch_size": DEFAULT_BATCH_SIZE, **known}
     )
-    return loaded, cls, batches, evaluation
 
 
 def describe(world_size: int, args: Mapping[str, Any], evaluation_batches: int | None = None) -> str:
     """What `zerotrain validate` says of a job of this entry point: its config, class and data checked as `build`
     checks them, and `evaluation_batches` (spec.training.evaluation.batches) against the held-out data, as the
     ranks would (ConfigError), without building the model."""
-    known = {k: args[k] for k in ("train", "eval", "seq_len", "batch_size", "token_dtype", "model_class") if k in args}
     if "config" not in args:
         raise ConfigError(f"{FIELD}.config: missing; name a directory with config.json, or give the config's fields")
-    defaults: dict[str, Any] = {"seq_len": DEFAULT_SEQ_LEN, "batch_size": DEFAULT_BATCH_SIZE, "token_dtype": "auto"}
-    p = {"train": None, "eval": None, "model_class": None, **defaults, **known}
-    _, cls, batches, evaluation = _prepared(0, world_size, args["config"], **p)
-    train = "no train data" if isinstance(batches, NoTrainingData) else f"{batches.files.num_tokens:,} training tokens"
+    data = data_args(args)
+    _, cls, opened = _prepared(0, world_size, args["config"], data, args.get("model_class"))
+    batches, evaluation = opened.batches, opened.evaluation
+    if isinstance(batches, NoTrainingData):
+        train = "no train data"
+    elif isinstance(batches, TokenBatches):
+        train = f"{batches.files.num_tokens:,} training tokens"
+    else:
+        train = f"records, {'packed' if data.packing else 'padded'} to seq_len, the loss on {data.loss_on}"
     held = f", {len(evaluation)} evaluation micro-batches" if evaluation is not None else ""
     if evaluation_batches is not None and (evaluation is None or len(evaluation) < evaluation_batches):
-        has = "no eval token files" if evaluation is None else f"{len(evaluation)} micro-batches per rank"
+        has = "no eval data" if evaluation is None else f"{len(evaluation)} micro-batches per rank"
         raise ConfigError(
             f"spec.training.evaluation.batches: got {evaluation_batches}, but {FIELD}.eval gives {has}; name held-out "
-            "token files (zerotrain data prepare writes val.bin), ask for fewer batches, or drop the evaluation"
+            "data (zerotrain data prepare writes val.bin), ask for fewer batches, or drop the evaluation"
         )
-    return f"model: {cls.__name__} from {FIELD}.config; {train}{held} (seq_len {p['seq_len']})"
+    notes = "".join(f"; {note}" for note in opened.notes)
+    return f"model: {cls.__name__} from {FIELD}.config; {train}{held} (seq_len {data.seq_len}){notes}"
 
 
 def build(
@@ -320,28 +322,34 @@ def build(
     token_dtype: str = "auto",
     model_class: str | None = None,
     attn_implementation: str = "sdpa",
+    packing: bool = False,
+    loss_on: str = "answers",
+    max_truncated: float = DEFAULT_MAX_TRUNCATED,
 ) -> TrainingTask:
     """The task for one rank.
 
     `config`: a local directory holding config.json, or the config's fields inline (with model_type). `train` and
-    `eval`: token files (paths or globs; uint16/uint32 as `token_dtype` or their meta.json says); without `train`
-    the model is built but drawing a batch refuses. `batch_size` is the *global* micro-batch in sequences (all ranks
-    together; a multiple of the world size) of `seq_len` tokens each. `model_class`: a transformers class name
-    (e.g. "LlamaForCausalLM") instead of the config's causal-LM class. `attn_implementation`: as transformers takes
-    it (sdpa, eager, flash_attention_2, ...).
+    `eval`: token files (paths or globs; uint16/uint32 as `token_dtype` or their meta.json says), or instruction
+    records (`zerotrain data prepare --format chat|prompt-completion`); without `train` the model is built but
+    drawing a batch refuses. `batch_size` is the *global* micro-batch in sequences (all ranks together; a multiple of
+    the world size) of `seq_len` tokens each. `model_class`: a transformers class name (e.g. "LlamaForCausalLM")
+    instead of the config's causal-LM class. `attn_implementation`: as transformers takes it (sdpa, eager,
+    flash_attention_2, ...). Records only: `packing` (records packed into rows, kept apart; default one record a
+    row), `loss_on` (answers, or all of a record's tokens) and `max_truncated` (the share of records seq_len may cut,
+    refused beyond).
     """
-    loaded, cls, batches, evaluation = _prepared(
-        rank, world_size, config, train, eval, seq_len, batch_size, token_dtype, model_class
-    )
+    data = DataArgs(train, eval, seq_len, batch_size, token_dtype, packing, loss_on, max_truncated)
+    loaded, cls, opened = _prepared(rank, world_size, config, data, model_class)
     model = instantiate(cls, loaded, attn_implementation)
     per_rank = batch_size // world_size
+    records = opened.records
     return TrainingTask(
         model=model,
-        loss=next_token_loss,
-        batches=batches,
-        inputs=model_inputs,
+        loss=record_loss if records else next_token_loss,
+        batches=opened.batches,
+        inputs=record_inputs if records else model_inputs,
         tokens_per_batch=per_rank * seq_len,
         samples_per_batch=per_rank,
         unit_modules=unit_modules(model),
-        eval_batches=evaluation,
+        eval_batches=opened.evaluation,
     )

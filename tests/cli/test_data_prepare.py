@@ -13,6 +13,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from zerotrain.cli import main
+from zerotrain.data_files import tokenizer_digest
 from zerotrain.runtime.job.token_data import TokenBatches, TokenFiles
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
@@ -88,7 +89,9 @@ def test_files_agree_with_the_tokenizers_own_encoding(
         "tokens": {"train": len(want_train), "val": len(want_val)},
         "documents": {"train": len(corpus) - 5, "val": 5},
         "tokenizer": str(tokenizer_file.resolve()),
+        "tokenizer_digest": tokenizer_digest(tokenizer_file),
         "eos_id": eos,
+        "format": "text",
     }
     assert f"{len(want_train):,} train / {len(want_val):,} val tokens" in summary and "4 files" in summary
     assert "uint16" in summary and " s" in summary and len(summary.strip().splitlines()) == 1
@@ -130,6 +133,7 @@ def test_large_vocabularies_get_uint32(tmp_path: Path, capsys: pytest.CaptureFix
     tokenizer = word_level(tmp_path / "tokenizer.json", vocab)
     (tmp_path / "doc.txt").write_text("w1 w69999 w300 nope")
     base = ["data", "prepare", str(tmp_path / "doc.txt"), "--tokenizer", str(tokenizer), "--out", str(tmp_path / "o")]
+    base += ["--val-fraction", "0"]  # one document would otherwise give its last tokens to val.bin
     assert main(base) == 0
     assert np.fromfile(tmp_path / "o" / "train.bin", dtype="<u4").tolist() == [1, 69_999, 300, 0]
     assert json.loads((tmp_path / "o" / "meta.json").read_text())["dtype"] == "uint32"
@@ -185,6 +189,7 @@ def test_ids_beyond_the_dtype_are_refused(tmp_path: Path, capsys: pytest.Capture
     tokenizer = word_level(tmp_path / "tokenizer.json", {"[UNK]": 0, "a": 1, "big": 70_000})
     (tmp_path / "doc.txt").write_text("a big a")
     args = ["data", "prepare", str(tmp_path / "doc.txt"), "--tokenizer", str(tokenizer), "--out", str(tmp_path / "o")]
+    args += ["--val-fraction", "0"]
     error = refused(capsys, args)
     assert f"--dtype: got uint16, but {tmp_path / 'doc.txt'} has token id 70000" in error and "uint32" in error
     assert not list((tmp_path / "o").glob("*"))  # no partial output left behind
@@ -198,3 +203,25 @@ def test_the_command_module_is_torch_free() -> None:
         "bad = [m for m in ('torch', 'tokenizers', 'numpy') if m in sys.modules]; assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_one_text_file_holds_out_its_last_tokens(tmp_path: Path, tokenizer_file: Path) -> None:
+    doc = (STDLIB / "bisect.py").read_text()
+    (tmp_path / "one.py").write_text(doc)
+    args = [
+        "data",
+        "prepare",
+        str(tmp_path / "one.py"),
+        "--tokenizer",
+        str(tokenizer_file),
+        "--out",
+        str(tmp_path / "o"),
+    ]
+    assert main([*args, "--val-fraction", "0.1"]) == 0
+    tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    ids = [*tokenizer.encode(doc, add_special_tokens=False).ids, tokenizer.token_to_id(EOS)]
+    train = np.fromfile(tmp_path / "o" / "train.bin", dtype="<u2").tolist()
+    val = np.fromfile(tmp_path / "o" / "val.bin", dtype="<u2").tolist()
+    assert train + val == ids and len(val) == round(0.1 * len(ids))
+    meta = json.loads((tmp_path / "o" / "meta.json").read_text())
+    assert meta["tokens"] == {"train": len(train), "val": len(val)} and meta["documents"]["val"] == 1

@@ -1,18 +1,29 @@
 """`zerotrain data prepare INPUT... --tokenizer tokenizer.json --out DIR`: tokenize a corpus into flat binaries.
 
-Inputs are text files (one document per file: .txt, .py, anything but .jsonl) and JSON-lines files (.jsonl: one
-document per line, its text under --text-field); globs are expanded, each sorted, in the order given. Documents
-are tokenized with the `tokenizers` library a bounded batch at a time (never the whole corpus in memory), without
-the tokenizer's own special-token template, and with its end-of-text id appended after every document (--no-eos
-leaves it out). DIR/train.bin and DIR/val.bin are flat little-endian uint16 or uint32 token ids, what
-`zerotrain.runtime.job.token_data.TokenFiles` reads; DIR/meta.json records the dtype, the vocabulary size, the
-token and document counts, the tokenizer and the EOS id.
+`--format text` (the default): inputs are text files (one document per file: .txt, .py, anything but .jsonl) and
+JSON-lines files (.jsonl: one document per line, its text under --text-field); globs are expanded, each sorted, in
+the order given. Documents are tokenized with the `tokenizers` library a bounded batch at a time (never the whole
+corpus in memory), without the tokenizer's own special-token template, and with its end-of-text id appended after
+every document (--no-eos leaves it out). DIR/train.bin and DIR/val.bin are flat little-endian uint16 or uint32
+token ids, what `zerotrain.runtime.job.token_data.TokenFiles` reads; DIR/meta.json records the dtype, the
+vocabulary size, the token and document counts, the tokenizer and the EOS id.
 
-The held-out split is deterministic and needs no document count in advance: with stride s = round(1 /
-val-fraction) (at least 2), document i (0-based, in input order) goes to val.bin when i mod s == 1. So documents
-1, 1+s, 1+2s, … are held out: ≈ val-fraction of them, at least one whenever there are two or more, never the
-first, and the same documents on every run. --val-fraction 0 holds out nothing (val.bin is empty). Empty
-documents (an empty file, a .jsonl text of "") are skipped and not counted.
+`--format chat` and `--format prompt-completion`: inputs are records (JSON Lines, JSON, Parquet, read through
+`datasets`), rendered and masked as `records` says. Each split is three files: `train.bin` (the token ids, records
+one after another), `train.mask` (one byte a token: 1 where the loss counts it, the answers) and `train.idx` (int64:
+where each record starts, and the end), what `zerotrain.runtime.job.record_data` reads, packed or padded to seq_len
+as the job's manifest says. meta.json adds the format, the record counts, what was skipped and why, the longest
+record and the 99th percentile of lengths, and the tokenizer's digest (and its chat template's), which the Hugging
+Face entry point checks against the model's own tokenizer.
+
+The held-out split is deterministic and needs no count in advance: with stride s = round(1 / val-fraction) (at least
+2), document (or record) i (0-based, in input order) goes to val when i mod s == 1. So 1, 1+s, 1+2s, … are held
+out: ≈ val-fraction of them, at least one whenever there are two or more, never the first, and the same on every
+run. A single text document (one file) is split by its tokens instead: its last val-fraction of tokens are held
+out. --val-fraction 0 holds out nothing. Empty documents are skipped and not counted.
+
+Everything is written in a directory beside DIR's files and moved into place when complete, meta.json last (an
+old one is removed first): an interrupted run leaves no file that looks complete.
 """
 
 from __future__ import annotations
@@ -21,27 +32,33 @@ import argparse
 import glob
 import json
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
+from zerotrain.commands.documents import Split, Writer, split_single_document, tokenize
+from zerotrain.commands.records import (
+    Chat,
+    PromptCompletion,
+    RecordFormat,
+    RecordSplit,
+    RecordWriter,
+    read_records,
+    stats,
+    template_digest,
+)
+from zerotrain.data_files import DTYPE_LIMITS, META_FILE, SUFFIXES, tokenizer_digest
 from zerotrain.errors import UserError
 
-# Token ids each dtype can hold; the vocabulary decides between them.
-DTYPE_LIMITS = {"uint16": 2**16, "uint32": 2**32}
-# Little-endian on every machine, as TokenFiles reads them.
-NUMPY_DTYPES = {"uint16": "<u2", "uint32": "<u4"}
 # Special tokens that end a document in common tokenizers (GPT-2/Qwen, Llama 3, Llama 2/Mistral/T5, Gemma).
 EOS_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>")
-# Documents tokenized together: encode_batch runs on every core, and memory stays bounded.
-BATCH_DOCUMENTS = 512
-BATCH_CHARS = 8_000_000
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -50,8 +67,28 @@ def register(sub: argparse._SubParsersAction) -> None:
     r = actions.add_parser(
         "prepare", help="tokenize text or JSON-lines files into train.bin/val.bin", description=__doc__
     )
-    r.add_argument("inputs", nargs="+", metavar="INPUT", help="text or .jsonl files, or globs of them")
-    r.add_argument("--tokenizer", required=True, help="a tokenizers tokenizer.json (e.g. a Hugging Face model's)")
+    r.add_argument(
+        "inputs", nargs="+", metavar="INPUT", help="text or .jsonl files (records: .jsonl, .json, .parquet), or globs"
+    )
+    r.add_argument(
+        "--format",
+        choices=[f.value for f in RecordFormat],
+        default=RecordFormat.TEXT.value,
+        help="text (documents, all tokens count), chat (messages through the tokenizer's chat template, the "
+        "assistant's tokens count) or prompt-completion (the completion's tokens count); default text",
+    )
+    r.add_argument(
+        "--max-skipped",
+        type=float,
+        default=0.01,
+        help="records: refuse when more than this fraction were skipped (empty answers, a template that cannot mark "
+        "them; default 0.01)",
+    )
+    r.add_argument(
+        "--tokenizer",
+        required=True,
+        help="a tokenizers tokenizer.json (e.g. a Hugging Face model's; --format chat: its chat template beside it)",
+    )
     r.add_argument("--out", required=True, help="the directory to write train.bin, val.bin and meta.json to")
     r.add_argument("--val-fraction", type=float, default=0.01, help="documents held out for val.bin (default 0.01)")
     r.add_argument(
@@ -143,166 +180,124 @@ def expand_inputs(patterns: list[str]) -> list[Path]:
     return list(files)
 
 
-def _decode(raw: bytes, where: str) -> str:
+@contextmanager
+def staged(out: Path) -> Iterator[Path]:
+    """A directory beside `out`'s files to write into; on success its files replace `out`'s (meta.json last, after
+    the old one and companion files of another format are removed), on failure it is removed."""
+    out.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(dir=out, prefix=".prepare-"))
     try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise UserError(
-            f"INPUT: {where} is not UTF-8 text (byte {e.start}: {raw[e.start : e.start + 1]!r}); "
-            "convert it to UTF-8 or leave it out"
-        ) from None
+        yield stage
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    (out / META_FILE).unlink(missing_ok=True)
+    for stale in [*out.glob("train.*"), *out.glob("val.*")]:
+        if stale.suffix in (".mask", ".idx") and not (stage / stale.name).exists():
+            stale.unlink()
+    for f in sorted(stage.iterdir()):
+        if f.name != META_FILE:
+            os.replace(f, out / f.name)
+    os.replace(stage / META_FILE, out / META_FILE)
+    stage.rmdir()
 
 
-def documents(path: Path, text_field: str) -> Iterator[tuple[str, str, int]]:
-    """(text, location for messages, bytes read) of each document in `path`, one at a time."""
-    if path.suffix != ".jsonl":
-        raw = path.read_bytes()
-        yield _decode(raw, str(path)), str(path), len(raw)
-        return
-    with path.open("rb") as f:
-        for number, raw in enumerate(f, start=1):
-            where = f"{path}:{number}"
-            line = _decode(raw, where)
-            if not line.strip():
-                yield "", where, len(raw)  # a blank line (e.g. a trailing one) is no document
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError as e:
-                raise UserError(f"INPUT: {where} is not JSON ({e}); make every line one JSON object") from None
-            text = record.get(text_field) if isinstance(record, dict) else None
-            if not isinstance(text, str):
-                found = "is not a string" if isinstance(record, dict) and text_field in record else "is missing"
-                raise UserError(
-                    f"--text-field: got {text_field!r}, but it {found} in {where}; "
-                    "name the key that holds each line's text"
-                )
-            yield text, where, len(raw)
-
-
-@dataclass
-class Split:
-    """One output file being written: train.bin or val.bin."""
-
-    handle: IO[bytes]
-    tokens: int = 0
-    documents: int = 0
-
-
-@dataclass
-class Writer:
-    """Tokenizes batches of documents into the two splits, checking every id fits the dtype."""
-
-    tokenizer: Any
-    dtype: str
-    eos_id: int | None
-    stride: int | None
-    splits: dict[str, Split] = field(default_factory=dict)
-    index: int = 0
-    """Documents seen so far, in input order: the held-out pattern counts these."""
-
-    def write(self, batch: list[tuple[str, str]]) -> int:
-        """Tokenize and write `batch` of (text, location); the tokens written."""
-        import numpy as np
-
-        encoded = self.tokenizer.encode_batch([text for text, _ in batch], add_special_tokens=False)
-        written = 0
-        for (_, where), encoding in zip(batch, encoded, strict=True):
-            ids = list(encoding.ids) + ([self.eos_id] if self.eos_id is not None else [])
-            held_out = self.stride is not None and self.index % self.stride == 1
-            self.index += 1
-            if ids and max(ids) >= DTYPE_LIMITS[self.dtype]:
-                raise UserError(
-                    f"--dtype: got {self.dtype}, but {where} has token id {max(ids)}, beyond its range "
-                    f"(< {DTYPE_LIMITS[self.dtype]:,}); use --dtype uint32"
-                )
-            split = self.splits["val" if held_out else "train"]
-            split.handle.write(np.asarray(ids, dtype=NUMPY_DTYPES[self.dtype]).tobytes())
-            split.tokens += len(ids)
-            split.documents += 1
-            written += len(ids)
-        return written
-
-
-def _progress() -> Progress:
-    console = Console(stderr=True)
-    # A bar redrawn into a log file or pipe is noise: show it on a terminal only.
-    return Progress(
-        TextColumn("[bold]tokenizing"),
-        BarColumn(),
-        TextColumn("{task.percentage:>3.0f}%"),
-        TextColumn("{task.fields[files]} files, {task.fields[documents]:,} documents, {task.fields[tokens]:,} tokens"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-        disable=not console.is_terminal,
-    )
-
-
-def tokenize(inputs: list[Path], writer: Writer, text_field: str) -> None:
-    """Stream every document of `inputs` through `writer`, with a progress bar on stderr."""
-    total = sum(p.stat().st_size for p in inputs)
-    with _progress() as progress:
-        task = progress.add_task("tokenizing", total=total or 1, files=0, documents=0, tokens=0)
-        tokens = 0
-        for number, path in enumerate(inputs, start=1):
-            batch: list[tuple[str, str]] = []
-            chars = read = 0
-            for text, where, size in documents(path, text_field):
-                read += size
-                if text:
-                    batch.append((text, where))
-                    chars += len(text)
-                if len(batch) >= BATCH_DOCUMENTS or chars >= BATCH_CHARS:
-                    tokens += writer.write(batch)
-                    progress.update(task, advance=read, documents=writer.index, tokens=tokens)
-                    batch, chars, read = [], 0, 0
-            tokens += writer.write(batch) if batch else 0
-            progress.update(task, advance=read, files=number, documents=writer.index, tokens=tokens)
-
-
-def prepare(args: argparse.Namespace) -> int:
-    began = time.monotonic()
-    stride = val_stride(args.val_fraction)
-    tokenizer = load_tokenizer(args.tokenizer)
+def write_text(args: argparse.Namespace, inputs: list[Path], stage: Path, tokenizer: Any) -> dict[str, Any]:
+    """Documents into stage/{train,val}.bin; meta.json's fields."""
     vocab_size = int(tokenizer.get_vocab_size())
     dtype = choose_dtype(args.dtype, vocab_size)
     eos_id = find_eos(tokenizer, args.tokenizer) if args.eos else None
-    inputs = expand_inputs(args.inputs)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    writer = Writer(tokenizer, dtype, eos_id, stride)
-    # Written under a temporary name and renamed at the end: a failed run leaves no plausible-looking train.bin.
-    partial = {name: out / f"{name}.bin.partial" for name in ("train", "val")}
-    try:
-        with partial["train"].open("wb") as train, partial["val"].open("wb") as val:
-            writer.splits = {"train": Split(train), "val": Split(val)}
-            tokenize(inputs, writer, args.text_field)
-        if writer.splits["train"].tokens == 0:
-            raise UserError(f"INPUT: got {args.inputs}, but they hold no text to train on; give non-empty documents")
-    except BaseException:
-        for path in partial.values():
-            path.unlink(missing_ok=True)
-        raise
-    for name, path in partial.items():
-        path.replace(out / f"{name}.bin")
+    single = len(inputs) == 1 and inputs[0].suffix != ".jsonl"
+    stride = val_stride(args.val_fraction)
+    writer = Writer(tokenizer, dtype, eos_id, None if single else stride)
+    with (stage / "train.bin").open("wb") as train, (stage / "val.bin").open("wb") as val:
+        writer.splits = {"train": Split(train), "val": Split(val)}
+        tokenize(inputs, writer, args.text_field)
+    if writer.splits["train"].tokens == 0:
+        raise UserError(f"INPUT: got {args.inputs}, but they hold no text to train on; give non-empty documents")
+    if single and stride is not None:
+        split_single_document(stage, writer, args.val_fraction)
     train_split, val_split = writer.splits["train"], writer.splits["val"]
-    meta = {
+    return {
+        "format": RecordFormat.TEXT.value,
         "dtype": dtype,
         "vocab_size": vocab_size,
         "tokens": {"train": train_split.tokens, "val": val_split.tokens},
         "documents": {"train": train_split.documents, "val": val_split.documents},
         "tokenizer": str(Path(args.tokenizer).resolve()),
+        "tokenizer_digest": tokenizer_digest(Path(args.tokenizer)),
         "eos_id": eos_id,
     }
-    (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-    seconds = time.monotonic() - began
-    Console().print(
-        Text(
-            f"wrote {out}: {train_split.tokens:,} train / {val_split.tokens:,} val tokens "
-            f"({train_split.documents:,} / {val_split.documents:,} documents) from {len(inputs)} files, "
-            f"{dtype}, in {seconds:.1f} s"
-        ),
-        soft_wrap=True,
-    )
+
+
+def write_records(
+    args: argparse.Namespace, fmt: RecordFormat, inputs: list[Path], stage: Path, tokenizer: Any
+) -> dict[str, Any]:
+    """Records into stage/{train,val}.{bin,mask,idx}; meta.json's fields."""
+    vocab_size = int(tokenizer.get_vocab_size())
+    dtype = choose_dtype(args.dtype, vocab_size)
+    eos_id = find_eos(tokenizer, args.tokenizer)
+    chat = Chat(Path(args.tokenizer)) if fmt is RecordFormat.CHAT else None
+    encoder = chat if chat is not None else PromptCompletion(tokenizer, eos_id)
+    writer = RecordWriter(encoder, DTYPE_LIMITS[dtype], val_stride(args.val_fraction))
+    with ExitStack() as files:
+        for name in ("train", "val"):
+            tokens, mask, index = (files.enter_context((stage / f"{name}{s}").open("wb")) for s in SUFFIXES.values())
+            writer.splits[name] = RecordSplit(tokens, mask, index, dtype)
+        for path in inputs:
+            for record, where in read_records(path):
+                writer.add(record, where)
+    writer.check_skipped(args.max_skipped)
+    train, val = writer.splits["train"], writer.splits["val"]
+    if train.records == 0:
+        raise UserError(f"INPUT: got {args.inputs}, but they hold no record to train on; give non-empty records")
+    return {
+        "format": fmt.value,
+        "dtype": dtype,
+        "vocab_size": vocab_size,
+        "tokens": {"train": train.written, "val": val.written},
+        "records": {"train": train.records, "val": val.records},
+        "skipped": {reason.name.lower(): n for reason, n in writer.skipped.items()},
+        "lengths": stats(train.lengths + val.lengths),
+        "tokenizer": str(Path(args.tokenizer).resolve()),
+        "tokenizer_digest": tokenizer_digest(Path(args.tokenizer)),
+        "chat_template_digest": template_digest(chat),
+        "eos_id": eos_id,
+    }
+
+
+def prepare(args: argparse.Namespace) -> int:
+    began = time.monotonic()
+    fmt = RecordFormat(args.format)
+    val_stride(args.val_fraction)
+    if not 0 <= args.max_skipped <= 1:
+        raise UserError(f"--max-skipped: got {args.max_skipped}; use a fraction in [0, 1], e.g. 0.01")
+    tokenizer = load_tokenizer(args.tokenizer)
+    inputs = expand_inputs(args.inputs)
+    out = Path(args.out)
+    with staged(out) as stage:
+        if fmt is RecordFormat.TEXT:
+            meta = write_text(args, inputs, stage, tokenizer)
+        else:
+            meta = write_records(args, fmt, inputs, stage, tokenizer)
+        (stage / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    Console().print(Text(summary(out, meta, len(inputs), time.monotonic() - began)), soft_wrap=True)
     return 0
+
+
+def summary(out: Path, meta: dict[str, Any], files: int, seconds: float) -> str:
+    tokens = meta["tokens"]
+    if meta["format"] == RecordFormat.TEXT.value:
+        docs = meta["documents"]
+        return (
+            f"wrote {out}: {tokens['train']:,} train / {tokens['val']:,} val tokens ({docs['train']:,} / "
+            f"{docs['val']:,} documents) from {files} files, {meta['dtype']}, in {seconds:.1f} s"
+        )
+    records, skipped = meta["records"], sum(meta["skipped"].values())
+    why = ", ".join(f"{n:,} {k.replace('_', ' ')}" for k, n in meta["skipped"].items() if n) or "none"
+    return (
+        f"wrote {out}: {records['train']:,} train / {records['val']:,} val records ({tokens['train']:,} / "
+        f"{tokens['val']:,} tokens) from {files} files, {meta['format']}, {meta['dtype']}; skipped {skipped:,} "
+        f"({why}); longest record {meta['lengths']['longest']:,} tokens, 99% within {meta['lengths']['p99']:,}; in "
+        f"{seconds:.1f} s"
+    )
