@@ -117,7 +117,7 @@ def hf_layers(config: Mapping[str, object]) -> Layers | None:
         inner = _int(config, "n_inner") or 4 * hidden
         block = {"attn.c_attn": (hidden, 3 * hidden), "attn.c_proj": (hidden, hidden)}
         block |= {"mlp.c_fc": (hidden, inner), "mlp.c_proj": (inner, hidden)}
-        return Layers(block, root_sizes | {"wte": vocab * hidden}, head)
+        return Layers(block, root_sizes | {"wte": vocab * hidden, "ln_f": 2 * hidden}, head)
     inter = _int(config, "intermediate_size")
     if inter is None or model_type not in ("llama", "mistral", "qwen2", "mixtral"):
         return None
@@ -131,7 +131,7 @@ def hf_layers(config: Mapping[str, object]) -> Layers | None:
     }
     if model_type != "mixtral":  # Mixtral's experts are one fused module each, which LoRA does not adapt
         block |= {"mlp.gate_proj": (hidden, inter), "mlp.up_proj": (hidden, inter), "mlp.down_proj": (inter, hidden)}
-    return Layers(block, root_sizes | {"embed_tokens": vocab * hidden}, head)
+    return Layers(block, root_sizes | {"embed_tokens": vocab * hidden, "norm": hidden}, head)
 
 
 def gpt_layers(hidden: int, ffn_multiplier: int) -> Layers:

@@ -67,7 +67,8 @@ def peft_config(ck: Opened, base: str | None) -> dict[str, Any]:
         lora_alpha=lora.get("alpha", 8),
         lora_dropout=lora.get("dropout", 0.0),
         target_modules="all-linear" if targets == ["all-linear"] else targets,
-        modules_to_save=lora.get("modulesToSave") or None,
+        # The modules that trained, by full name: peft matches these entries as suffixes of module names.
+        modules_to_save=origin.get("lora_saved") or None,
         task_type=task,
         base_model_name_or_path=base,
     )

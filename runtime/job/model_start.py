@@ -119,7 +119,10 @@ def use_pretrained(start: Start, spec: PretrainedSpec, lora: LoraSpec | None = N
     base = start.source if start.source is not None else ModelValues(model)
     source = PretrainedValues(store, found, base)
     start.source = source
-    new = f"; initialised by the model: {', '.join(found.new)}" if found.new else ""
+    adapters = set(lora_adapters.adapter_names(model)) if lora is not None else set()
+    own = [n for n in found.new if n not in adapters]
+    new = f"; initialised by the model: {', '.join(own)}" if own else ""
+    new += f"; {len(adapters)} LoRA adapter tensors initialised by peft" if adapters else ""
     unused = f"; left unread: {', '.join(found.unused)}" if found.unused else ""
     start.notes.append(f"pretrained weights from {spec.path} ({found.rule}){new}{unused}")
     return source
@@ -277,6 +280,7 @@ def checkpoint_origin(spec: ZeroTrainingJobSpec, model: nn.Module, source: Pretr
     if spec.model.lora is not None:
         origin["lora"] = spec.model.lora.to_wire()
         origin["lora_layers"] = lora_adapters.layers(model)
+        origin["lora_saved"] = lora_adapters.saved_modules(model, spec.model.lora)
         origin["entrypoint"] = spec.entrypoint
     pretrained = spec.model.pretrained
     if pretrained is None:

@@ -120,10 +120,15 @@ def apply(model: nn.Module, lora: LoraSpec) -> nn.Module:
     except ValueError as e:  # what peft refuses beyond the checks above (a layer type it cannot wrap)
         first = str(e).strip().splitlines()[0]
         raise ConfigError(f"{FIELD}: peft cannot add these adapters ({first}); target other layers") from None
-    for mname, module in model.named_modules():
-        if mname and any(_matches(mname, t) for t in lora.modules_to_save):
-            module.requires_grad_(True)
+    for name in saved_modules(model, lora):
+        model.get_submodule(name).requires_grad_(True)
     return model
+
+
+def saved_modules(model: nn.Module, lora: LoraSpec) -> list[str]:
+    """The full names of the modules `modulesToSave` names (its entries match a name or the end of a dotted one;
+    an adapter export lists these names, so that peft's own suffix match finds exactly them)."""
+    return [name for name, _ in model.named_modules() if name and any(_matches(name, t) for t in lora.modules_to_save)]
 
 
 def adapter_names(model: nn.Module) -> list[str]:
