@@ -69,6 +69,7 @@ def peft_config(ck: Opened, base: str | None) -> dict[str, Any]:
         target_modules="all-linear" if targets == ["all-linear"] else targets,
         # The modules that trained, by full name: peft matches these entries as suffixes of module names.
         modules_to_save=origin.get("lora_saved") or None,
+        exclude_modules=(origin.get("lora_saved") or None) if targets == ["all-linear"] else None,
         task_type=task,
         base_model_name_or_path=base,
     )

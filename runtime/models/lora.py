@@ -79,6 +79,16 @@ def check_targets(model: nn.Module, lora: LoraSpec) -> None:
                     f"{FIELD}.targetModules[{i}]: got {target!r}, which names {', '.join(kinds)} module(s); LoRA "
                     f"adapts linear, embedding and convolution layers: target one of {known}"
                 )
+    both = [
+        name
+        for name in layers
+        if any(_matches(name, t) for t in lora.modules_to_save) and any(_matches(name, t) for t in lora.target_modules)
+    ]
+    if both:  # with all-linear, the modules to save are left out of the adapted ones (`peft_config`)
+        raise ConfigError(
+            f"{FIELD}.modulesToSave: names {both[0]}, which targetModules names too; a module trains either through "
+            "adapters or in full: leave it out of one of them"
+        )
     if ALL_LINEAR in lora.target_modules and len(lora.target_modules) > 1:
         raise ConfigError(
             f"{FIELD}.targetModules: got {lora.target_modules}; {ALL_LINEAR} already names every linear layer, so "
@@ -105,10 +115,18 @@ def _check_tied(model: nn.Module, lora: LoraSpec) -> None:
                     )
 
 
-def peft_config(lora: LoraSpec) -> object:
-    """peft's LoraConfig for the spec (the adapters' own; modulesToSave are trained by unfreezing them)."""
-    targets: str | list[str] = ALL_LINEAR if lora.target_modules == [ALL_LINEAR] else list(lora.target_modules)
-    return _peft().LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets)
+def peft_config(lora: LoraSpec, saved: list[str]) -> object:
+    """peft's LoraConfig for the spec (the adapters' own; the modules to save, `saved`, are trained by unfreezing
+    them, and left out of all-linear)."""
+    every = lora.target_modules == [ALL_LINEAR]
+    targets: str | list[str] = ALL_LINEAR if every else list(lora.target_modules)
+    return _peft().LoraConfig(
+        r=lora.rank,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=targets,
+        exclude_modules=saved if every and saved else None,
+    )
 
 
 def apply(model: nn.Module, lora: LoraSpec) -> nn.Module:
@@ -116,7 +134,7 @@ def apply(model: nn.Module, lora: LoraSpec) -> nn.Module:
     check_targets(model, lora)
     _check_tied(model, lora)
     try:
-        _peft().inject_adapter_in_model(peft_config(lora), model, adapter_name=ADAPTER)
+        _peft().inject_adapter_in_model(peft_config(lora, saved_modules(model, lora)), model, adapter_name=ADAPTER)
     except ValueError as e:  # what peft refuses beyond the checks above (a layer type it cannot wrap)
         first = str(e).strip().splitlines()[0]
         raise ConfigError(f"{FIELD}: peft cannot add these adapters ({first}); target other layers") from None

@@ -159,6 +159,7 @@ def meta_llama() -> torch.nn.Module:
         (LoraSpec(target_modules=["mlp"]), "targetModules[0]: got 'mlp', which names LlamaMLP module(s)"),
         (LoraSpec(target_modules=["q_proj"], modules_to_save=["score"]), "modulesToSave[0]: got 'score'"),
         (LoraSpec(target_modules=["all-linear", "q_proj"]), "all-linear already names every linear layer"),
+        (LoraSpec(target_modules=["q_proj"], modules_to_save=["q_proj"]), "modulesToSave: names model.layers.0"),
     ],
 )
 def test_targets_that_name_nothing_are_refused_naming_the_layers_there_are(lora: LoraSpec, message: str) -> None:
@@ -166,7 +167,7 @@ def test_targets_that_name_nothing_are_refused_naming_the_layers_there_are(lora:
 
     with pytest.raises(ConfigError, match=re.escape(message)) as e:
         apply(meta_llama(), lora)
-    if "all-linear" not in message:
+    if "targetModules[" in message or "modulesToSave[" in message:
         assert "q_proj" in str(e.value) and "down_proj" in str(e.value)  # the layers a target can name
 
 
@@ -259,3 +260,13 @@ def test_the_plan_counts_a_lora_jobs_model_states_within_two_per_cent_at_stages_
     # What makes it a LoRA plan: gradients and optimizer state of the adapters only.
     three = plan_job(planned_spec(3)).stages[3]
     assert three.optimizer_bytes < three.parameter_bytes / 3
+
+
+def test_all_linear_adapts_every_linear_layer_but_the_modules_trained_in_full() -> None:
+    from zerotrain.runtime.models.lora import adapter_names, apply
+
+    model = apply(meta_llama(), LoraSpec(target_modules=["all-linear"], modules_to_save=["lm_head"]))
+    adapted = {n.split(".lora_")[0] for n in adapter_names(model)}
+    assert len(adapted) == 2 * 7 and "lm_head" not in adapted  # q, k, v, o, gate, up, down of both layers
+    trained = {n for n, p in model.named_parameters() if p.requires_grad} - set(adapter_names(model))
+    assert trained == {"lm_head.weight"}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 import torch.nn.functional as F
 from dist_helpers import run_ranks
@@ -66,10 +67,11 @@ def test_a_module_with_frozen_and_trainable_parameters_becomes_two_units() -> No
     assert units[0].module is units[1].module  # the twins share their module (gathered and freed with it)
 
 
-def exact(rank: int, world: int, stage: int) -> dict[str, Any]:
+def exact(rank: int, world: int, stage: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     from zerotrain.runtime import ZeroConfig, ZeroEngine
 
-    engine = ZeroEngine(model(), ZeroConfig(stage=stage, unit_modules=["AdaptedBlock"]), optimizer=optimizer)
+    config = ZeroConfig(stage=stage, unit_modules=["AdaptedBlock"], **(extra or {}))
+    engine = ZeroEngine(model(), config, optimizer=optimizer)
     data = batches(STEPS, world, per_rank=2, seq=9, vocab=13)
     for step in data:
         tokens = step[0][rank]
@@ -97,6 +99,21 @@ def test_adapters_train_as_one_process_does_and_the_base_stays_at_every_stage() 
             torch.testing.assert_close(ranks[0]["params"][name], want, rtol=1e-5, atol=1e-6, msg=f"{stage} {name}")
             if "lora_" not in name:
                 assert torch.equal(ranks[0]["params"][name], start[name].detach()), (stage, name)
+
+
+@pytest.mark.parametrize(
+    ("world", "extra"),
+    [
+        (2, {"activation_checkpointing": True}),  # recomputed in backward: the twins gathered once for both
+        (4, {"shard_group_size": 2}),  # hybrid: only the adapters' gradients cross between groups
+        (2, {"prefetch_units": 2, "param_persistence_elements": 256}),  # small twins stay gathered
+    ],
+    ids=["checkpointing", "hybrid", "prefetch-and-persistence"],
+)
+def test_stage_3_with_frozen_twins_under_the_other_options(world: int, extra: dict[str, Any]) -> None:
+    ranks = run_ranks(exact, world, 3, extra)
+    for name, want in ranks[0]["reference"].items():
+        torch.testing.assert_close(ranks[0]["params"][name], want, rtol=1e-5, atol=1e-6, msg=name)
 
 
 def held(rank: int, world: int, stage: int) -> dict[str, Any]:
