@@ -156,3 +156,17 @@ def test_export_of_a_directory_that_is_not_a_checkpoint_names_it(
     err = " ".join(capsys.readouterr().err.split())
     assert str(tmp_path) in err and "neither a committed checkpoint" in err
     assert not (tmp_path / "m.safetensors").exists()
+
+
+def test_adapter_exports_of_a_job_without_lora_are_refused_and_leave_nothing(
+    saved: tuple[Path, dict[str, torch.Tensor]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root, _ = saved
+    capsys.readouterr()
+    assert main(["checkpoint", "export", str(root), "--format", "peft", "--out", str(tmp_path / "a")]) == 2
+    error = " ".join(capsys.readouterr().err.split())
+    assert "--format: got 'peft'" in error and "is of a job without spec.model.lora" in error
+    args = ["checkpoint", "export", str(root), "--format", "huggingface", "--merge", "--out", str(tmp_path / "m")]
+    assert main(args) == 2
+    assert "--merge: got True" in " ".join(capsys.readouterr().err.split())
+    assert not (tmp_path / "a").exists() and not (tmp_path / "m").exists()
