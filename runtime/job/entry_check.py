@@ -72,7 +72,8 @@ def check_entrypoint(spec: ZeroTrainingJobSpec, build: bool = True, world_size: 
     count = sum(p.numel() for p in task.model.parameters())
     trains = sum(p.numel() for p in task.model.parameters() if p.requires_grad)
     held = sum(1 for m in task.model.modules() if type(m).__name__ in set(units))
-    trained = f", {trains:,} of them LoRA's and trained ({trains / count:.2%})" if lora else ""
+    share = f"{trains / count:.2%}: LoRA's adapters and modules to save"
+    trained = f", {trains:,} of them trained ({share})" if lora else ""
     return (
         f"entry point: {spec.entrypoint} builds a model of {count:,} parameters{trained}, {held} unit(s) of "
         f"{', '.join(units) or '(none: one unit, the whole model)'} (built on the meta device)"
