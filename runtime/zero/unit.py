@@ -19,7 +19,10 @@ Whether a unit is gathered is read from this state, never inferred from a storag
 Stages 0 and 1 let autograd accumulate straight into a flat gradient buffer (`.grad` are views) and communicate
 once per optimizer step; stages 2 and 3 cannot hold full gradients, so every micro-batch is reduce-scattered into
 the fp32 gradient shard and the unsharded gradients are dropped. With fp32 compute the fp32 master is the
-parameter storage itself (no second copy is held). The chunked collectives are in `unit_comm`.
+parameter storage itself (no second copy is held). A unit of frozen parameters (`UnitLayout.frozen`) holds its
+values only, in the compute dtype: its `master` is that range itself, it has no gradients, is never reduced, and
+is gathered after construction (and a checkpoint load), never after a step. The chunked collectives are in
+`unit_comm`.
 """
 
 from __future__ import annotations
@@ -146,10 +149,6 @@ class Unit:
     @property
     def trainable_count(self) -> int:
         return sum(1 for p in self.params if p.requires_grad)
-
-    @property
-    def has_frozen(self) -> bool:
-        return any(not p.requires_grad for p in self.params)
 
     @property
     def gathered(self) -> bool:
