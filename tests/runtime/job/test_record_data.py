@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from tiny_models import TINY_DECODER
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from zerotrain.cli import main
@@ -22,16 +23,7 @@ pytest.importorskip("transformers")
 
 WORDS = ["<eos>", "[UNK]", "what", "is", "plus", "=", *[str(i) for i in range(20)], "reverse", ":", "a", "b", "c"]
 VOCAB = 64
-LLAMA = {
-    "model_type": "llama",
-    "vocab_size": VOCAB,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 64,
-}
+LLAMA = {"model_type": "llama", **TINY_DECODER, "vocab_size": VOCAB}
 
 
 def tokenizer(directory: Path) -> Path:

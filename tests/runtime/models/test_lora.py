@@ -19,6 +19,7 @@ from zerotrain.runtime.job.task import ConfigError
 
 peft = pytest.importorskip("peft")
 from dist_helpers import run_ranks  # noqa: E402
+from tiny_models import TINY_DECODER  # noqa: E402
 
 STEPS = 20
 ACCUM = 2
@@ -26,17 +27,7 @@ TOLERANCE = 1e-5
 HF = "zerotrain.runtime.models.huggingface:build"
 GPT = "zerotrain.runtime.examples.gpt:build"
 VOCAB = 96
-LLAMA = {
-    "model_type": "llama",
-    "vocab_size": VOCAB,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 64,
-    "tie_word_embeddings": False,
-}
+LLAMA = {"model_type": "llama", **TINY_DECODER, "vocab_size": VOCAB, "tie_word_embeddings": False}
 LLAMA_LORA = LoraSpec(
     rank=4,
     alpha=8,
