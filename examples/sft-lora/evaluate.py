@@ -17,6 +17,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
+BATCH = 64
+
 
 def exact_match(model_dir: str, records: str, adapter: str | None = None) -> tuple[int, int]:
     tokenizer = PreTrainedTokenizerFast.from_pretrained(model_dir)
@@ -27,16 +29,19 @@ def exact_match(model_dir: str, records: str, adapter: str | None = None) -> tup
         model = PeftModel.from_pretrained(model, adapter)
     model.eval()
     eos = tokenizer.eos_token_id
-    right = total = 0
-    for line in Path(records).read_text().splitlines():
-        record = json.loads(line)
-        ids = torch.tensor([tokenizer(record["prompt"], add_special_tokens=False).input_ids])
+    # Left padding keeps every prompt's last token at the end, where greedy decoding continues from; the attention
+    # mask (and the positions generate derives from it) leaves the padding out.
+    tokenizer.pad_token_id, tokenizer.padding_side = eos, "left"
+    lines = [json.loads(line) for line in Path(records).read_text().splitlines()]
+    right = 0
+    for start in range(0, len(lines), BATCH):
+        batch = lines[start : start + BATCH]
+        ids = tokenizer([r["prompt"] for r in batch], add_special_tokens=False, padding=True, return_tensors="pt")
         with torch.no_grad():
-            out = model.generate(input_ids=ids, max_new_tokens=12, do_sample=False, eos_token_id=eos, pad_token_id=eos)
-        said = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
-        right += said.strip() == record["completion"].strip()
-        total += 1
-    return right, total
+            out = model.generate(**ids, max_new_tokens=12, do_sample=False, eos_token_id=eos, pad_token_id=eos)
+        said = tokenizer.batch_decode(out[:, ids.input_ids.shape[1] :], skip_special_tokens=True)
+        right += sum(s.strip() == r["completion"].strip() for s, r in zip(said, batch, strict=True))
+    return right, len(lines)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ def test_a_system_off_its_kinds_reference_fails_the_run() -> None:
 def test_a_tiny_run_of_zerotrain_and_fsdp2_with_adapters(tmp_path: Path) -> None:
     pytest.importorskip("peft")
     out = tmp_path / "lora.json"
-    args = ["--systems", "zero3-lora,fsdp2-lora,zero3-full", "--reps", "1", "--steps", "3", "--warmup", "1"]
+    args = ["--systems", "zero3-lora,fsdp2-lora", "--reps", "1", "--steps", "3", "--warmup", "1"]
     args += ["--hidden", "64", "--layers", "2", "--vocab", "256", "--seq-len", "16", "--batch", "4", "--rank", "2"]
     args += ["--out", str(out)]
     done = subprocess.run(
@@ -40,8 +40,9 @@ def test_a_tiny_run_of_zerotrain_and_fsdp2_with_adapters(tmp_path: Path) -> None
     )
     assert done.returncode == 0, done.stdout + done.stderr
     summary = json.loads(out.read_text())["summary"]
-    lora, fsdp, full = summary["zero3-lora"], summary["fsdp2-lora"], summary["zero3-full"]
-    assert lora["trained"] == fsdp["trained"] < full["trained"] / 5
-    assert lora["memory"]["gradient"] < full["memory"]["gradient"] / 5  # the adapters' gradients only
-    assert lora["first_loss"] == fsdp["first_loss"] == full["first_loss"]
+    lora, fsdp = summary["zero3-lora"], summary["fsdp2-lora"]
+    assert lora["trained"] == fsdp["trained"]
+    assert 0 < lora["memory"]["gradient"] <= 4 * lora["trained"]  # the adapters' fp32 gradients, nothing frozen
+    assert lora["memory"]["parameter"] > 5 * lora["memory"]["gradient"]  # the frozen base is most of what it holds
+    assert lora["first_loss"] == fsdp["first_loss"]
     assert "zero3-lora" in done.stdout

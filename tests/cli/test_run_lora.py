@@ -5,6 +5,8 @@ peft (`--format peft`, no missing keys, the engine's logits) and transformers (`
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
 import shutil
@@ -75,9 +77,14 @@ def by_step(root: Path) -> dict[int, Path]:
 
 
 def cli(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "zerotrain.cli", *argv], capture_output=True, text=True, timeout=budget(240)
-    )
+    """The command in this process: an export needs no ranks, and seven interpreters starting torch cost more than
+    the exports themselves."""
+    from zerotrain.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    return subprocess.CompletedProcess(["zerotrain", *argv], code, out.getvalue(), err.getvalue())
 
 
 def adapters(path: Path) -> dict[str, torch.Tensor]:
