@@ -17,6 +17,9 @@ os.environ["PYTHONSAFEPATH"] = "1"
 # (/tmp/torchinductor_<user>) is shared by every checkout on the machine, and one written by a venv since deleted
 # fails to compile ("'at::vec' has not been declared"). Each checkout keeps its own.
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(__file__).resolve().parents[1] / "build" / "torchinductor"))
+# Its precompiled headers stay under /tmp/torchinductor_<user> whatever the cache directory (torch 2.13), with the
+# same failure after the venv is rebuilt; they only shorten compiles.
+os.environ.setdefault("TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS", "0")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
