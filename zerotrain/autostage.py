@@ -3,8 +3,9 @@ runs (by the operator's admission, `zerotrain run` and `zerotrain validate`), so
 
 The lowest stage that fits moves the least: stages 0-2 send 2Ψ per step, stage 3 3Ψ, and each stage up shards one
 more model state. A rank's device is its GPU (`resources.gpuMemory`, or the operator's default for GPU jobs), or
-for CPU ranks its share of the pod's memory limit (`resources.memory` over `nprocPerNode`), less the plan's
-headroom. Nothing fitting is refused, naming the smallest world size at which stage 3 would fit.
+for CPU ranks its share of the pod's memory limit (`resources.memory` over `nprocPerNode`) less the rank process
+itself (`process_baseline`), less the plan's headroom. Nothing fitting is refused, naming the smallest world size
+at which stage 3 would fit.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from zerotrain.plan_inputs import (
     plan_input,
     plan_job,
 )
-from zerotrain.planner import StagePlan, format_bytes, min_data_parallel
+from zerotrain.planner import DEFAULT_HEADROOM, StagePlan, format_bytes, min_data_parallel
+from zerotrain.process_baseline import baseline_bytes
 from zerotrain.spec import ZeroTrainingJobSpec
 from zerotrain.zero_config import AutoStage, Stage
 
@@ -40,11 +42,19 @@ class NoStageFits(ValueError):
 
 
 def rank_memory(spec: ZeroTrainingJobSpec, default_gpu_memory: str | None = None) -> int | None:
-    """Bytes one rank's device has: its GPU's memory, or for CPU ranks their share of the pod's memory limit."""
+    """Bytes one rank's tensors have on its device: its GPU's memory, or for CPU ranks their share of the pod's
+    memory limit less the rank process's own baseline (`process_baseline`)."""
     if spec.resources.gpu > 0:
         memory = spec.resources.gpu_memory or default_gpu_memory
         return gpu_memory_bytes(memory) if memory else None
-    return pod_memory_share(spec)
+    share = pod_memory_share(spec)
+    return None if share is None else cpu_tensor_memory(share, spec)
+
+
+def cpu_tensor_memory(share: int, spec: ZeroTrainingJobSpec) -> int:
+    """What a CPU rank's tensors have of its `share`, once the planner's headroom comes off: the headroom is kept on
+    the whole process (`host_plan`), so the baseline is taken before it, scaled up."""
+    return max(1, share - round(baseline_bytes(spec) / (1 - DEFAULT_HEADROOM)))
 
 
 def pod_memory_share(spec: ZeroTrainingJobSpec) -> int | None:
@@ -93,11 +103,12 @@ def choose_stage(spec: ZeroTrainingJobSpec, device_memory: int, floor: Stage = S
 
 
 def local_rank_memory(spec: ZeroTrainingJobSpec, nproc: int) -> int:
-    """Bytes one rank of `zerotrain run` has: local ranks are CPU processes, each with its share of
-    resources.memory (as in a pod), or of this machine's memory when the manifest sets none."""
-    if (share := pod_memory_share(spec)) is not None:
-        return share
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // max(1, nproc)
+    """Bytes one rank of `zerotrain run` has for its tensors: local ranks are CPU processes, each with its share of
+    resources.memory (as in a pod), or of this machine's memory when the manifest sets none, less its process."""
+    share = pod_memory_share(spec)
+    if share is None:
+        share = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // max(1, nproc)
+    return cpu_tensor_memory(share, spec)
 
 
 def resolve_stage(

@@ -26,8 +26,7 @@ from __future__ import annotations
 from zerotrain._model import SpecModel
 from zerotrain.peak import padded_elements, peak_plan
 from zerotrain.plan_inputs import declared_parameters, model_units, peak_input, plan_input
-from zerotrain.planner import DEFAULT_HEADROOM, format_bytes, stage_bytes
-from zerotrain.quantity import parse_bytes
+from zerotrain.planner import format_bytes, stage_bytes
 from zerotrain.spec import ZeroTrainingJobSpec
 from zerotrain.zero_config import Precision, Stage
 
@@ -120,28 +119,4 @@ def describe(plan: StartUpPlan, spec: ZeroTrainingJobSpec) -> str:
         f"({' + '.join(parts)}; {format_bytes(plan.whole_model)} had it built the whole model), "
         f"{format_bytes(plan.per_pod)} per pod of {spec.nproc_per_node} rank(s)"
     )
-    limit = spec.resources.memory
-    if limit is None:
-        return line + "; no resources.memory to check it against"
-    usable = int((parse_bytes(limit) or 0) * (1 - DEFAULT_HEADROOM))
-    verdict = "within" if plan.per_pod <= usable else "MORE than"
-    return line + f"; {verdict} the {format_bytes(usable)} usable of resources.memory {limit}"
-
-
-def does_not_fit(spec: ZeroTrainingJobSpec, plan: StartUpPlan | None) -> str | None:
-    """The refusal when the pod's memory cannot hold its ranks' start-up peaks (with the planner's headroom)."""
-    limit = spec.resources.memory
-    if plan is None or limit is None:
-        return None
-    usable = int((parse_bytes(limit) or 0) * (1 - DEFAULT_HEADROOM))
-    if plan.per_pod <= usable:
-        return None
-    need = -(-plan.per_pod * 10 // 8 // 2**30)  # with the headroom, in whole GiB
-    offloaded = plan.per_pod - spec.nproc_per_node * plan.per_rank
-    beside = f" + {format_bytes(offloaded)} of offloaded states" if offloaded else ""
-    return (
-        f"resources.memory: got {limit!r}; its ranks start with {format_bytes(plan.per_pod)} of host memory "
-        f"({spec.nproc_per_node} × {format_bytes(plan.per_rank)}: each rank's slice of every parameter and a unit "
-        f"built whole{beside}), more than the {format_bytes(usable)} usable of it; set resources.memory to at least "
-        f"{need}Gi, or use more ranks (each holds 1/{spec.world_size} of the model)"
-    )
+    return line

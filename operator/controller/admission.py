@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from zerotrain import elastic, startup
+from zerotrain import elastic, host_plan
 from zerotrain.autostage import NoStageFits, StageChoice, resolve_stage
 from zerotrain.errors import UserError
 from zerotrain.manifest import parse_spec
@@ -15,15 +15,14 @@ from zerotrain.operator.controller.conditions import Reason
 from zerotrain.plan_inputs import (
     declared_parameters,
     gpu_memory_bytes,
-    host_bytes_per_pod,
     min_world_size,
     more_ranks,
     plan_input,
     plan_job,
 )
-from zerotrain.planner import DEFAULT_HEADROOM, MemoryPlan, PlanInput, format_bytes, min_data_parallel
+from zerotrain.planner import MemoryPlan, PlanInput, format_bytes, min_data_parallel
 from zerotrain.spec import ZeroTrainingJobSpec
-from zerotrain.zero_config import AutoStage, Precision, Stage
+from zerotrain.zero_config import AutoStage, Stage
 
 
 @dataclass(frozen=True)
@@ -171,6 +170,8 @@ def _admit_sized(
         return Admission(spec=spec, reason=Reason.INVALID_NAME, message=problem)
     if problems := pod_problems(spec, job_name, allow_host_path):
         return Admission(spec=spec, reason=Reason.INVALID_POD_TEMPLATE, message="; ".join(problems))
+    if refusal := host_plan.below_baseline(spec):
+        return Admission(spec=spec, reason=Reason.MEMORY_PLAN_DOES_NOT_FIT, message=refusal)
     try:
         spec, choice = resolve_stage(spec, default_gpu_memory, floor=stage_floor)
     except NoStageFits as e:
@@ -181,9 +182,8 @@ def _admit_sized(
         planned = plan_for(spec, default_gpu_memory)
     except ValueError as e:
         return Admission(spec=spec, reason=Reason.INVALID_SPEC, message=str(e))
-    # The offloaded states first: they are the manifest's own choice and stay for the whole run.
-    start_up = startup.start_up_plan(spec, host_bytes_per_pod(spec))
-    if refusal := _host_does_not_fit(spec) or startup.does_not_fit(spec, start_up):
+    # The pod's host memory: every rank's process, its start-up, a CPU rank's training peak, offloaded states.
+    if refusal := host_plan.refusal(spec, host_plan.host_plan(spec)):
         return Admission(spec=spec, reason=Reason.MEMORY_PLAN_DOES_NOT_FIT, message=refusal)
     if planned is None:
         return Admission(spec=spec, stage_choice=choice)
@@ -191,21 +191,3 @@ def _admit_sized(
     if refusal := _does_not_fit(spec, result, p):
         return Admission(spec=spec, plan=result, reason=Reason.MEMORY_PLAN_DOES_NOT_FIT, message=refusal)
     return Admission(spec=spec, plan=result, stage_choice=choice)
-
-
-def _host_does_not_fit(spec: ZeroTrainingJobSpec) -> str | None:
-    """Offloaded optimizer states that the pod's memory limit cannot hold (with the planner's headroom)."""
-    need, limit = host_bytes_per_pod(spec), spec.resources.memory
-    if not need or limit is None:
-        return None
-    usable = int(gpu_memory_bytes(limit) * (1 - DEFAULT_HEADROOM))
-    if need <= usable:
-        return None
-    shards = spec.zero.offload.parameters is not None and spec.zero.precision is not Precision.FP32
-    what = "fp32 masters, optimizer state and parameter shards" if shards else "fp32 masters and optimizer state"
-    return (
-        f"spec.zero.offload: cpu keeps {format_bytes(need)} of {what} in each pod's host memory "
-        f"({spec.nproc_per_node} rank(s) × (K + 4{' + w' if shards else ''})·Ψ/{spec.shard_group_ranks}), more "
-        f"than the {format_bytes(usable)} usable of resources.memory {limit}; raise resources.memory, shard over "
-        "more ranks, or drop zero.offload"
-    )

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from zerotrain.runtime.job.process_memory import own_bytes
 from zerotrain.runtime.job.progress import throughput
 
 if TYPE_CHECKING:
@@ -57,7 +58,12 @@ def gather_json(record: dict[str, Any], ctx: RankContext, device: torch.device) 
 
 def gather_reports(engine: ZeroEngine, ctx: RankContext, device: torch.device) -> list[Any] | None:
     """Every rank's memory and comm report on rank 0; taken before the gather, so the gather is not counted."""
-    mine = {"rank": ctx.rank, "memory": to_jsonable(engine.memory_report()), "comm": to_jsonable(engine.comm_report())}
+    mine = {
+        "rank": ctx.rank,
+        "memory": to_jsonable(engine.memory_report()),
+        "comm": to_jsonable(engine.comm_report()),
+        "process_bytes": own_bytes(),  # the process at its most, tensors and all (`process_memory`)
+    }
     return gather_json(mine, ctx, device)
 
 

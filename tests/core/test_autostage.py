@@ -14,6 +14,8 @@ from zerotrain.cli import main
 from zerotrain.manifest import load_job
 from zerotrain.operator.controller.admission import admit
 from zerotrain.plan_inputs import at_stage, plan_job
+from zerotrain.planner import DEFAULT_HEADROOM, format_bytes
+from zerotrain.process_baseline import baseline_bytes
 from zerotrain.spec import ZeroTrainingJobSpec
 from zerotrain.zero_config import AutoStage, Stage
 
@@ -60,9 +62,11 @@ def test_a_fixed_stage_is_left_as_it_is() -> None:
 def test_cpu_ranks_plan_against_their_share_of_the_pod_s_memory() -> None:
     cpu = spec(nprocPerNode=2, replicas=2, resources={"memory": "24G"})
     resolved, choice = resolve_stage(cpu)
-    assert choice is not None and "of 12.0 GB" in choice.message  # 24 GB over 2 ranks
+    # 24 GB over 2 ranks, less each rank's own process (scaled by the headroom, which is kept on the whole process)
+    tensors = 12_000_000_000 - round(baseline_bytes(cpu) / (1 - DEFAULT_HEADROOM))
+    assert choice is not None and f"of {format_bytes(tensors)}" in choice.message
     assert resolved.zero.stage == choice.stage and cpu.zero.stage is AutoStage.AUTO
-    assert local_rank_memory(cpu, 4) == 12_000_000_000
+    assert local_rank_memory(cpu, 4) == tensors
 
 
 def test_auto_without_a_size_or_memory_is_refused_naming_both(tmp_path: Path) -> None:
@@ -95,7 +99,8 @@ def auto_quickstart(tmp_path: Path, memory: str) -> Path:
 
 def test_validate_and_plan_say_which_stage_auto_chose(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = auto_quickstart(tmp_path, "2Gi")
-    want = choose_stage(load_job(str(path)).spec, 2 * 2**30)  # one rank per pod
+    job = load_job(str(path)).spec
+    want = choose_stage(job, local_rank_memory(job, 1))  # one rank per pod, less its process
     assert main(["validate", str(path)]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert f"is valid: stage {want.stage.value}," in out and f"stage auto chose {want.message}" in out
@@ -108,7 +113,8 @@ def test_zerotrain_run_chooses_against_each_rank_s_memory_and_trains(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = auto_quickstart(tmp_path, "2Gi")
-    want = choose_stage(load_job(str(path)).spec, 2 * 2**30)
+    job = load_job(str(path)).spec
+    want = choose_stage(job, local_rank_memory(job, 2))
     summary = tmp_path / "summary.json"
     argv = ["run", str(path), "--steps", "2", "--no-metrics", "--summary-file", str(summary)]
     assert main(argv) == 0

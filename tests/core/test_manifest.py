@@ -139,9 +139,9 @@ def test_validate_runs_the_operators_admission(tmp_path: Path, capsys: pytest.Ca
         (
             "quickstart.yaml",
             [],
-            ["per rank at its peak at stage 3; within each rank's 1.7 GB share of resources.memory"],
+            ["per rank at its peak at stage 3", "at its training peak at stage 3 per rank", "2Gi holds it"],
         ),
-        ("custom/job.yaml", [], ["of model states (spec.model.shape adds the rest)", "no resources.memory to check"]),
+        ("custom/job.yaml", [], ["of model states (spec.model.shape adds the rest)", "no resources.memory set"]),
     ],
 )
 def test_the_memory_line_checks_cpu_ranks_against_their_share_and_names_what_is_missing(

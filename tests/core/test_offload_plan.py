@@ -11,6 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from zerotrain.autostage import resolve_stage
+from zerotrain.host_plan import host_plan
 from zerotrain.peak import peak_plan
 from zerotrain.plan_inputs import host_bytes_per_pod, peak_input, plan_job
 from zerotrain.spec import ZeroTrainingJobSpec
@@ -68,9 +69,14 @@ def test_a_pod_that_cannot_hold_the_offloaded_states_is_refused() -> None:
     }
     verdict = admit(raw, "big")
     assert not verdict.admitted
-    assert verdict.message.startswith("spec.zero.offload: cpu keeps 24.0 GB"), verdict.message
-    assert "raise resources.memory" in verdict.message
-    assert admit({**raw, "resources": {**GPU, "memory": "64Gi"}}, "fits").admitted
+    said = verdict.message
+    assert (
+        said.startswith("resources.memory: got '8Gi'; each rank needs") and "12.0 GB of offloaded model states" in said
+    )
+    smallest = host_plan(ZeroTrainingJobSpec.model_validate({**raw, "resources": GPU})).smallest_memory
+    assert f"set resources.memory to at least {smallest >> 20}Mi" in said
+    assert admit({**raw, "resources": {**GPU, "memory": f"{smallest >> 20}Mi"}}, "fits").admitted
+    assert not admit({**raw, "resources": {**GPU, "memory": f"{(smallest >> 20) - 1}Mi"}}, "short").admitted
 
 
 def test_stage_auto_with_offload_starts_at_stage_1_and_with_parameters_at_3() -> None:

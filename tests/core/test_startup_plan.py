@@ -48,11 +48,15 @@ def test_admission_refuses_a_pod_whose_memory_cannot_hold_its_ranks_start_up(tmp
     verdict = admit(doc["spec"], "gpt-7b")
     assert not verdict.admitted
     said = " ".join(verdict.message.split())
-    assert said.startswith("resources.memory: got '16Gi'; its ranks start with 20.6 GB of host memory (8 × 2.6 GB")
-    assert "set resources.memory to at least 24Gi" in said
+    assert said.startswith("resources.memory: got '16Gi'; each rank needs 360.0 MB the process itself")
+    assert "+ 2.6 GB at start-up, with 20% headroom, more than its 2.1 GB share" in said
+    # 8 ranks × (360 MB + 2.6 GB) / 0.8
+    assert "set resources.memory to at least 27943Mi" in said
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(doc))
     assert main(["validate", str(path)]) == 2
+    doc["spec"]["resources"]["memory"] = "27943Mi"
+    assert admit(doc["spec"], "gpt-7b").admitted
 
 
 def test_plan_shows_the_start_up_beside_the_training_peak(capsys: pytest.CaptureFixture[str]) -> None:
@@ -63,4 +67,5 @@ def test_plan_shows_the_start_up_beside_the_training_peak(capsys: pytest.Capture
     assert main(["plan", "-f", str(ROOT / "examples" / "gpu-70b.yaml")]) == 0
     said = " ".join(capsys.readouterr().out.split())
     assert "start-up (construction and loading): 7.7 GB of host memory per rank" in said
-    assert "61.2 GB per pod of 8 rank(s); within the 110.0 GB usable of resources.memory 128Gi" in said
+    assert "7.7 GB at start-up per rank, with 20% headroom; resources.memory of at least 76425Mi for 8" in said
+    assert "resources.memory 128Gi holds it" in said

@@ -11,10 +11,11 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.text import Text
 
+from zerotrain import host_plan
 from zerotrain.autostage import resolve_stage
 from zerotrain.commands.tables import Rows, print_rows
 from zerotrain.errors import UserError
-from zerotrain.manifest import load_job
+from zerotrain.local_paths import load_job
 from zerotrain.plan_inputs import declared_parameters, host_bytes_per_pod, plan_input, plan_job
 from zerotrain.planner import MemoryPlan, PlanInput, StagePlan, format_bytes, plan
 from zerotrain.quantity import parse_bytes, parse_count
@@ -160,12 +161,16 @@ def run(args: argparse.Namespace) -> int:
         out = result.model_dump(mode="json", by_alias=True)
         if start is not None:
             out["startUp"] = start.model_dump(mode="json", by_alias=True)
+        if spec is not None:
+            out["host"] = host_plan.host_plan(spec).model_dump(mode="json", by_alias=True)
         print(json.dumps(out, indent=2))
         return 0
     console = Console()
     render(result, console)
     if spec is not None and start is not None:
         console.print(Text(describe(start, spec)), soft_wrap=True)
+    if spec is not None:
+        console.print(Text(host_plan.describe(spec, host_plan.host_plan(spec))), soft_wrap=True)
     return 0
 
 
