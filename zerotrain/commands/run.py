@@ -31,7 +31,7 @@ from rich.text import Text
 from zerotrain.autostage import StageChoice, local_rank_memory, pod_memory_share, resolve_stage
 from zerotrain.commands.run_report import local_outcome, render_outcome, render_summary, throughput
 from zerotrain.errors import UserError
-from zerotrain.manifest import load_job
+from zerotrain.local_paths import load_job
 from zerotrain.spec import ZeroTrainingJob
 
 KEEP_LOG_DIRS = 20
@@ -155,6 +155,17 @@ def local_stage(job: ZeroTrainingJob, nproc: int) -> tuple[ZeroTrainingJob, Stag
     return job.model_copy(update={"spec": spec}), choice
 
 
+def admit_locally(manifest: str, job: ZeroTrainingJob, nproc: int) -> None:
+    """The operator's admission, as `zerotrain validate` makes it, of the job this run starts (its stage chosen
+    here, at --nproc ranks when they make whole pods): what validate refuses, run refuses before any rank starts."""
+    from zerotrain.commands.validate import admitted
+
+    raw = job.model_dump(mode="json", by_alias=True, exclude_none=True)["spec"]
+    if nproc != job.spec.world_size and nproc % job.spec.nproc_per_node == 0 and job.spec.elastic is None:
+        raw["replicas"] = nproc // job.spec.nproc_per_node
+    admitted(manifest, raw, str(job.metadata.get("name") or ""))
+
+
 def effective_job(
     path: str, nproc: int | None, steps: int | None, no_metrics: bool = False, checkpoint_dir: str | None = None
 ) -> tuple[ZeroTrainingJob, int]:
@@ -184,7 +195,9 @@ def effective_job(
 
 
 class ProgressTail(threading.Thread):
-    """Follows rank 0's JSON-lines progress file into a rich progress bar; keeps how the run stopped, if it did."""
+    """Follows rank 0's JSON-lines progress file into a rich progress bar, or where the output is not a terminal (a
+    log file, a pipe, CI) into one plain line per logged step (every spec.training.logEvery steps, the first and
+    the last), as it happens; keeps how the run stopped, if it did."""
 
     def __init__(self, path: Path, progress: Progress, task: TaskID) -> None:
         super().__init__(daemon=True)
@@ -221,14 +234,12 @@ class ProgressTail(threading.Thread):
             self.stopped = rec
             self.progress.update(self.task, completed=rec["stopped"])
         else:
-            self.progress.update(
-                self.task,
-                completed=rec["step"],
-                total=rec["steps"],
-                loss=f"{rec['loss']:.4f}",
-                lr=f"{rec['lr']:.3g}" if "lr" in rec else "-",
-                tps=throughput(rec),
-            )
+            loss, lr = f"{rec['loss']:.4f}", f"{rec['lr']:.3g}" if "lr" in rec else "-"
+            tps = throughput(rec)
+            self.progress.update(self.task, completed=rec["step"], total=rec["steps"], loss=loss, lr=lr, tps=tps)
+            if not self.progress.console.is_terminal:  # the bar draws only on a terminal: a log gets lines
+                elapsed = f", {rec['elapsed_s']:.1f} s" if "elapsed_s" in rec else ""
+                say(Text(f"step {rec['step']}/{rec['steps']}: loss {loss}, lr {lr}, {tps}{elapsed}"), soft_wrap=True)
 
     def run(self) -> None:
         while not self.stop.wait(0.2):
@@ -251,6 +262,7 @@ def default_log_dir(name: str, root: Path | None = None, keep: int = KEEP_LOG_DI
 def run(args: argparse.Namespace) -> int:
     job, nproc = effective_job(args.manifest, args.nproc, args.steps, args.no_metrics, args.checkpoint_dir)
     job, choice = local_stage(job, nproc)
+    admit_locally(args.manifest, job, nproc)
     # Imported here so `zerotrain --help` and the other subcommands don't pay for torch.
     from zerotrain.pod_contract import DEBUG_ENV, ENTRYPOINT_PATH_ENV, PROGRESS_ENV, RANK_MEMORY_LIMIT_ENV, SUMMARY_ENV
     from zerotrain.runtime.job.launch import preflight, scoped_environ

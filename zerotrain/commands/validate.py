@@ -5,22 +5,25 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.text import Text
 
-from zerotrain import elastic
+from zerotrain import elastic, host_plan
 from zerotrain.errors import UserError
 from zerotrain.hf_config import HF_ENTRYPOINT
-from zerotrain.manifest import load_job_document, parse_job
+from zerotrain.local_paths import load_document
+from zerotrain.manifest import parse_job
 from zerotrain.plan_inputs import declared_parameters, host_bytes_per_pod, plan_job
-from zerotrain.planner import DEFAULT_HEADROOM, MemoryPlan, format_bytes
-from zerotrain.quantity import parse_bytes
+from zerotrain.planner import MemoryPlan, format_bytes
 from zerotrain.spec import ZeroTrainingJobSpec
 from zerotrain.startup import describe, start_up_plan
 from zerotrain.weights_layout import layout
 from zerotrain.zero_config import Stage
+
+if TYPE_CHECKING:
+    from zerotrain.operator.controller.admission import Admission
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -93,8 +96,9 @@ def pretrained_line(spec: ZeroTrainingJobSpec, manifest: str) -> str:
 
 
 def memory_lines(spec: ZeroTrainingJobSpec, planned: MemoryPlan | None, gpu_memory: str | None) -> list[str]:
-    """The memory plan against what the ranks have: each GPU's memory, or a CPU rank's share of resources.memory;
-    "not checked" only when something is missing, naming it."""
+    """The memory plan against what the ranks have: each GPU's memory, and the pod's host memory (each rank's
+    process, start-up, a CPU rank's training peak); "not checked" only when something is missing, naming it. An
+    admitted job fits: admission refused it otherwise."""
     stage, cpu = spec.zero.fixed_stage, spec.resources.gpu == 0
     lines = []
     if cpu and gpu_memory:
@@ -102,25 +106,26 @@ def memory_lines(spec: ZeroTrainingJobSpec, planned: MemoryPlan | None, gpu_memo
             f"--gpu-memory {gpu_memory}: not applied: this job's ranks train on the CPU (resources.gpu 0); "
             "their memory is resources.memory"
         )
+    host = host_plan.describe(spec, host_plan.host_plan(spec))
     if planned is not None:
         chosen = planned.stages[stage]
         held = f"{format_bytes(chosen.model_state_bytes)} of model states"
         if chosen.peak is not None:
             held = f"{format_bytes(chosen.peak.peak)} at its peak ({held})"
-        return [*lines, f"memory plan: {held} per GPU at stage {stage.value}; {planned.reason}"]
+        return [*lines, f"memory plan: {held} per GPU at stage {stage.value}; {planned.reason}", host]
     if declared_parameters(spec) is None:
-        return [*lines, "memory plan: not checked: the model's size is unknown; set spec.model.parameters or shape"]
+        return [
+            *lines,
+            "memory plan: not checked: the model's size is unknown; set spec.model.parameters or shape",
+            host,
+        ]
     chosen = plan_job(spec).stages[stage]
     need = chosen.peak.peak if chosen.peak is not None else chosen.model_state_bytes
     held = "at its peak" if chosen.peak is not None else "of model states (spec.model.shape adds the rest)"
     line = f"memory plan: {format_bytes(need)} per rank {held} at stage {stage.value}"
     if not cpu:
-        return [*lines, line + "; no GPU memory to check it against: set resources.gpuMemory or pass --gpu-memory"]
-    if spec.resources.memory is None:
-        return [*lines, line + "; no resources.memory to check it against (locally, the machine's memory)"]
-    share = int((parse_bytes(spec.resources.memory) or 0) * (1 - DEFAULT_HEADROOM)) // spec.nproc_per_node
-    verdict = "within" if need <= share else "MORE than"
-    return [*lines, line + f"; {verdict} each rank's {format_bytes(share)} share of resources.memory"]
+        line += "; no GPU memory to check it against: set resources.gpuMemory or pass --gpu-memory"
+    return [*lines, line, host]
 
 
 def entrypoint_line(spec: ZeroTrainingJobSpec, args: argparse.Namespace) -> str:
@@ -159,19 +164,29 @@ def hf_line(spec: ZeroTrainingJobSpec) -> str:
     return said + (f"; files on claim {data.claim_name} are checked by each rank" if elsewhere and data else "")
 
 
-def run(args: argparse.Namespace) -> int:
+def admitted(
+    manifest: str, raw: object, name: str, gpu_memory: str | None = None, allow_host_path: bool = False
+) -> Admission:
+    """The operator's admission of a manifest's spec (`raw`), as `validate` and `zerotrain run` both make it before
+    anything starts: UserError with the operator's reason and message when it would refuse the job. A missing
+    spec.image is filled in: `zerotrain run` needs none, and validate says so apart."""
     from zerotrain.operator.controller.admission import admit
 
-    doc = load_job_document(args.manifest)
+    if isinstance(raw, dict) and raw.get("image") is None:
+        raw = {**raw, "image": "zerotrain-validate-placeholder"}
+    verdict = admit(raw, name or "job", gpu_memory, allow_host_path)
+    if not verdict.admitted:
+        raise UserError(f"{manifest}: the operator would refuse it ({verdict.reason}): {verdict.message}")
+    assert verdict.spec is not None
+    return verdict
+
+
+def run(args: argparse.Namespace) -> int:
+    doc = load_document(args.manifest)
     job = parse_job(doc, source=args.manifest)  # the field-by-field errors first
     name = str(job.metadata.get("name") or "")
-    raw = doc.get("spec")
     local_only = job.spec.image is None  # run needs none; the operator's other checks still apply
-    if local_only and isinstance(raw, dict):
-        raw = {**raw, "image": "zerotrain-validate-placeholder"}
-    verdict = admit(raw, name or "job", args.gpu_memory, args.allow_host_path)
-    if not verdict.admitted:
-        raise UserError(f"{args.manifest}: the operator would refuse it ({verdict.reason}): {verdict.message}")
+    verdict = admitted(args.manifest, doc.get("spec"), name, args.gpu_memory, args.allow_host_path)
     assert verdict.spec is not None
     spec = verdict.spec  # with stage: auto resolved
     stage = spec.zero.fixed_stage
