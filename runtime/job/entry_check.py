@@ -3,19 +3,22 @@
 What every rank would refuse, refused once, in seconds: a module that does not import, a function that is not
 there, `entrypointArgs` it does not take, an error the entry point raises itself, a `spec.model.parameters` (or a
 shape's or a Hugging Face config's Ψ) that is not the model's, unit classes the model does not contain, LoRA
-targets that name no layer of it. The model is built on the meta device: no memory, no initialisation. An entry
+targets that name no layer of it, evaluation asked of a task without evaluation data or with fewer micro-batches
+than `evaluation.batches`. The model is built on the meta device: no memory, no initialisation. An entry
 point whose own code needs real tensors (it reads its data into the model, say) cannot be built there; then the
 ranks check the rest, and the line says so.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 
 import torch
 
 from zerotrain.errors import UserError
 from zerotrain.plan_inputs import declared_parameters
+from zerotrain.runtime.job import evaluation as evaluation_module
 from zerotrain.runtime.job.task import (
     ConfigError,
     TrainingTask,
@@ -65,6 +68,7 @@ def check_entrypoint(spec: ZeroTrainingJobSpec, build: bool = True, world_size: 
     units = list(spec.zero.unit_modules) or list(task.unit_modules)
     check_unit_classes(task.model, units)
     _check_counted(spec, task)
+    _check_evaluation(spec, task)
     drawn = _draw(task)  # once: the batches are an iterator, a second draw would be the second micro-batch
     if world == spec.world_size:  # the shape is the manifest's layout: another --nproc gives other rows per rank
         _check_shape(spec, task, drawn)
@@ -94,6 +98,25 @@ def _check_counted(spec: ZeroTrainingJobSpec, task: TrainingTask) -> None:
                 f"(step {k // per_step + 1}) would have no token the loss counts on any rank: every record in it has "
                 "its answer cut away; use a longer seq_len, or shorter prompts"
             )
+
+
+def _check_evaluation(spec: ZeroTrainingJobSpec, task: TrainingTask) -> None:
+    """spec.training.evaluation against the task's evaluation data, as the first evaluation would find it: data
+    there at all, and at least `batches` micro-batches of it on rank 0 (every rank holds as many). A refusal at the
+    first evaluation comes after everySteps steps of compute, again on every resume."""
+    evaluation = spec.training.evaluation
+    evaluation_module.check_task(task, evaluation, spec.entrypoint)
+    if evaluation is None or task.eval_batches is None:
+        return
+    try:
+        with torch.device("meta"):
+            held = sum(1 for _ in itertools.islice(task.eval_batches(), evaluation.batches))
+    except UserError:
+        raise
+    except Exception:  # data the launcher cannot draw on the meta device: the ranks count it at the first evaluation
+        return
+    if held < evaluation.batches:
+        raise evaluation_module.too_few(evaluation.batches, held)
 
 
 def _draw(task: TrainingTask) -> tuple[object, ...]:

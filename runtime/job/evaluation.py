@@ -55,6 +55,14 @@ def check_task(task: TrainingTask, evaluation: EvaluationSpec | None, entrypoint
         )
 
 
+def too_few(wanted: int, held: int) -> ConfigError:
+    """The refusal of evaluation asking for more micro-batches than the data holds (the launcher's and the ranks')."""
+    return ConfigError(
+        f"spec.training.evaluation.batches: got {wanted}, but the task's evaluation data holds only {held} "
+        f"micro-batches per rank; ask for at most {held}, or give the task more evaluation data"
+    )
+
+
 def due(evaluation: EvaluationSpec | None, step: int, steps: int) -> bool:
     """Whether step `step` of `steps` is followed by an evaluation."""
     return evaluation is not None and (step % evaluation.every_steps == 0 or step == steps)
@@ -100,10 +108,7 @@ def evaluate(
             total[2] += 1
     ran = int(total[2].item())
     if ran < evaluation.batches:  # every rank holds the same number of micro-batches, so all refuse together
-        raise ConfigError(
-            f"spec.training.evaluation.batches: got {evaluation.batches}, but the task's evaluation data holds "
-            f"only {ran} micro-batches per rank; ask for at most {ran}, or give the task more evaluation data"
-        )
+        raise too_few(evaluation.batches, ran)
     engine.comm.all_reduce(total, "evaluation", label="evaluation")
     mean = float(total[0] / total[1]) if total[1] > 0 else 0.0
     return Evaluation(step, mean, ran, time.perf_counter() - start)

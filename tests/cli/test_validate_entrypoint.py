@@ -12,6 +12,7 @@ import yaml
 from zerotrain.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
+ENTRY_ARGS = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())["spec"]["entrypointArgs"]
 SHAPE = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())["spec"]["model"]["shape"]
 
 
@@ -38,6 +39,17 @@ def said(capsys: pytest.CaptureFixture[str]) -> str:
         ({"model": {"parameters": 900_000}}, ["spec.model.parameters: got 900,000", "842,496", "set spec.model"]),
         ({"zero": {"unitModules": ["Blocks"]}}, ["zero.unitModules[0]: got 'Blocks'", "'Block'"]),
         ({"entrypointArgs": {"d_model": 130}}, ["spec.entrypointArgs.d_model: got 130", "n_heads"]),
+        (
+            {"training": {"evaluation": {"everySteps": 100, "batches": 2}}},
+            ["spec.training.evaluation: set, but", "without eval_batches", "eval_bytes"],
+        ),
+        (  # 20 kB held out: 20000 // (16 × 129) = 9 global micro-batches
+            {
+                "entrypointArgs": {**ENTRY_ARGS, "eval_bytes": 20_000},
+                "training": {"evaluation": {"everySteps": 100, "batches": 50}},
+            },
+            ["spec.training.evaluation.batches: got 50", "holds only 9 micro-batches per rank", "at most 9"],
+        ),
         (
             {"model": {"parameters": 842496, "shape": {**SHAPE, "microBatchSize": 16}}},
             [
@@ -67,13 +79,18 @@ def test_a_good_entry_point_is_built_on_the_meta_device_and_no_import_says_it_sk
     assert "not imported (--no-import): its arguments, Ψ and units are unchecked" in said(capsys)
 
 
-def test_run_refuses_a_wrong_parameter_count_before_any_rank_starts(
+def test_run_refuses_a_wrong_parameter_count_or_missing_evaluation_data_before_any_rank_starts(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     logs = tmp_path / "logs"
     assert main(["run", job(tmp_path, model={"parameters": 900_000}), "--log-dir", str(logs)]) == 2
     text = said(capsys)
     assert text.count("spec.model.parameters: got 900,000") == 1 and "rank" not in text
+    assert not logs.exists() or not any(logs.iterdir())
+    no_data = job(tmp_path, training={"evaluation": {"everySteps": 100, "batches": 2}})
+    assert main(["run", no_data, "--log-dir", str(logs)]) == 2
+    text = said(capsys)
+    assert text.count("spec.training.evaluation: set, but") == 1 and "rank 0" not in text
     assert not logs.exists() or not any(logs.iterdir())
 
 
