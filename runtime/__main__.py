@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from zerotrain.errors import EXIT_BAD_INPUT, UserError
+from zerotrain.hf_config import local_files
 from zerotrain.runtime.job.launch import LaunchOutcome, Outcome, launch, plan_from_env, preflight, write_termination_log
 
 DEFAULT_CONFIG = "/etc/zerotrain/job.yaml"
@@ -28,6 +29,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--config", default=DEFAULT_CONFIG, help=f"the ZeroTrainingJob manifest (default {DEFAULT_CONFIG})"
     )
     args = parser.parse_args(argv)
+    with local_files():  # the pod's own files: the job's config.json is read here, never in the operator
+        return _main(args)
+
+
+def _main(args: argparse.Namespace) -> int:
     try:
         from zerotrain.manifest import load_job
 

@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from contextlib import nullcontext
 
 from rich.console import Console
 from rich.text import Text
@@ -15,6 +16,7 @@ from zerotrain import __version__
 from zerotrain.commands import checkpoint, crd, data, plan, run, validate
 from zerotrain.commands import operator as operator_command
 from zerotrain.errors import EXIT_BAD_INPUT, UserError
+from zerotrain.hf_config import local_files
 
 # Each module adds one subcommand; later subcommands (run, operator, ...) are appended here.
 COMMANDS = [plan, validate, crd, operator_command, run, checkpoint, data]
@@ -36,7 +38,9 @@ EXIT_CLOSED_PIPE = 128 + signal.SIGPIPE
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args))
+        # The operator plans only from what manifests carry; every other command reads the user's own files.
+        with nullcontext() if args.func is operator_command.run else local_files():
+            return int(args.func(args))
     except UserError as e:
         Console(stderr=True).print(Text.assemble(("error:", "bold red"), f" {e}"), soft_wrap=True)
         return EXIT_BAD_INPUT

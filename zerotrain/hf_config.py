@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -196,12 +198,29 @@ def model_size(config: Mapping[str, Any]) -> ModelSize | None:
     return _FAMILIES[model_type](model_type, _Fields(config, DEFAULTS[model_type]))
 
 
+_LOCAL_FILES: ContextVar[bool] = ContextVar("zerotrain_local_files", default=False)
+
+
+@contextmanager
+def local_files() -> Iterator[None]:
+    """Let `read_config` read a job's config.json from this machine: the `zerotrain` command and the pod's launcher,
+    where the job's files are the user's own. The operator never enters it: its admission plans from what the
+    manifest carries, since a job naming a path could otherwise probe the operator's own filesystem or leak a
+    file's fragments through the refusal's message."""
+    token = _LOCAL_FILES.set(True)
+    try:
+        yield
+    finally:
+        _LOCAL_FILES.reset(token)
+
+
 def read_config(source: object) -> Mapping[str, Any] | None:
     """The config's fields: the inline dict, or config.json of the directory; None when it cannot be read here
-    (the directory exists only in the pods, as in the operator); ValueError when config.json is not a JSON object."""
+    (outside `local_files`, as in the operator, or where the directory exists only in the pods); ValueError when
+    config.json is not a JSON object."""
     if isinstance(source, Mapping):
         return source
-    if not isinstance(source, str):
+    if not isinstance(source, str) or not _LOCAL_FILES.get():
         return None
     path = Path(source).expanduser() / CONFIG_FILE
     try:

@@ -12,9 +12,11 @@ which `failures` reports.
 
 from __future__ import annotations
 
+import errno
 import re
 import resource
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -37,10 +39,48 @@ class RankOutOfMemory(RuntimeError):
     """This rank could not allocate memory; the message is the whole account."""
 
 
+# Other ways a process out of memory fails: a thread's stack that cannot be mapped (Python's "can't start new
+# thread", which the gloo process group and the metrics server meet first at a small limit), C++'s new (bad_alloc,
+# from torch's and gloo's own code), and mmap or fork refused by the kernel (ENOMEM).
+AT_LIMIT_BYTES = 16 << 20
+"""How near its limit a failing process's data segment counts as out of memory (a thread stack is 8 MiB)."""
+_OTHER = re.compile(r"can't start new thread|std::bad_alloc|Cannot allocate memory")
+
+
 def is_allocation_failure(error: BaseException) -> bool:
+    """Whether `error` is the process running out of memory, whichever layer met it first."""
     if isinstance(error, (MemoryError, torch.OutOfMemoryError)):
         return True
-    return isinstance(error, RuntimeError) and _CPU.search(str(error)) is not None
+    if isinstance(error, OSError) and error.errno == errno.ENOMEM:
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError) and (_CPU.search(text) is not None or _OTHER.search(text) is not None)
+
+
+def at_limit(limit: int | None, status: Path = Path("/proc/self/status")) -> bool:
+    """Whether this process's data segment is within a few MB of `zerotrain run`'s limit on it: there, Python and
+    torch fail in ways that do not say memory (a SystemError from the import system, a segfault in a thread), so
+    an unexplained failure at the limit is the limit's."""
+    if limit is None:
+        return False
+    try:
+        fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+        data = int(fields["VmData"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return False
+    return data >= limit - AT_LIMIT_BYTES
+
+
+def before_training(error: BaseException, rank: int, limit: int | None) -> str:
+    """The account of a rank out of memory before its model exists: at a limit this small, the process itself (the
+    interpreter, torch, gloo, the metrics server) does not fit, which the host line of the plan counts."""
+    at = f" at its limit of {format_bytes(limit)}" if limit is not None else ""
+    return (
+        f"out of memory: rank {rank} while starting its process{at}, before building the model "
+        f"({type(error).__name__}: {str(error) or 'no memory left'}); its share of resources.memory cannot hold the "
+        "rank process itself: set resources.memory to at least what the host memory line of "
+        "`zerotrain plan -f JOB` shows"
+    )
 
 
 def tried_bytes(error: BaseException) -> int | None:
@@ -96,8 +136,8 @@ def _at_start_up(error: BaseException, rank: int, built_whole: bool) -> str:
         )
     else:
         how = (
-            "it held its slice of every parameter and one unit whole; give the ranks the start-up memory "
-            "`zerotrain plan -f JOB` shows, or use more ranks (each holds 1/N of the model)"
+            "it held its slice of every parameter and one unit whole; set resources.memory to at least what the host "
+            "memory line of `zerotrain plan -f JOB` shows"
         )
     return f"out of memory: rank {rank} during constructing (building the model){asked}; {how}"
 

@@ -121,7 +121,10 @@ class Preemption:
             self.cause = cause
             self._watchdog = threading.Timer(self.budget_s, self._spent)
             self._watchdog.daemon = True
-            self._watchdog.start()
+            try:
+                self._watchdog.start()
+            except RuntimeError:  # "can't start new thread": out of memory; the main thread's failure says so
+                self._watchdog = None
 
     def elapsed(self) -> float:
         return 0.0 if self.requested_at is None else time.monotonic() - self.requested_at

@@ -23,10 +23,17 @@ from typing import NoReturn
 import torch.distributed as dist
 
 from zerotrain.errors import UserError
+from zerotrain.hf_config import local_files
 from zerotrain.pod_contract import DEBUG_ENV
 from zerotrain.runtime.job.failures import FailureKind, classify, write_failure_record
 from zerotrain.runtime.job.metrics_endpoint import metrics_endpoint
-from zerotrain.runtime.job.out_of_memory import RankOutOfMemory, apply_memory_limit
+from zerotrain.runtime.job.out_of_memory import (
+    RankOutOfMemory,
+    apply_memory_limit,
+    at_limit,
+    before_training,
+    is_allocation_failure,
+)
 from zerotrain.runtime.job.preemption import EXIT_PREEMPTED, Preempted, Preemption, die_with_launcher, exit_preempted
 from zerotrain.runtime.job.rank_metrics import RankMetrics
 from zerotrain.runtime.job.spec_bindings import device_for
@@ -65,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="the ZeroTrainingJob manifest (YAML or JSON)")
     args = parser.parse_args(argv)
     die_with_launcher()
-    apply_memory_limit(os.environ)
+    limit = apply_memory_limit(os.environ)
     try:
         from zerotrain.manifest import load_job
 
@@ -91,6 +98,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             fail(f"SystemExit: {e.code}", e.code if isinstance(e.code, int) else 1)
         raise
     except Exception as e:
+        if (is_allocation_failure(e) or at_limit(limit)) and not isinstance(e, RankOutOfMemory):
+            e = RankOutOfMemory(before_training(e, int(os.environ.get("RANK", 0)), limit))
         kind, code, expected = classify(e)
         report_error(e, expected)
         fail(_failure_line(e), code, kind, e)
@@ -146,4 +155,6 @@ def exit_after(code: int) -> NoReturn:
 
 
 if __name__ == "__main__":
-    exit_after(main())
+    with local_files():  # the pod's own files (a Hugging Face config.json the plan reads)
+        code = main()
+    exit_after(code)

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from zerotrain.cli import main
-from zerotrain.hf_config import HF_ENTRYPOINT, activation_shape, model_size, read_config
+from zerotrain.hf_config import HF_ENTRYPOINT, activation_shape, local_files, model_size, read_config
 from zerotrain.peak import padded_elements
 from zerotrain.plan_inputs import declared_parameters, peak_input, plan_job
 from zerotrain.spec import ZeroTrainingJobSpec
@@ -88,7 +88,9 @@ def test_the_count_is_the_transformers_models(name: str, tmp_path: Path) -> None
     block = sum(p.numel() for p in layers[0].parameters())
     # The inline fields (the rest transformers' defaults) and config.json as save_pretrained writes it count alike.
     model.config.save_pretrained(tmp_path)
-    saved = read_config(str(tmp_path))
+    assert read_config(str(tmp_path)) is None  # outside local_files, as in the operator
+    with local_files():
+        saved = read_config(str(tmp_path))
     assert saved is not None
     for fields in (config, saved):
         size = model_size(fields)
@@ -138,7 +140,9 @@ def test_plan_f_prints_the_whole_peak_from_the_config_with_no_parameters_typed(
 
     # The units are the model's exactly: each decoder layer, and the root (embedding, final norm, untied head).
     spec = ZeroTrainingJobSpec.model_validate(yaml.safe_load(path.read_text())["spec"])
-    pi = peak_input(spec)
+    assert peak_input(spec) is None  # as the operator plans it: it reads no file a job names
+    with local_files():
+        pi = peak_input(spec)
     assert pi is not None
     block = sum(p.numel() for p in _layers(model)[0].parameters())
     assert pi.blocks == [padded_elements(block, 2)] * 3
@@ -197,3 +201,19 @@ def test_the_plan_imports_neither_torch_nor_transformers() -> None:
         "assert not {'torch', 'transformers'} & set(sys.modules), sorted({'torch', 'transformers'} & set(sys.modules))"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_operator_reads_no_config_a_job_names_and_the_cli_reads_the_user_s_own(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from zerotrain.operator.controller.admission import admit
+
+    # A directory the operator's own filesystem happens to hold: a job naming it must learn nothing of it.
+    (tmp_path / "probe").mkdir()
+    (tmp_path / "probe" / "config.json").write_text("not json: a secret")
+    path = _manifest(tmp_path, {"config": str(tmp_path / "probe"), "train": "data/train.bin"})
+    spec = yaml.safe_load(path.read_text())["spec"]
+    verdict = admit(spec, "hf")
+    assert verdict.admitted and "secret" not in verdict.message, verdict.message
+    assert main(["plan", "-f", str(path)]) == 2  # the user's own file, read by the command
+    assert "is not valid JSON" in capsys.readouterr().err
