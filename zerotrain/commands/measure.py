@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.text import Text
 
 from zerotrain.errors import UserError
-from zerotrain.manifest import load_job
+from zerotrain.local_paths import load_job
 from zerotrain.planner import format_bytes
 from zerotrain.spec import ZeroTrainingJobSpec
 
