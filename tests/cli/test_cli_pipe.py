@@ -1,10 +1,14 @@
-"""A reader that goes away (`zerotrain plan ... | head`) ends the command quietly, as SIGPIPE ends `cat`."""
+"""Output to a pipe: a reader that goes away (`zerotrain plan ... | head`) ends the command quietly, as SIGPIPE ends
+`cat`; a run read through a pipe (a log, CI, `| tee`) says each logged step as it happens."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from budget import budget
 
@@ -30,3 +34,27 @@ def test_each_checkpoint_action_describes_itself_not_its_parent() -> None:
         said[action] = " ".join(done.stdout.split())
     assert "List every checkpoint under a checkpoint root" in said["inspect"]
     assert "Write the newest complete checkpoint" in said["export"] and "List every" not in said["export"]
+
+
+@pytest.mark.slow
+def test_a_run_writing_to_a_pipe_says_each_logged_step_as_it_happens(tmp_path: Path) -> None:
+    argv = [sys.executable, "-P", "-m", "zerotrain.cli", "run", str(ROOT / "examples" / "quickstart.yaml")]
+    argv += ["--steps", "60", "--no-metrics", "--log-dir", str(tmp_path / "logs")]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
+    assert proc.stdout is not None
+    try:
+        seen = []
+        for line in proc.stdout:
+            seen.append(line)
+            if line.startswith("step 10/60: loss "):
+                assert proc.poll() is None, "the line came only once the run had ended"
+                break
+        else:
+            raise AssertionError("no progress line for step 10:\n" + "".join(seen))
+        rest = proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            proc.wait(timeout=budget(300))
+    assert proc.returncode == 0, rest
+    steps = [int(m) for m in re.findall(r"^step (\d+)/60: loss \d+\.\d+, lr \S+, [\d,.]+ tokens/s", rest, re.M)]
+    assert steps == [20, 30, 40, 50, 60], rest
