@@ -4,6 +4,7 @@ Helm commands rendered through tests/chart/chart_util.py, and the kinds of YAML 
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import os
 import re
@@ -90,14 +91,25 @@ def normalize_help(text: str) -> str:
 _dirs = itertools.count()
 
 
+@functools.cache
+def tracked_top_level() -> frozenset[str]:
+    """The repository's top-level entries git tracks (every existing one where git cannot say)."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return frozenset(p.name for p in ROOT.iterdir())
+    return frozenset(f.split("/")[0] for f in listed.decode().split("\0") if f)
+
+
 def scratch_dir(root: Path, name: str, uses: list[str]) -> Path:
     """A fresh working directory where the repository paths `uses` names (`examples/quickstart.yaml`) resolve:
-    a link to each top-level entry they start with."""
+    a link to each tracked top-level entry they start with. Never the user's own untracked files (a `runs/` the
+    llama-tiny README wrote at the root): the commands would read or write through them."""
     d = root / f"{name}-{next(_dirs)}"
     d.mkdir(parents=True)
     for word in uses:
         first = word.split("/")[0]
-        if first and (ROOT / first).exists() and not (d / first).exists():
+        if first in tracked_top_level() and not (d / first).exists():
             (d / first).symlink_to(ROOT / first)
     return d
 
