@@ -18,7 +18,9 @@ MIB = 1 << 20
 
 
 def quickstart(tmp_path: Path) -> dict[str, object]:
-    return yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())
+    doc = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())
+    doc["spec"]["training"]["steps"] = 100  # a third of the run: the heap has grown to its plateau by then (CI time)
+    return doc
 
 
 def hf_lora(tmp_path: Path) -> dict[str, object]:
@@ -81,7 +83,9 @@ def test_the_smallest_memory_the_plan_accepts_runs_and_less_is_refused_before_an
     summary = tmp_path / "summary.json"
     assert main(["run", str(fits), "--no-metrics", "--summary-file", str(summary)]) == 0, capsys.readouterr()
     capsys.readouterr()
-    ranks = json.loads(summary.read_text())["ranks"]
+    ran = json.loads(summary.read_text())
+    assert ran["outcome"] == "succeeded" and ran["exitCode"] == 0
+    ranks = ran["ranks"]
     share = smallest * MIB // doc["spec"]["nprocPerNode"]  # type: ignore[index]
     assert all(r["process_bytes"] <= share for r in ranks), (ranks, share)
 
@@ -90,7 +94,10 @@ def test_the_smallest_memory_the_plan_accepts_runs_and_less_is_refused_before_an
     refused = " ".join(capsys.readouterr().err.split())
     assert f"resources.memory: got '{int(smallest * 0.85)}Mi'" in refused
     assert f"set resources.memory to at least {smallest}Mi" in refused
-    assert main(["run", str(short), "--no-metrics"]) == 2
+    assert main(["run", str(short), "--no-metrics", "--summary-file", str(summary)]) == 2
     said = capsys.readouterr()
     assert " ".join(said.err.split()).count("resources.memory: got") == 1
     assert "logs:" not in said.out  # no rank started
+    ended = json.loads(summary.read_text())  # the summary file says how it ended, not the previous run's figures
+    assert ended["outcome"] == "invalid-config" and ended["exitCode"] == 2 and "ranks" not in ended
+    assert "resources.memory: got" in ended["message"]

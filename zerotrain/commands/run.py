@@ -30,8 +30,9 @@ from rich.text import Text
 
 from zerotrain.autostage import StageChoice, local_rank_memory, pod_memory_share, resolve_stage
 from zerotrain.commands.run_report import local_outcome, render_outcome, render_summary, throughput
-from zerotrain.errors import UserError
+from zerotrain.errors import EXIT_BAD_INPUT, UserError
 from zerotrain.local_paths import load_job
+from zerotrain.pod_contract import INVALID_CONFIG_OUTCOME
 from zerotrain.spec import ZeroTrainingJob
 
 KEEP_LOG_DIRS = 20
@@ -48,7 +49,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="save sharded checkpoints here every spec.checkpoint.intervalSteps and resume from the newest good "
         "one on the next run (default: no checkpoints)",
     )
-    p.add_argument("--summary-file", default=None, help="also write rank 0's JSON summary (losses, reports) here")
+    p.add_argument(
+        "--summary-file",
+        default=None,
+        help="also write the run's JSON summary here on every exit: how it ended (outcome, message, exitCode) "
+        "and, when it finished, rank 0's losses and per-rank reports",
+    )
     p.add_argument(
         "--metrics-port",
         type=int,
@@ -260,6 +266,14 @@ def default_log_dir(name: str, root: Path | None = None, keep: int = KEEP_LOG_DI
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except UserError as e:  # refused before any rank started: the summary file says so too
+        write_summary(args.summary_file, None, INVALID_CONFIG_OUTCOME, str(e), EXIT_BAD_INPUT)
+        raise
+
+
+def _run(args: argparse.Namespace) -> int:
     job, nproc = effective_job(args.manifest, args.nproc, args.steps, args.no_metrics, args.checkpoint_dir)
     job, choice = local_stage(job, nproc)
     admit_locally(args.manifest, job, nproc)
@@ -306,13 +320,22 @@ def run(args: argparse.Namespace) -> int:
         with scoped_environ(local_env):
             outcome, stopped = _train_with_progress(job, config, nproc, progress_file, console, log_dir, watch)
         summary = json.loads(summary_file.read_text()) if summary_file.exists() else None
-    if summary is not None and args.summary_file:
-        Path(args.summary_file).write_text(json.dumps(summary, indent=2) + "\n")
     if summary is not None:
         render_summary(summary, console)
     outcome = local_outcome(outcome, stopped, job.spec.training.steps)
+    write_summary(args.summary_file, summary, outcome.reason.value, outcome.summary(), int(outcome.exit_code))
     render_outcome(outcome, console)
     return int(outcome.exit_code)
+
+
+def write_summary(path: str | None, summary: dict[str, Any] | None, outcome: str, message: str, code: int) -> None:
+    """--summary-file, on every exit: rank 0's summary when it wrote one (the run finished), and always how the
+    run ended (`outcome`: succeeded, rank-failed, preempted, interrupted or invalid-config; its message; the exit
+    status), so a script reading it never finds a stale file or none."""
+    if path is None:
+        return
+    ended = {"outcome": outcome, "message": message, "exitCode": code}
+    Path(path).write_text(json.dumps({**(summary or {}), **ended}, indent=2) + "\n")
 
 
 def _train_with_progress(
