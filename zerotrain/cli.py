@@ -22,10 +22,27 @@ from zerotrain.hf_config import local_files
 COMMANDS = [plan, validate, crd, operator_command, run, checkpoint, data]
 
 
+class DefaultsFormatter(argparse.RawDescriptionHelpFormatter):
+    """Each option's help ends with its default, where it has one worth saying and its help does not say it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        quiet = action.default in (None, False, argparse.SUPPRESS) or "default" in text or not action.option_strings
+        return text if quiet else f"{text} (default: %(default)s)"
+
+
+class Parser(argparse.ArgumentParser):
+    """Every zerotrain parser: the descriptions as written, and the options' defaults in --help."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs.setdefault("formatter_class", DefaultsFormatter)
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="zerotrain", description="ZeRO training on Kubernetes and locally.")
+    parser = Parser(prog="zerotrain", description="ZeRO training on Kubernetes and locally.")
     parser.add_argument("--version", action="version", version=f"zerotrain {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     for module in COMMANDS:
         module.register(sub)
     return parser
@@ -36,7 +53,11 @@ EXIT_CLOSED_PIPE = 128 + signal.SIGPIPE
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:  # bare `zerotrain`: what it can do, not an error
+        parser.print_help()
+        return 0
     try:
         # The operator plans only from what manifests carry; every other command reads the user's own files.
         with nullcontext() if args.func is operator_command.run else local_files():

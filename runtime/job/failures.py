@@ -177,6 +177,11 @@ def exit_code(failure: Any) -> int:
 def how(failure: Any) -> str:
     if failure.exitcode > 0:
         return f"exited with status {failure.exitcode}"
+    if -failure.exitcode == signal.SIGKILL:  # no rank sends it: the kernel's OOM killer, or someone's kill -9
+        return (
+            "was killed by SIGKILL from outside (most often the kernel's OOM killer: its memory limit ran out; "
+            "`zerotrain plan -f JOB` shows the resources.memory that holds it)"
+        )
     return f"was killed by {failure.signal_name()}"
 
 

@@ -71,7 +71,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     i.set_defaults(func=inspect)
     e = actions.add_parser("export", help="export the model of a checkpoint", description=EXPORT)
     e.add_argument("dir", help="a checkpoint root (its newest complete checkpoint is used) or one step-* directory")
-    e.add_argument("--format", choices=[f.value for f in ExportFormat], default=ExportFormat.SAFETENSORS.value)
+    e.add_argument(
+        "--format",
+        choices=[f.value for f in ExportFormat],
+        default=ExportFormat.SAFETENSORS.value,
+        help="safetensors: one file of the weights; dcp: a torch.distributed.checkpoint directory; huggingface: a "
+        "directory from_pretrained loads; peft: a LoRA job's adapters as PEFT saves them",
+    )
     e.add_argument(
         "--out", required=True, help="the .safetensors file, the DCP directory, or the (empty) Hugging Face directory"
     )
@@ -120,9 +126,8 @@ def table(rows: list[dict[str, Any]]) -> Rows:
     t = Rows("checkpoints", columns, left=frozenset({"checkpoint", "complete"}))
     for r in rows:
         sizes = list(r["bytes_per_rank"].values())
-        spread = format_bytes(min(sizes)) if sizes and min(sizes) == max(sizes) else "-"
-        if sizes and min(sizes) != max(sizes):
-            spread = f"{format_bytes(min(sizes))}-{format_bytes(max(sizes))}"
+        low, high = (format_bytes(min(sizes)), format_bytes(max(sizes))) if sizes else ("-", "-")
+        spread = low if low == high else f"{low}-{high}"  # a range only where it reads as one
         verdict = "yes (verified)" if r["complete"] else f"no: {r.get('problem', '')}"
         cells = [Path(r["path"]).name, r.get("step"), r.get("samples") or "-", r.get("world_size", "-")]
         cells += [r.get("stage", "-"), f"{len(sizes)} × {spread}", verdict]

@@ -33,7 +33,7 @@ from zerotrain.commands.run_report import local_outcome, render_outcome, render_
 from zerotrain.errors import EXIT_BAD_INPUT, UserError
 from zerotrain.local_paths import load_job
 from zerotrain.pod_contract import INVALID_CONFIG_OUTCOME
-from zerotrain.spec import ZeroTrainingJob
+from zerotrain.spec import LrDecay, ZeroTrainingJob
 
 KEEP_LOG_DIRS = 20
 
@@ -42,7 +42,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="train a ZeroTrainingJob manifest locally", description=__doc__)
     p.add_argument("manifest", help="path of the ZeroTrainingJob YAML")
     p.add_argument("--nproc", type=int, default=None, help="ranks to start (default spec.replicas × nprocPerNode)")
-    p.add_argument("--steps", type=int, default=None, help="optimizer steps (default spec.training.steps)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="optimizer steps (default: spec.training.steps); a learning-rate schedule without decaySteps decays "
+        "over these steps instead, which the run says in a line",
+    )
     p.add_argument(
         "--checkpoint-dir",
         default=None,
@@ -172,6 +178,21 @@ def admit_locally(manifest: str, job: ZeroTrainingJob, nproc: int) -> None:
     admitted(manifest, raw, str(job.metadata.get("name") or ""))
 
 
+def steps_note(manifest_steps: int, job: ZeroTrainingJob) -> str | None:
+    """What --steps does to a learning-rate schedule that decays over the run (no decaySteps): it decays over the
+    new number of steps, so the run is not the first steps of the manifest's run."""
+    schedule, steps = job.spec.training.lr_schedule, job.spec.training.steps
+    if schedule is None or schedule.decay_steps is not None or schedule.decay is LrDecay.CONSTANT:
+        return None
+    if steps == manifest_steps:
+        return None
+    first = schedule.warmup_steps + 1
+    return (
+        f"--steps {steps}: the learning rate decays ({schedule.decay.value}) over steps {first}-{steps}, not the "
+        f"manifest's {first}-{manifest_steps}; set spec.training.lrSchedule.decaySteps to keep the manifest's schedule"
+    )
+
+
 def effective_job(
     path: str, nproc: int | None, steps: int | None, no_metrics: bool = False, checkpoint_dir: str | None = None
 ) -> tuple[ZeroTrainingJob, int]:
@@ -275,6 +296,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     job, nproc = effective_job(args.manifest, args.nproc, args.steps, args.no_metrics, args.checkpoint_dir)
+    note = steps_note(load_job(args.manifest).spec.training.steps, job) if args.steps is not None else None
     job, choice = local_stage(job, nproc)
     admit_locally(args.manifest, job, nproc)
     # Imported here so `zerotrain --help` and the other subcommands don't pay for torch.
@@ -305,6 +327,8 @@ def _run(args: argparse.Namespace) -> int:
         log_dir = Path(args.log_dir) if args.log_dir else default_log_dir(name)
         if choice is not None:
             console.print(Text(f"stage auto chose {choice.message}"), soft_wrap=True)
+        if note is not None:
+            console.print(Text(note), soft_wrap=True)
         console.print(Text(f"logs: {log_dir.resolve()}"), soft_wrap=True)
         # Local runs are CPU ranks on gloo even on a GPU machine: N ranks could not share one GPU under NCCL.
         local_env = {e.name: e.value for e in job.spec.env}  # spec.env, as the pods get it

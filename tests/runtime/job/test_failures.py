@@ -18,6 +18,11 @@ WATCHDOG = (
     "terminate called after throwing an instance of 'c10::DistBackendError'\n"
 )
 
+SIGKILL_SAID = (
+    "it was killed by SIGKILL from outside (most often the kernel's OOM killer: its memory limit ran out; "
+    "`zerotrain plan -f JOB` shows the resources.memory that holds it)"
+)
+
 
 def _rank(tmp: Path, rank: int, exitcode: int, stderr: str | None) -> ProcessFailure:
     """A rank that recorded no error file (killed or aborted), with its output captured where the launcher puts it."""
@@ -35,7 +40,7 @@ def test_a_watchdog_abort_is_a_timeout_and_the_killed_peer_the_root_cause(tmp_pa
     assert logs == {r: tmp_path / "quickstart_ab12" / "attempt_0" / str(r) for r in (0, 1)}
     assert nccl_watchdog_abort(aborted, logs[0])
     out = outcome_of_failures(failures, logs)
-    assert out.message == "rank 1 failed first: it was killed by SIGKILL", out
+    assert out.message == "rank 1 failed first: " + SIGKILL_SAID, out
     assert out.details == ("rank 0 stopped: a collective timed out waiting for its peers (NCCL's watchdog aborted it)",)
     assert outcome_of_failures(failures).message == "rank 0 failed first: it was killed by SIGABRT"  # logs unread
 

@@ -31,6 +31,11 @@ from zerotrain.runtime.job.preemption import EXIT_PREEMPTED
 from zerotrain.runtime.job.task import ConfigError
 from zerotrain.spec import ZeroTrainingJobSpec
 
+SIGKILL_SAID = (
+    "it was killed by SIGKILL from outside (most often the kernel's OOM killer: its memory limit ran out; "
+    "`zerotrain plan -f JOB` shows the resources.memory that holds it)"
+)
+
 
 def spec(replicas: int = 2, nproc: int = 1, **extra: Any) -> ZeroTrainingJobSpec:
     return ZeroTrainingJobSpec.model_validate(
@@ -122,9 +127,9 @@ def test_an_exit_status_beats_a_kill_by_the_launcher(tmp_path: Path) -> None:
 def test_a_rank_killed_from_outside_beats_the_peer_that_lost_it(tmp_path: Path) -> None:
     lost = failure(0, 1, tmp_path, 1000.5, kind="peer-lost")
     out = outcome_of_failures({0: lost, 1: failure(1, -9, tmp_path)})
-    assert (out.exit_code, out.message) == (137, "rank 1 failed first: it was killed by SIGKILL")
+    assert (out.exit_code, out.message) == (137, "rank 1 failed first: " + SIGKILL_SAID)
     assert out.details == ("rank 0 stopped: its peer was gone",)
-    assert out.summary() == "rank 1 failed first: it was killed by SIGKILL; rank 0 stopped: its peer was gone"
+    assert out.summary() == "rank 1 failed first: " + SIGKILL_SAID + "; rank 0 stopped: its peer was gone"
 
 
 def test_the_earliest_recorded_failure_is_the_root_cause(tmp_path: Path) -> None:
