@@ -147,15 +147,18 @@ def more_pods(spec: ZeroTrainingJobSpec) -> str:
 
 
 def below_baseline(spec: ZeroTrainingJobSpec) -> str | None:
-    """The refusal of a pod whose ranks' shares cannot hold even their processes (before the stage is known)."""
+    """The refusal of a pod whose ranks' shares cannot hold even their processes with the headroom, before the
+    stage is known (nothing would be left for a tensor, so stage auto could not choose)."""
     s = share(spec)
     base = baseline_bytes(spec)
-    if s is None or s > base:
+    with_headroom = math.ceil(base / (1 - DEFAULT_HEADROOM))
+    if s is None or s > with_headroom:
         return None
-    floor = mebibytes(spec.nproc_per_node * base)
+    floor = mebibytes(spec.nproc_per_node * with_headroom + 1)
     return (
         f"resources.memory: got {spec.resources.memory!r}; each of a pod's {spec.nproc_per_node} rank(s) has "
-        f"{format_bytes(s)} of it, less than the {format_bytes(base)} a rank process holds before its first tensor "
-        f"({PROCESS_WORDS[process_kind(spec)]}; docs/memory.md); set resources.memory to more than {floor} "
+        f"{format_bytes(s)} of it, no more than the {format_bytes(base)} a rank process holds before its first "
+        f"tensor ({PROCESS_WORDS[process_kind(spec)]}; docs/memory.md) with {DEFAULT_HEADROOM:.0%} headroom, "
+        f"{format_bytes(with_headroom)}; set resources.memory to more than {floor} "
         "(`zerotrain plan -f JOB` shows the smallest that holds the tensors too)"
     )

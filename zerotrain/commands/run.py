@@ -159,7 +159,12 @@ class PortWatch(threading.Thread):
 
 
 def local_stage(job: ZeroTrainingJob, nproc: int) -> tuple[ZeroTrainingJob, StageChoice | None]:
-    """The job with `stage: auto` chosen against this machine's ranks (`autostage.local_rank_memory`)."""
+    """The job with `stage: auto` chosen against this machine's ranks (`autostage.local_rank_memory`); a share
+    the rank process fills by itself is refused first, as admission refuses it (nothing is left to choose with)."""
+    from zerotrain.host_plan import below_baseline
+
+    if (refusal := below_baseline(job.spec)) is not None:
+        raise UserError(refusal)
     try:
         spec, choice = resolve_stage(job.spec, device_memory=local_rank_memory(job.spec, nproc))
     except ValueError as e:
