@@ -28,9 +28,12 @@ PATH_ARGS: dict[str, tuple[str, ...]] = {HF_ENTRYPOINT: ("config", "train", "eva
 """The built-in entry points' arguments that name files or directories (train and eval may be globs)."""
 
 
-def resolve(spec: Mapping[str, Any], manifest: str | Path, cwd: Path | None = None) -> dict[str, Any]:
-    """`spec` (a manifest's raw spec mapping) with its relative paths made absolute (see the module)."""
-    where = (Path(manifest).resolve().parent, (cwd or Path.cwd()).resolve())
+def resolve(
+    spec: Mapping[str, Any], manifest: str | Path, cwd: Path | None = None, strict: bool = True
+) -> dict[str, Any]:
+    """`spec` (a manifest's raw spec mapping) with its relative paths made absolute (see the module). Not `strict`
+    (`validate --no-import`, which checks only what the manifest carries): a path found nowhere stays as written."""
+    where = (Path(manifest).resolve().parent, (cwd or Path.cwd()).resolve(), strict)
     out = dict(spec)
     claimed = _claimed_roots(spec)
     args = spec.get("entrypointArgs")
@@ -57,13 +60,13 @@ def _claimed_roots(spec: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(roots)
 
 
-def _resolve_field(section: Mapping[str, Any], field: str, where: tuple[Path, Path]) -> dict[str, Any]:
+def _resolve_field(section: Mapping[str, Any], field: str, where: tuple[Path, Path, bool]) -> dict[str, Any]:
     if section.get("claimName") or not isinstance(section.get("path"), str):
         return dict(section)
     return {**section, "path": _resolve_one(section["path"], f"{field}.path", where)}
 
 
-def _resolve_value(value: object, field: str, where: tuple[Path, Path], claimed: tuple[str, ...]) -> object:
+def _resolve_value(value: object, field: str, where: tuple[Path, Path, bool], claimed: tuple[str, ...]) -> object:
     if isinstance(value, str):
         on_claim = any(value == r or value.startswith(r.rstrip("/") + "/") for r in claimed)
         return value if on_claim else _resolve_one(value, field, where)
@@ -72,14 +75,16 @@ def _resolve_value(value: object, field: str, where: tuple[Path, Path], claimed:
     return value  # inline (a config's fields) or a type the entry point refuses itself
 
 
-def _resolve_one(value: str, field: str, where: tuple[Path, Path]) -> str:
+def _resolve_one(value: str, field: str, where: tuple[Path, Path, bool]) -> str:
     path = Path(value).expanduser()
     if path.is_absolute() or not value:
         return value
-    for base in where:
+    for base in where[:2]:
         candidate = base / path
         if (glob.has_magic(value) and glob.glob(str(candidate))) or candidate.exists():
             return str(candidate)
+    if not where[2]:
+        return value
     places = (
         f"in the manifest's directory {where[0]}"
         if where[0] == where[1]
@@ -95,13 +100,13 @@ def _refuse(field: str, value: str, said: str) -> str:
     )
 
 
-def load_document(manifest: str | Path) -> dict[str, Any]:
+def load_document(manifest: str | Path, strict: bool = True) -> dict[str, Any]:
     """The manifest's single ZeroTrainingJob document with its spec's relative paths resolved (unvalidated)."""
     from zerotrain.manifest import load_job_document
 
     doc = load_job_document(manifest)
     spec = doc.get("spec")
-    return {**doc, "spec": resolve(spec, manifest)} if isinstance(spec, Mapping) else doc
+    return {**doc, "spec": resolve(spec, manifest, strict=strict)} if isinstance(spec, Mapping) else doc
 
 
 def load_job(manifest: str | Path) -> ZeroTrainingJob:

@@ -55,6 +55,9 @@ def test_a_path_found_nowhere_is_refused_naming_both_places(tmp_path: Path) -> N
     with pytest.raises(UserError) as e:
         resolve(hf_spec(config="tiny-qwen2"), job / "ft.yaml", cwd)
     said = str(e.value)
+    assert resolve(hf_spec(config="tiny-qwen2"), job / "ft.yaml", cwd, strict=False)["entrypointArgs"]["config"] == (
+        "tiny-qwen2"  # validate --no-import: only what the manifest carries
+    )
     assert said.startswith("spec.entrypointArgs.config: got 'tiny-qwen2', but found it neither beside the manifest")
     assert str(job) in said and str(cwd) in said and "relative to the manifest or absolute" in said
 

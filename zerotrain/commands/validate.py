@@ -182,7 +182,7 @@ def admitted(
 
 
 def run(args: argparse.Namespace) -> int:
-    doc = load_document(args.manifest)
+    doc = load_document(args.manifest, strict=not args.no_import)
     job = parse_job(doc, source=args.manifest)  # the field-by-field errors first
     name = str(job.metadata.get("name") or "")
     local_only = job.spec.image is None  # run needs none; the operator's other checks still apply
