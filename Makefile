@@ -38,7 +38,7 @@ demo: $(STAMP)
 # .ci/run took 610 s in all, pytest 520 s, against pytest 977 s on two workers (CPU 135% either way).
 # `.venv/bin/pytest FILE` alone runs serially as before.
 test: lint $(STAMP) system-deps
-	$(BIN)/pytest -n 3 --dist loadfile
+	$(BIN)/pytest -n 3 --dist loadfile --durations=25
 
 # The inner loop, under 3 min on 2 cores: ruff, every test not marked slow but the runs of the docs' and benches'
 # commands, and one multi-process test (stages 0-3 on 2 gloo ranks against AdamW, marked smoke). CI runs `make test`.
