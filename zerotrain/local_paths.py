@@ -109,8 +109,9 @@ def load_document(manifest: str | Path, strict: bool = True) -> dict[str, Any]:
     return {**doc, "spec": resolve(spec, manifest, strict=strict)} if isinstance(spec, Mapping) else doc
 
 
-def load_job(manifest: str | Path) -> ZeroTrainingJob:
-    """`manifest.load_job` for the `zerotrain` command: its relative paths resolved (see the module)."""
+def load_job(manifest: str | Path, strict: bool = True) -> ZeroTrainingJob:
+    """`manifest.load_job` for the `zerotrain` command: its relative paths resolved (see the module); not `strict`
+    where the command reads none of the job's files but perhaps its config (`plan -f`)."""
     from zerotrain.manifest import parse_job
 
-    return parse_job(load_document(manifest), source=str(manifest))
+    return parse_job(load_document(manifest, strict), source=str(manifest))

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from zerotrain.errors import UserError
 from zerotrain.lr_schedule import learning_rate, lr_factor
@@ -73,8 +74,12 @@ def test_a_steps_override_inside_the_warm_up_is_refused_before_any_rank_starts(
 ) -> None:
     from zerotrain.cli import main
 
-    manifest = Path(__file__).resolve().parents[2] / "examples" / "llama-tiny" / "job.yaml"
-    assert main(["run", str(manifest), "--steps", "3", "--log-dir", str(tmp_path)]) == 2
+    doc = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "llama-tiny" / "job.yaml").read_text())
+    doc["spec"]["entrypointArgs"] = {"config": {"model_type": "llama"}}  # its schedule, not its files
+    manifest = tmp_path / "job.yaml"
+    manifest.write_text(yaml.safe_dump(doc))
+    logs = tmp_path / "logs"
+    assert main(["run", str(manifest), "--steps", "3", "--log-dir", str(logs)]) == 2
     said = capsys.readouterr().err
     assert "--steps: got 3, fewer than spec.training.lrSchedule.warmupSteps (30)" in " ".join(said.split())
-    assert not any(tmp_path.iterdir())  # nothing started
+    assert not logs.exists()  # nothing started
