@@ -1,7 +1,7 @@
-"""`python -m zerotrain.operator`: the same as `zerotrain operator`."""
+"""`python -m zerotrain.operator`: the same as `zerotrain operator` (errors print as the command's do)."""
 
 import sys
 
-from zerotrain.commands.operator import main
+from zerotrain.cli import main
 
-sys.exit(main())
+sys.exit(main(["operator", *sys.argv[1:]]))

@@ -6,7 +6,6 @@ import argparse
 import os
 import sys
 import traceback
-from collections.abc import Sequence
 
 from zerotrain.errors import UserError
 
@@ -62,10 +61,3 @@ def run(args: argparse.Namespace) -> int:
         if args.debug or os.environ.get(DEBUG_ENV) == "1":
             traceback.print_exception(e, file=sys.stderr)
         raise
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `python -m zerotrain.operator` (errors print like the CLI's)."""
-    from zerotrain.cli import main as cli_main
-
-    return cli_main(["operator", *(argv if argv is not None else sys.argv[1:])])

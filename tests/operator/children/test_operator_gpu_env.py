@@ -20,7 +20,7 @@ from zerotrain.operator.children import builders, pod_template
 from zerotrain.operator.children.builders import JobRef
 from zerotrain.operator.controller.admission import admit
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 JOB = JobRef("llm", "team-a", "uid-1")
 GPU = {"nprocPerNode": 2, "resources": {"gpu": 2}}
 
