@@ -32,6 +32,13 @@ PROCESS_WORDS = {
 }
 
 
+def process_words(spec: ZeroTrainingJobSpec) -> str:
+    """What the rank process holds besides its tensors, in words: GPU ranks' process group is NCCL's (its host
+    side; its device buffers are in the device headroom), CPU ranks' gloo's."""
+    words = PROCESS_WORDS[process_kind(spec)]
+    return words.replace("gloo", "NCCL") if spec.resources.gpu > 0 else words
+
+
 class HostPlan(SpecModel):
     """One rank's host memory at its most (bytes), and the smallest pod memory that holds its ranks."""
 
@@ -86,7 +93,7 @@ def mebibytes(n: int) -> str:
 
 def what_it_holds(spec: ZeroTrainingJobSpec, plan: HostPlan) -> str:
     """The rank's figure and its parts, in words."""
-    parts = [f"{format_bytes(plan.baseline)} the process itself ({PROCESS_WORDS[process_kind(spec)]})"]
+    parts = [f"{format_bytes(plan.baseline)} the process itself ({process_words(spec)})"]
     if plan.training and plan.training >= plan.start_up:
         parts.append(f"{format_bytes(plan.training)} at its training peak at stage {spec.zero.fixed_stage.value}")
     elif plan.start_up:
@@ -127,7 +134,7 @@ def refusal(spec: ZeroTrainingJobSpec, plan: HostPlan) -> str | None:
         return (
             f"resources.memory: got {limit!r}; each of a pod's {spec.nproc_per_node} rank(s) has "
             f"{format_bytes(s)} of it, less than the {format_bytes(plan.baseline)} a rank process holds before "
-            f"its first tensor ({PROCESS_WORDS[process_kind(spec)]}; docs/memory.md); {fix}"
+            f"its first tensor ({process_words(spec)}; docs/memory.md); {fix}"
         )
     return (
         f"resources.memory: got {limit!r}; each rank needs {what_it_holds(spec, plan)}, with "
@@ -158,7 +165,7 @@ def below_baseline(spec: ZeroTrainingJobSpec) -> str | None:
     return (
         f"resources.memory: got {spec.resources.memory!r}; each of a pod's {spec.nproc_per_node} rank(s) has "
         f"{format_bytes(s)} of it, no more than the {format_bytes(base)} a rank process holds before its first "
-        f"tensor ({PROCESS_WORDS[process_kind(spec)]}; docs/memory.md) with {DEFAULT_HEADROOM:.0%} headroom, "
+        f"tensor ({process_words(spec)}; docs/memory.md) with {DEFAULT_HEADROOM:.0%} headroom, "
         f"{format_bytes(with_headroom)}; set resources.memory to more than {floor} "
         "(`zerotrain plan -f JOB` shows the smallest that holds the tensors too)"
     )
