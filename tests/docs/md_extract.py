@@ -1,6 +1,8 @@
 """What the docs say, pulled out of the Markdown: fenced code blocks with their language and where they start, the
 commands of shell and console blocks (with the output a console block shows), the prose outside code blocks, the
-relative links and path-like words, the headings' GitHub anchors and the metric names they mention.
+relative links and path-like words, the headings' GitHub anchors and the metric names they mention. The Markdown
+itself is parsed by markdown-it-py (CommonMark); what is ours is what the docs' words mean: commands and their
+output, paths, metric names.
 
 Every test in tests/docs reads README.md and docs/*.md through here, so a doc that drifts fails a test naming
 the file and the line.
@@ -8,10 +10,15 @@ the file and the line.
 
 from __future__ import annotations
 
+import itertools
 import re
 import shlex
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from markdown_it import MarkdownIt
+from markdown_it.token import Token
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,6 +36,9 @@ def rel(path: Path, root: Path = ROOT) -> str:
 
 
 FENCE = re.compile(r"^(?P<indent> *)(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
+# CommonMark, as markdown-it-py parses it (GitHub's Markdown is CommonMark plus tables and autolinks, which change
+# no fence, link, code span or heading the tests read).
+_MD = MarkdownIt("commonmark")
 
 
 @dataclass(frozen=True)
@@ -46,43 +56,50 @@ class Block:
         return f"{rel(self.path)}:{self.line}"
 
 
-def _scan(text: str) -> tuple[list[tuple[int, str, list[str]]], list[str]]:
-    """(opening line, language, body lines) of every fenced block, and the text's lines with code blocks blanked
-    (so line numbers of the prose stay those of the file)."""
-    found: list[tuple[int, str, list[str]]] = []
-    prose: list[str] = []
-    open_at: tuple[int, str, str, list[str]] | None = None  # line, fence, lang, body
-    for i, line in enumerate(text.splitlines(), start=1):
-        m = FENCE.match(line)
-        if open_at is None:
-            if m:
-                info = m["info"].strip()
-                open_at = (i, m["fence"], info.split()[0] if info else "", [])
-                prose.append("")
-            else:
-                prose.append(line)
-            continue
-        start, fence, lang, body = open_at
-        if m and m["fence"][0] == fence[0] and len(m["fence"]) >= len(fence) and not m["info"].strip():
-            found.append((start, lang, body))
-            open_at = None
-        else:
-            body.append(line)
-        prose.append("")
-    if open_at is not None:
-        raise ValueError(f"line {open_at[0]}: a code fence is never closed")
-    return found, prose
+def _tokens(text: str) -> list[Token]:
+    """The document's block tokens; ValueError on a fence never closed (CommonMark runs it to the end)."""
+    tokens = _MD.parse(text)
+    lines = text.splitlines()
+    for t in tokens:
+        if t.type == "fence" and t.map is not None:
+            last = lines[t.map[1] - 1] if t.map[1] - 1 > t.map[0] else ""
+            m = FENCE.match(last)
+            if not (m and m["fence"][0] == t.markup[0] and not m["info"].strip()):
+                raise ValueError(f"line {t.map[0] + 1}: a code fence is never closed")
+    return tokens
+
+
+def _code_lines(tokens: list[Token]) -> set[int]:
+    """0-based lines of fenced and indented code blocks."""
+    return {n for t in tokens if t.type in ("fence", "code_block") and t.map for n in range(*t.map)}
 
 
 def blocks(path: Path) -> list[Block]:
-    found, _ = _scan(path.read_text())
-    return [Block(path, line, lang, "\n".join(body) + "\n") for line, lang, body in found]
+    out = []
+    for t in _tokens(path.read_text()):
+        if t.type == "fence" and t.map is not None:
+            info = t.info.strip()
+            out.append(Block(path, t.map[0] + 1, info.split()[0] if info else "", t.content or "\n"))
+    return out
 
 
 def prose_lines(path: Path) -> list[tuple[int, str]]:
-    """(line number, text) of every line outside fenced code blocks."""
-    _, prose = _scan(path.read_text())
-    return [(i, line) for i, line in enumerate(prose, start=1) if line]
+    """(line number, text) of every line outside code blocks."""
+    text = path.read_text()
+    code = _code_lines(_tokens(text))
+    return [(i + 1, line) for i, line in enumerate(text.splitlines()) if line and i not in code]
+
+
+def _inline(path: Path) -> Iterator[tuple[int, Token]]:
+    """(1-based line, token) of every inline token of the document's prose: text, code spans, links, images."""
+    for block in _tokens(path.read_text()):
+        if block.type != "inline" or block.map is None or block.children is None:
+            continue
+        line = block.map[0] + 1
+        for child in block.children:
+            if child.type in ("softbreak", "hardbreak"):
+                line += 1
+            yield line, child
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -241,8 +258,6 @@ def shown_matches(shown: list[str] | tuple[str, ...], actual: str) -> str | None
 # Links, paths and anchors
 
 
-LINK = re.compile(r"!?\[(?P<text>[^\]]*)\]\((?P<target>[^)\s]+)(?:\s+\"[^\"]*\")?\)")
-CODE_SPAN = re.compile(r"(?<!`)`(?P<code>[^`\n]+)`(?!`)")
 URL = re.compile(r"\b[a-z][a-z0-9+.-]*://\S+")
 FILE_EXT = re.compile(r"\.(md|py|ya?ml|json|sh|txt|toml|tpl|cfg|ini|png|svg|jpe?g|csv)$")
 
@@ -263,11 +278,13 @@ class Ref:
 
 
 def links(path: Path) -> list[Ref]:
-    """Every Markdown link and image outside code blocks and code spans."""
+    """Every Markdown link and image of the prose (not in code blocks or code spans)."""
     out = []
-    for n, line in prose_lines(path):
-        for m in LINK.finditer(CODE_SPAN.sub(" ", line)):
-            out.append(Ref(path, n, m["target"], "link"))
+    for line, t in _inline(path):
+        if t.type == "link_open":
+            out.append(Ref(path, line, str(t.attrGet("href")), "link"))
+        elif t.type == "image":
+            out.append(Ref(path, line, str(t.attrGet("src")), "link"))
     return out
 
 
@@ -304,30 +321,30 @@ def looks_like_path(word: str, top: set[str]) -> bool:
 
 
 def path_words(path: Path, top: set[str] | None = None) -> list[Ref]:
-    """Path-like words of code spans and of the prose outside links, URLs and code."""
+    """Path-like words of code spans, and of the prose's text (link texts included, their targets, URLs and code
+    not)."""
     top = top_level_entries() if top is None else top
     out = []
-    for n, line in prose_lines(path):
-        for m in CODE_SPAN.finditer(line):
-            for w in m["code"].split():
+    for n, t in _inline(path):
+        if t.type == "code_inline":
+            for w in t.content.split():
                 w = w.rstrip(".,;:")
                 if looks_like_path(w, top):
                     out.append(Ref(path, n, w, "code"))
-        rest = URL.sub(" ", LINK.sub(lambda m: " " + m["text"] + " ", CODE_SPAN.sub(" ", line)))
-        for w in re.findall(r"[\w./*-]+", rest):
-            w = w.rstrip(".,;:*")
-            if "/" in w and looks_like_path(w, top):
-                out.append(Ref(path, n, w, "prose"))
+        elif t.type == "text":
+            for w in re.findall(r"[\w./*-]+", URL.sub(" ", t.content)):
+                w = w.rstrip(".,;:*")
+                if "/" in w and looks_like_path(w, top):
+                    out.append(Ref(path, n, w, "prose"))
     return out
 
 
 def github_slug(heading: str) -> str:
-    """The anchor GitHub gives a heading: its text without markup, lowercased, punctuation other than `-` and
-    `_` removed, spaces turned into `-` (github-slugger)."""
-    text = LINK.sub(lambda m: m["text"], heading)
-    text = re.sub(r"<[^>]+>", "", text)
-    text = text.replace("`", "").replace("*", "")
-    text = re.sub(r"(?<!\w)_+|_+(?!\w)", "", text)  # _emphasis_ markers, not snake_case
+    """The anchor GitHub gives a heading: its text without markup (links' texts, code spans' contents, no
+    emphasis markers or HTML), lowercased, punctuation other than `-` and `_` removed, spaces turned into `-`
+    (github-slugger)."""
+    (inline,) = _MD.parseInline(heading)
+    text = "".join(c.content for c in inline.children or [] if c.type in ("text", "code_inline"))
     return re.sub(r"[^\w\- ]", "", text.lower()).replace(" ", "-")
 
 
@@ -335,11 +352,11 @@ def anchors(path: Path) -> set[str]:
     """Every heading's anchor, with GitHub's -1, -2 ... for repeats."""
     seen: dict[str, int] = {}
     out = set()
-    for _, line in prose_lines(path):
-        m = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
-        if not m:
+    tokens = _tokens(path.read_text())
+    for heading, inline in itertools.pairwise(tokens):
+        if heading.type != "heading_open":
             continue
-        slug = github_slug(m[1])
+        slug = github_slug(inline.content)
         count = seen.get(slug, 0)
         seen[slug] = count + 1
         out.add(slug if count == 0 else f"{slug}-{count}")
