@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from zerotrain.job_status import Phase, RankCounts, Resize, ZeroTrainingJobStatus
-from zerotrain.operator.controller import pass_facts, resize, startup
+from zerotrain.operator.controller import pass_facts, pod_start, resize
 from zerotrain.operator.controller.conditions import (
     ConditionType,
     Reason,
@@ -208,7 +208,7 @@ def _judge(
     shrunk = resize.shrink(spec, sizing, current, now) if sizing is not None else None
     if isinstance(shrunk, resize.ResizeStep):
         return _resized(d, current, shrunk, now)
-    if (delay := startup.report(spec, st, current, now, shrunk.why if shrunk else "")) is not None:
+    if (delay := pod_start.report(spec, st, current, now, shrunk.why if shrunk else "")) is not None:
         d.requeue_after = delay
     if all(p.phase in (PodPhase.RUNNING, PodPhase.SUCCEEDED) for p in current):
         st.phase = Phase.RUNNING

@@ -160,14 +160,18 @@ class ZeroEngine:
         self.scaler = LossScaler(config.loss_scale, enabled=config.precision is Precision.FP16)
         self._prefetcher = Prefetcher(self.units, config.prefetch_units)
         checks = self.world_size > 1 and config.divergence_check is not DivergenceCheck.OFF
-        self.order_check = OrderCheck(self.comm, [u.name for u in self.units], check_device) if checks else None
+        self._order_check = OrderCheck(self.comm, [u.name for u in self.units], check_device) if checks else None
         self._check_passes = config.divergence_check is DivergenceCheck.EVERY_PASS
         # Stage 3's backward gathers follow its forward: a divergent forward must be caught before backward.
         self._check_forward = self._check_passes or self._prefetcher.active
         self._forward_check: PendingCheck | None = None
         shards = self._ctx.policy.optimizer
         self.control = control.StepControl(
-            self.comm, self.order_check, config.gradient_accumulation_steps, shards, self.world_size // self.shard_ranks
+            self.comm,
+            self._order_check,
+            config.gradient_accumulation_steps,
+            shards,
+            self.world_size // self.shard_ranks,
         )
         self._forward_order: list[int] = []
         self._schedule = ReductionSchedule([u.index for u in self.units if not u.layout.frozen], self._reduce)
@@ -179,7 +183,6 @@ class ZeroEngine:
         self._stepped_at = -1  # micro_steps at the last step: a boundary is stepped once
         self.samples_per_micro_batch = samples_per_rank_batch * self.world_size
         """Global samples in one micro-batch (0: unknown): checkpoints record the position."""
-        self.last_grad_norm: float | None = None
         self.unit_in_progress: str | None = None
         """The unit whose forward last began or whose gradients last completed: where a failure happened."""
         self._boundary = False
@@ -274,7 +277,7 @@ class ZeroEngine:
         opt_mod.check_uses_groups(opt, groups)
         # (unit, start, stop) in unit coordinates of each optimizer parameter, in the optimizer's order:
         # what lets a checkpoint be loaded at another world size or stage.
-        self.optimizer_segments = [where.get(id(p), (-1, 0, 0)) for g in opt.param_groups for p in g["params"]]
+        self._optimizer_segments = [where.get(id(p), (-1, 0, 0)) for g in opt.param_groups for p in g["params"]]
         return opt
 
     def _bind_arena_on_grad(self, u: Unit, output: Any) -> None:
@@ -299,10 +302,10 @@ class ZeroEngine:
         with self._activations.measure(self._parameter_storages()):
             out = self.module(*args, **kwargs)
         # Before any gradient collective: a rank that ran other units fails here, naming them.
-        if self.order_check is not None and self._check_forward:
+        if self._order_check is not None and self._check_forward:
             self._finish_forward_check()  # a forward without backward (evaluation) left one in flight
             # Waited for as backward starts: the loss computation in between hides its latency.
-            self._forward_check = self.order_check.launch("end of forward")
+            self._forward_check = self._order_check.launch("end of forward")
         return self._prefetcher.end_forward(self.roots, out)
 
     def _parameter_storages(self) -> set[int]:
@@ -318,8 +321,8 @@ class ZeroEngine:
             pending.finish()
 
     def _note(self, event: Event, unit: int) -> None:
-        if self.order_check is not None:
-            self.order_check.note(event, unit)
+        if self._order_check is not None:
+            self._order_check.note(event, unit)
 
     def _on_forward(self, unit: int) -> None:
         self.unit_in_progress = self.units[unit].name
@@ -365,8 +368,8 @@ class ZeroEngine:
         # comes after, so a rank whose backward skipped units still issues every collective the others did.
         self._schedule.finish(before=self._prefetcher.replay_pre_backward)
         reduced = self._boundary or self._reduce_each
-        if self.order_check is not None and self._check_passes and reduced:
-            self.order_check.verify("end of backward")
+        if self._order_check is not None and self._check_passes and reduced:
+            self._order_check.verify("end of backward")
         self._ctx.pool.drain()
         self._ctx.pool.streams.join()
         for u in self.units:
@@ -414,7 +417,6 @@ class ZeroEngine:
             factor = self.world_size * self.config.gradient_accumulation_steps / agreed.tokens if agreed.tokens else 0.0
         if norm is not None:
             norm *= factor
-        self.last_grad_norm = norm
         done = StepResult(False, norm, loss_scale=scale, loss=agreed.loss, votes=agreed.votes, written=agreed.written)
         if self.scaler.update(overflow=norm is not None and not math.isfinite(norm)):
             self._zero_grads()
@@ -487,7 +489,7 @@ class ZeroEngine:
             stage=self.config.fixed_stage,
             precision=self.config.precision,
             units=units,
-            optimizer_segments=tuple(self.optimizer_segments),
+            optimizer_segments=tuple(self._optimizer_segments),
             buffers=tuple(self.buffers.slots),
             broadcast_buffers=self.buffers.broadcast,
             aliases=tied_names(self.module, saved),
