@@ -129,7 +129,7 @@ async def test_a_gang_shrinks_when_a_node_is_lost_and_grows_back_matching_an_uni
     assert sorted(got) == list(range(1, STEPS + 1)), logs
     want = reference_losses(tmp_path)
     # 4 ranks × 3, 3 × 4 and the reference's 2 × 6 micro-batches sum the same rows in another fp32 order, which
-    # moves a loss ~1e-7 relative (as for one run at other world sizes, tests/cli/test_run_resume.py).
+    # moves a loss ~1e-7 relative (as for one run at other world sizes, tests/integration/test_run_resume.py).
     assert [got[s] for s in range(1, STEPS + 1)] == pytest.approx(want, rel=1e-5)
 
 

@@ -22,7 +22,7 @@ def test_own_bytes_is_the_larger_of_the_resident_set_and_the_data_segment(tmp_pa
 
 @pytest.mark.slow
 def test_the_stated_baseline_is_what_a_rank_holds_besides_its_tensors() -> None:
-    # The torch and transformers+peft kinds are measured again by tests/cli/test_run_smallest_memory.py's runs.
+    # The torch and transformers+peft kinds are measured again by tests/integration/test_run_smallest_memory.py's runs.
     pytest.importorskip("transformers")
     kind = ProcessKind.TRANSFORMERS
     measured = measure(kind)
