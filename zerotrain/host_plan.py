@@ -129,13 +129,9 @@ def refusal(spec: ZeroTrainingJobSpec, plan: HostPlan) -> str | None:
     s = share(spec)
     if limit is None or s is None or holds(spec, plan):
         return None
+    if (low := below_baseline(spec)) is not None:  # the process alone fills the share: one refusal says so
+        return low
     fix = f"set resources.memory to at least {mebibytes(plan.smallest_memory)}"
-    if s <= plan.baseline:
-        return (
-            f"resources.memory: got {limit!r}; each of a pod's {spec.nproc_per_node} rank(s) has "
-            f"{format_bytes(s)} of it, less than the {format_bytes(plan.baseline)} a rank process holds before "
-            f"its first tensor ({process_words(spec)}; docs/memory.md); {fix}"
-        )
     return (
         f"resources.memory: got {limit!r}; each rank needs {what_it_holds(spec, plan)}, with "
         f"{DEFAULT_HEADROOM:.0%} headroom, more than its {format_bytes(s)} share; {fix}" + more_pods(spec)

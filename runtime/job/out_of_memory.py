@@ -23,6 +23,7 @@ import torch
 
 from zerotrain.planner import format_bytes
 from zerotrain.pod_contract import RANK_MEMORY_LIMIT_ENV
+from zerotrain.runtime.job.process_memory import status_bytes
 from zerotrain.runtime.job.rank_metrics import RankPhase
 
 if TYPE_CHECKING:
@@ -63,12 +64,8 @@ def at_limit(limit: int | None, status: Path = Path("/proc/self/status")) -> boo
     an unexplained failure at the limit is the limit's."""
     if limit is None:
         return False
-    try:
-        fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
-        data = int(fields["VmData"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError):
-        return False
-    return data >= limit - AT_LIMIT_BYTES
+    data = status_bytes(status).get("VmData")
+    return data is not None and data >= limit - AT_LIMIT_BYTES
 
 
 def before_training(error: BaseException, rank: int, limit: int | None) -> str:

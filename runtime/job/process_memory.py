@@ -32,13 +32,23 @@ STATUS = Path("/proc/self/status")
 def own_bytes(status: Path = STATUS) -> int:
     """This process's memory as a limit counts it, at its most so far: max(VmHWM, VmRSS, VmData), in bytes (0 where
     /proc is absent)."""
+    fields = status_bytes(status)
+    return max((fields[k] for k in ("VmRSS", "VmHWM", "VmData") if k in fields), default=0)
+
+
+def status_bytes(status: Path = STATUS) -> dict[str, int]:
+    """The kB fields of a /proc status file, in bytes ({} where it cannot be read)."""
     try:
         text = status.read_text()
     except OSError:
-        return 0
-    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
-    kib = [int(fields[k].split()[0]) for k in ("VmRSS", "VmHWM", "VmData") if k in fields]
-    return max(kib, default=0) * 1024
+        return {}
+    out = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        words = value.split()
+        if len(words) == 2 and words[1] == "kB" and words[0].isdigit():
+            out[key] = int(words[0]) * 1024
+    return out
 
 
 TINY_GPT = {"seq_len": 16, "batch_size": 4, "d_model": 16, "n_layers": 2, "n_heads": 2, "max_bytes": 20_000}
