@@ -42,7 +42,8 @@ async def operate(
     resync = Resync(
         settings.resync_seconds,
         reconciler.ask,
-        lister=lambda: reconciler.relist(list(settings.namespaces)),
+        known=cache.job_keys,
+        lister=lambda: reconciler.relist_jobs(list(settings.namespaces)),
         relist_seconds=settings.relist_seconds,
     )
     endpoint = f"http://{settings.bind_address}:{settings.health_port}/healthz" if liveness else None
@@ -56,7 +57,7 @@ async def operate(
     resync.start()
     try:
         await kopf.operator(
-            registry=make_registry(reconciler, resync),
+            registry=make_registry(reconciler),
             standalone=True,
             namespaces=list(settings.namespaces),
             clusterwide=not settings.namespaces,

@@ -8,7 +8,6 @@ from typing import Any, cast
 
 import kopf
 
-from zerotrain.operator.client.resync import Resync
 from zerotrain.operator.controller.reconcile import Reconciler
 from zerotrain.spec import GROUP, PLURAL, VERSION
 
@@ -53,7 +52,7 @@ def job_essence(body: Mapping[str, Any]) -> tuple[Any, ...]:
     return (body.get("spec"), *(md.get(k) for k in keys))
 
 
-def make_registry(reconciler: Reconciler, resync: Resync | None = None) -> kopf.OperatorRegistry:
+def make_registry(reconciler: Reconciler) -> kopf.OperatorRegistry:
     """A fresh registry (never kopf's global one), so tests can run several operators in one process.
 
     The jobs' events are what the operator takes from kopf (with its login, its start-up settings and its
@@ -83,14 +82,12 @@ def make_registry(reconciler: Reconciler, resync: Resync | None = None) -> kopf.
         if namespace is None:  # the resource is namespaced; kopf types allow None for cluster objects
             return
         key, body = (namespace, name), dict(event["object"])
-        if cache is not None:
-            if type == "DELETED":
-                cache.drop_job(body)
-            else:
-                cache.put_job(body)
-        # The periodic resync covers exactly the jobs the watch has shown (type None: the initial listing).
-        if resync is not None:
-            resync.seen(key, present=type != "DELETED")
+        # The cache is the one list of jobs: the periodic resync asks for a pass of each (type None: the initial
+        # listing).
+        if type == "DELETED":
+            cache.drop_job(body)
+        else:
+            cache.put_job(body)
         if type == "DELETED":
             seen.pop(key, None)
             reconciler.metrics.forget(key)

@@ -26,8 +26,9 @@ class OperatorSettings(BaseModel):
     """Every job is reconciled at least this often, even without events (from the operator's cache: a steady job's
     pass sends no request)."""
     relist_seconds: float = Field(default=300.0, gt=0)
-    """How often the resync starts with a LIST of every job and operator pod (one each per namespace), which drops
-    what a watch gap hid from the cache."""
+    """How often the resync starts with a LIST of every job (one per namespace), which drops the jobs a watch gap
+    hid the deletion of (kopf re-lists after 410 Gone without a DELETED for them; the children's reflectors re-list
+    themselves)."""
     restart_backoff_seconds: float = Field(default=10.0, ge=0)
     """Delay before the first gang restart after a failure; doubles with each counted failure."""
     max_restart_backoff_seconds: float = Field(default=300.0, ge=0)

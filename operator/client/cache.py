@@ -9,8 +9,8 @@ yet is read from the API server (and kept). Three things keep it true:
 - the operator's own writes go in as the server answered them (a status patch's job, a created pod), so the pass
   right after a write does not act on what it has just changed; an answer older than what a watch event already
   brought is ignored, as client-go's MutationCache does, comparing resourceVersions as integers;
-- a periodic LIST per namespace (`relist`) drops what a watch gap hid: kopf re-lists after 410 Gone but sends no
-  DELETED for objects that went away in between.
+- each reflector re-lists its own kind on 410 Gone, replacing what it held; the jobs, which kopf watches and
+  re-lists without a DELETED for those gone in between, get a periodic LIST of their own (`relisted_jobs`).
 """
 
 from __future__ import annotations
@@ -199,20 +199,17 @@ class ObjectCache:
         resourceVersion: the namespace's pod sets are complete from now on. Returns the jobs whose pods it held or
         listed."""
         with self._mu:
-            return self._listed_pods(namespace, pods)
-
-    def _listed_pods(self, namespace: str | None, pods: Listing) -> list[Key]:
-        by_job: dict[Key, dict[str, Obj]] = {}
-        for pod in pods.items:
-            if (job := job_of(pod)) is not None and not self._buried(pod):
-                by_job.setdefault(job, {})[_key(pod)[1]] = pod
-        scope = {k for k in self._pods if namespace is None or k[0] == namespace} | by_job.keys()
-        self._replace(by_job, scope, pods.resource_version)
-        if namespace is None:
-            self._all_known = True
-        else:
-            self._namespaces_known.add(namespace)
-        return sorted(scope)
+            by_job: dict[Key, dict[str, Obj]] = {}
+            for pod in pods.items:
+                if (job := job_of(pod)) is not None and not self._buried(pod):
+                    by_job.setdefault(job, {})[_key(pod)[1]] = pod
+            scope = {k for k in self._pods if namespace is None or k[0] == namespace} | by_job.keys()
+            self._replace(by_job, scope, pods.resource_version)
+            if namespace is None:
+                self._all_known = True
+            else:
+                self._namespaces_known.add(namespace)
+            return sorted(scope)
 
     # -- other children ------------------------------------------------------------------------------------
 
@@ -254,12 +251,17 @@ class ObjectCache:
                 if newer(obj, self._children.get(k)):
                     self._children[k] = copy.deepcopy(obj)
 
-    # -- a namespace listed whole ------------------------------------------------------------------------------
+    # -- the jobs of a namespace listed whole -------------------------------------------------------------------
 
-    def relisted(self, namespace: str | None, jobs: Listing, pods: Listing) -> tuple[list[Key], list[Key]]:
-        """Replace what the cache holds of `namespace` (every namespace: None) with a LIST of its jobs and one of
-        its operator's pods; returns the jobs listed (less those deleted since) and those it held that the LIST no
-        longer shows (gone with no DELETED seen)."""
+    def job_keys(self) -> list[Key]:
+        """Every job the cache holds: what the periodic resync asks a pass for."""
+        with self._mu:
+            return sorted(self._jobs)
+
+    def relisted_jobs(self, namespace: str | None, jobs: Listing) -> tuple[list[Key], list[Key]]:
+        """Replace what the cache holds of `namespace`'s jobs (every namespace: None) with a LIST of them; returns
+        the jobs listed (less those deleted since) and those it held that the LIST no longer shows (gone with no
+        DELETED seen: kopf re-lists after 410 Gone without one). Their pods go by the pod watch's own DELETEDs."""
 
         def inside(k: Key) -> bool:
             return namespace is None or k[0] == namespace
@@ -273,7 +275,6 @@ class ObjectCache:
             for k, body in listed.items():
                 if newer(body, self._jobs.get(k)):
                     self._jobs[k] = copy.deepcopy(body)
-            self._listed_pods(namespace, pods)
             return sorted(listed), gone
 
     def _replace(self, listed: dict[Key, dict[str, Obj]], scope: set[Key], list_rv: str | None) -> None:

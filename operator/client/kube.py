@@ -91,10 +91,6 @@ class Kube(Transport):
         """Every job in `namespace` (all namespaces: None)."""
         return self._list(path_of(f"{GROUP}/{VERSION}", PLURAL, namespace))
 
-    def list_operator_pods(self, namespace: str | None) -> Listing:
-        """Every pod of any job in `namespace` (all namespaces: None), by the selector the pod watch uses."""
-        return self.list_owned(("v1", "pods"), namespace)
-
     def list_owned(self, kind: tuple[str, str], namespace: str | None) -> Listing:
         """Every object of (apiVersion, plural) `kind` the operator made in `namespace` (all: None)."""
         return self._list(path_of(kind[0], kind[1], namespace), {"labelSelector": naming.CHILD_SELECTOR})

@@ -75,9 +75,9 @@ class Reconciler:
     settings: OperatorSettings
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
     clock: Callable[[], datetime] = utcnow
-    cache: ObjectCache | None = None
-    """Jobs and pods as the watch streams last showed them (the operator process feeds one); without one, every
-    pass reads the job and lists its pods from the server."""
+    cache: ObjectCache = field(default_factory=ObjectCache)
+    """Jobs and children as the watch streams last showed them (the operator process's watches feed it; a test that
+    drives passes alone seeds it, or lets the first pass read from the server)."""
     _mu: threading.Lock = field(default_factory=threading.Lock)
     _closed: bool = False
     _workers: list[threading.Thread] = field(default_factory=list)
@@ -272,12 +272,10 @@ class Reconciler:
         elif decision.status.activation_checkpointing and not recomputing(previous):
             self.metrics.replanned(Reason.OUT_OF_MEMORY)
 
-    def relist(self, namespaces: list[str]) -> tuple[list[Key], list[Key]]:
-        """CachedClient.relist, forgetting the series of jobs found gone."""
-        present, gone = self.client.relist(namespaces)
-        for key in gone:
+    def relist_jobs(self, namespaces: list[str]) -> None:
+        """CachedClient.relist_jobs, forgetting the series of jobs found gone."""
+        for key in self.client.relist_jobs(namespaces):
             self.metrics.forget(key)
-        return present, gone
 
     def _admit(
         self, body: dict[str, Any], previous: ZeroTrainingJobStatus | None, replicas: int | None = None

@@ -90,22 +90,30 @@ def test_a_listing_keeps_events_that_came_while_it_ran_and_drops_what_it_no_long
     ]
 
 
-def test_a_namespace_relisted_completes_every_job_and_drops_jobs_gone_unseen() -> None:
+def test_a_namespace_relisted_drops_jobs_gone_unseen_and_keeps_those_newer_than_the_list() -> None:
     cache = ObjectCache()
     cache.put_job(job("gone", "2"))
     cache.put_job(job("fresh", "30"))  # created after the LIST (rv 20): kept though not listed
     cache.put_job(job("elsewhere", "2", ns="b"))
-    jobs = Listing([job("kept", "5"), job("idle", "6")], "20")
-    pods = Listing([pod("kept", "kept-worker-0", "7")], "20")
-    present, gone = cache.relisted("a", jobs, pods)
+    present, gone = cache.relisted_jobs("a", Listing([job("kept", "5"), job("idle", "6")], "20"))
     assert present == [("a", "idle"), ("a", "kept")] and gone == [("a", "gone")]
     assert cache.job(("a", "gone")) is None and cache.job(("a", "fresh")) is not None
-    assert [p["metadata"]["name"] for p in cache.pods(("a", "kept")) or []] == ["kept-worker-0"]
-    assert cache.pods(("a", "idle")) == []  # listed whole: no pods is an answer
-    assert cache.job(("b", "elsewhere")) is not None and cache.pods(("b", "elsewhere")) is None
-    assert cache.relisted(None, Listing([], "40"), Listing([], "40"))[1] == sorted(
+    assert cache.job_keys() == [("a", "fresh"), ("a", "idle"), ("a", "kept"), ("b", "elsewhere")]
+    assert cache.pods(("a", "kept")) is None  # a LIST of jobs says nothing of their pods
+    assert cache.relisted_jobs(None, Listing([], "40"))[1] == sorted(
         [("a", "fresh"), ("a", "idle"), ("a", "kept"), ("b", "elsewhere")]
     )
+    assert cache.job_keys() == []
+
+
+def test_a_namespace_whose_pods_were_listed_whole_answers_for_every_job() -> None:
+    cache = ObjectCache()
+    jobs = cache.pods_listed("a", Listing([pod("kept", "kept-worker-0", "7")], "20"))
+    assert jobs == [("a", "kept")]
+    assert [p["metadata"]["name"] for p in cache.pods(("a", "kept")) or []] == ["kept-worker-0"]
+    assert cache.pods(("a", "idle")) == []  # listed whole: no pods is an answer
+    assert cache.pods(("b", "elsewhere")) is None
+    cache.pods_listed(None, Listing([], "40"))
     assert cache.pods(("c", "anything")) == []
 
 
@@ -173,7 +181,7 @@ def test_nothing_brings_back_an_object_seen_deleted() -> None:
     cache.put_job({**job("k", "8"), "metadata": {**job("k", "8")["metadata"], "uid": "k1"}})
     cache.drop_job({**job("k", "30"), "metadata": {**job("k", "30")["metadata"], "uid": "k1"}})
     listed = {**job("k", "8"), "metadata": {**job("k", "8")["metadata"], "uid": "k1"}}
-    present, _ = cache.relisted("a", Listing([listed], "20"), Listing([], "20"))
+    present, _ = cache.relisted_jobs("a", Listing([listed], "20"))
     assert present == [] and cache.job(("a", "k")) is None
     cache.put_job({**job("k", "40"), "metadata": {**job("k", "40")["metadata"], "uid": "k2"}})  # created again
     assert cache.job(("a", "k")) is not None
