@@ -6,11 +6,11 @@
 
 `build` makes a zerotrain wheel from the working tree (`pip wheel --no-deps`, from a copy of the package sources, so
 the tree itself gains no build files) and downloads, for CPython 3.12 on manylinux x86_64, the wheels that the
-runtime's import path (`zerotrain.runtime`, the engine, `zerotrain.runtime.examples.gpt`, bench/compare*.py) needs
-beyond what the GPU machine has: pydantic and everything it requires, at the versions installed here (the versions
-the tests ran with). kopf and kubernetes are the operator's and are never imported there; torch, numpy,
-safetensors, rich, prometheus-client and PyYAML are the machine's own. It writes `bundle.json`: every wheel with its
-SHA-256, and the SHA-256 of every source file the zerotrain wheel was built from.
+runtime's import path (`zerotrain.runtime`, the engine, `zerotrain.runtime.examples.gpt`,
+bench/compare/compare*.py) needs beyond what the GPU machine has: pydantic and everything it requires, at the
+versions installed here (the versions the tests ran with). kopf and kubernetes are the operator's and are never
+imported there; torch, numpy, safetensors, rich, prometheus-client and PyYAML are the machine's own. It writes
+`bundle.json`: every wheel with its SHA-256, and the SHA-256 of every source file the zerotrain wheel was built from.
 
 `select` and `verify` run on the GPU machine before anything is installed, so they use the standard library only.
 `select` prints zerotrain's wheel and each dependency the machine lacks or has older than the bundle's (torch's

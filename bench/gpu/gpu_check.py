@@ -38,8 +38,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-# The gpu_check_* phases, gpu_throughput and gpu_bundle beside it; compare* (the benchmarks' runs) in bench/.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# The gpu_check_* phases, gpu_throughput and gpu_bundle beside it; compare* (the benchmarks' runs) in bench/compare.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "compare"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_check_allocator import phase_allocator

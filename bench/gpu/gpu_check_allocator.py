@@ -133,8 +133,8 @@ def cuda_check(
 
 
 def cpu_check(checks: Checks, name: str, rep: Any, planned: int) -> None:
-    """On the CPU: the plan, and no allocator figures at all (the whole peak planned is reported: bench/bench_plan.py
-    measures it on the CPU)."""
+    """On the CPU: the plan, and no allocator figures at all (the whole peak planned is reported:
+    bench/runtime/bench_plan.py measures it on the CPU)."""
     plan_ok, _, plan_text, figures = plan(rep)
     figures["planned_peak_bytes"] = planned
     plan_text += f"; whole peak planned {gb(planned)}"
@@ -151,7 +151,7 @@ def phase_allocator(args: argparse.Namespace, checks: Checks) -> None:
     for stage in range(4):
         retries0 = fresh_allocator(cuda)
         engine, task, data = train_bf16(device, size, stage)
-        rep = engine.memory_report()
+        rep = engine.accounting().memory_report()
         planned = planned_peak(engine, rep, size.alloc)
         if cuda:
             cuda_check(checks, f"bf16 stage {stage}", rep, device, retries0, planned)

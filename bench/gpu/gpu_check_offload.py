@@ -121,7 +121,7 @@ def train_zero(device: torch.device, size: Size, name: str) -> Run:
     engine.synchronize()
     peak, held = cuda_figures(device)
     # The engine, its hooks in cycles, is freed by the next run's fresh_allocator (gc, then the cache emptied).
-    return Run(name, losses, seconds, peak, held, engine.memory_report(), misplaced(engine, offload))
+    return Run(name, losses, seconds, peak, held, engine.accounting().memory_report(), misplaced(engine, offload))
 
 
 def train_fsdp2(device: torch.device, size: Size) -> Run:

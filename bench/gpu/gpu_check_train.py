@@ -135,7 +135,7 @@ def train_engine(task: Any, data: list[Any], stage: int, precision: str = "fp32"
         norms.append(float(result.grad_norm if result.grad_norm is not None else math.nan))
     weights = fp32_copy(engine.full_state_dict().items())
     local = bool(getattr(engine.comm, "local", False))  # True: a world of one that launched no collective
-    done = Trained(losses, norms, weights, local=local, comm=engine.comm_report())
+    done = Trained(losses, norms, weights, local=local, comm=engine.accounting().comm_report())
     del engine
     gc.collect()
     return done

@@ -3,7 +3,7 @@
     python bench/gpu/gpu_throughput.py --device cuda      # a 1.01 B-parameter GPT (bench/gpu/gpu_check.sh runs it)
     python bench/gpu/gpu_throughput.py --device cpu --d-model 64 --layers 1 --heads 4 --seq-len 32 --batch 4 --steps 3
 
-bench/compare.py's machinery (its spawn of ranks, compare_systems' training loop, step timing and counted step)
+bench/compare/compare.py's machinery (its spawn of ranks, compare_systems' training loop, step timing and counted step)
 with the compute in bf16: compare.py itself trains in fp32 only, which on an H200 measures neither system at the
 precision it is used in. zerotrain runs `precision: bf16, reduceDtype: fp32`; FSDP2 runs `MixedPrecisionPolicy(
 param_dtype=bf16, reduce_dtype=fp32)`: both keep fp32 masters and AdamW state and reduce in fp32. The model is built
@@ -31,8 +31,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-# Its siblings and bench/'s compare* modules, also for spawned ranks.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# Its siblings and bench/compare's compare* modules, also for spawned ranks.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "compare"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch

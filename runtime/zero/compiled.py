@@ -32,7 +32,7 @@ class CompiledForward:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.name in self.broken or _get_current_dispatch_mode() is not None:
-            # A TorchDispatchMode around the call (a tracer or byte counter, as bench/compare.py's) cannot be
+            # A TorchDispatchMode around the call (a tracer or byte counter, as bench/compare/compare.py's) cannot be
             # traced through: that call runs eagerly, the unit stays compiled.
             return self.eager(*args, **kwargs)
         try:

@@ -8,7 +8,7 @@ the runtime frees and re-allocates stage 3's gathered buffers without the tensor
 size: the mode wraps `resize_` while it is active. Entered before the model is built, it sees everything the
 run allocates; `phase(name)` keeps the peak of each phase apart (forward, backward, step). Storages of `held`
 tensors (a model's parameters, which the runtime counts in its own categories) are never counted, nor are views of
-them. `bench/bench_plan.py` checks the plan with it; `zerotrain plan --measure` counts activations with it.
+them. `bench/runtime/bench_plan.py` checks the plan with it; `zerotrain plan --measure` counts activations with it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""bench/bench_checkpoint.py runs both modes on a tiny model and reports what each save held the loop."""
+"""bench/runtime/bench_checkpoint.py runs both modes on a tiny model and reports what each save held the loop."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from budget import budget
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "runtime"
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""bench/bench_gang_pace.py end to end at a small size: both systems create every pod on their own emulator."""
+"""bench/operator/bench_gang_pace.py end to end at a small size: both systems create every pod on their own emulator."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_gang_pace_prints_both_systems_and_their_ratio() -> None:
     env = {k: v for k, v in os.environ.items() if k != "ZEROTRAIN_E2E_KUBECONFIG"}
     out = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "bench_gang_pace.py"), "--pods", "8", "--reps", "1"],
+        [sys.executable, str(ROOT / "bench" / "operator" / "bench_gang_pace.py"), "--pods", "8", "--reps", "1"],
         capture_output=True,
         text=True,
         timeout=budget(180),
@@ -31,7 +31,7 @@ def test_gang_pace_prints_both_systems_and_their_ratio() -> None:
 
 
 def test_the_plain_client_creates_the_operators_very_pods_owned_like_them() -> None:
-    sys.path.insert(0, str(ROOT / "bench"))
+    sys.path.insert(0, str(ROOT / "bench" / "operator"))
     from bench_gang_pace import plain_bodies
 
     template = {

@@ -1,5 +1,5 @@
-"""bench/bench_informer.py at a small size: every informer path takes the same events to the work queue (the bench
-checks each did), and the report names each with its ratio to the operator's reflector."""
+"""bench/operator/bench_informer.py at a small size: every informer path takes the same events to the work queue
+(the bench checks each did), and the report names each with its ratio to the operator's reflector."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_informer_bench_reports_every_path_against_the_reflector() -> None:
     out = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "bench_informer.py"), "--events", "64", "--reps", "1"],
+        [sys.executable, str(ROOT / "bench" / "operator" / "bench_informer.py"), "--events", "64", "--reps", "1"],
         capture_output=True,
         text=True,
         timeout=budget(120),

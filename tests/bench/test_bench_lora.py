@@ -1,5 +1,5 @@
-"""bench/bench_lora.py: a tiny run goes through and its figures are what the runs held; its agreement check fails a
-system that left its kind's reference."""
+"""bench/runtime/bench_lora.py: a tiny run goes through and its figures are what the runs held; its agreement check
+fails a system that left its kind's reference."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from budget import budget
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "runtime"
+sys.path[:0] = [str(BENCH), str(BENCH.parent / "compare")]
 
 import bench_lora  # noqa: E402
 

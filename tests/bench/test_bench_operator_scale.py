@@ -1,5 +1,5 @@
-"""bench/bench_operator_scale.py end to end at a small size: the operator's phases and both plain-client phases run,
-each on its own emulator process, and the figures the docs quote are all printed."""
+"""bench/operator/bench_operator_scale.py end to end at a small size: the operator's phases and both plain-client
+phases run, each on its own emulator process, and the figures the docs quote are all printed."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def test_operator_scale_prints_the_operator_and_the_plain_client_figures() -> No
     env = {k: v for k, v in os.environ.items() if k != "ZEROTRAIN_E2E_KUBECONFIG"}
     args = ["--jobs", "4", "--wide-replicas", "2", "--resync", "1", "--steady-passes", "1"]
     out = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "bench_operator_scale.py"), *args],
+        [sys.executable, str(ROOT / "bench" / "operator" / "bench_operator_scale.py"), *args],
         capture_output=True,
         text=True,
         timeout=budget(240),

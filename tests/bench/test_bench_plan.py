@@ -1,5 +1,5 @@
-"""bench/bench_plan.py: the plan's whole peak lands within 5% of a measured one on real ranks (the full matrix, with
-its table and plot, is `python bench/bench_plan.py`)."""
+"""bench/runtime/bench_plan.py: the plan's whole peak lands within 5% of a measured one on real ranks (the full
+matrix, with its table and plot, is `python bench/runtime/bench_plan.py`)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "runtime"
+sys.path[:0] = [str(BENCH), str(BENCH.parent / "compare")]
 
 import bench_plan  # noqa: E402
 

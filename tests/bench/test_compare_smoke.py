@@ -1,4 +1,5 @@
-"""bench/compare.py: its loss check can fail, its byte convention is zerotrain's, and a tiny run goes through."""
+"""bench/compare/compare.py: its loss check can fail, its byte convention is zerotrain's, and a tiny run goes
+through."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 from budget import budget
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "compare"
 sys.path.insert(0, str(BENCH))
 
 import compare  # noqa: E402

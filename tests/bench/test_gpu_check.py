@@ -17,7 +17,7 @@ from budget import budget
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench" / "gpu"
-sys.path[:0] = [str(BENCH), str(BENCH.parent)]
+sys.path[:0] = [str(BENCH), str(BENCH.parent / "compare")]
 
 import gpu_bundle  # noqa: E402
 import gpu_check  # noqa: E402

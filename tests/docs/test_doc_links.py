@@ -3,8 +3,8 @@
 - Markdown links and images `[..](target)` outside code: the target, relative to the doc (GitHub's rule), exists;
   its `#anchor` is a heading of the target file (GitHub's slugs), or of the doc itself for `(#anchor)`.
 - Path-like words of code spans and prose (`runtime/examples/gpt.py`, `charts/zerotrain-operator/`,
-  `bench/compare*.py`, `notes/x.md`): starting with one of the repository root's entries, or a folder and a file
-  extension. They are relative to the repository root (or, failing that, to the doc). Globs match something.
+  `bench/compare/compare*.py`, `notes/x.md`): starting with one of the repository root's entries, or a folder and a
+  file extension. They are relative to the repository root (or, failing that, to the doc). Globs match something.
 - A path inside a folder .gitignore names (`bench/results/`) is no file of the repository: it must be listed in
   GENERATED with the script that writes it, and that script must name it.
 """
@@ -21,7 +21,7 @@ PATHS = [r for f in doc_files() for r in path_words(f)]
 
 # A path the docs cite that a run writes, never committed -> the script that writes it.
 GENERATED = {
-    "bench/results/compare.json": "bench/compare.py",
+    "bench/results/compare.json": "bench/compare/compare.py",
 }
 
 

@@ -8,7 +8,7 @@ the gradient arenas. Step time is the median over the measured steps (the first 
 "New grad storages/step" counts the gradient tensors of the last step that live in storage no earlier step used:
 the allocations contiguous gradients remove (on CUDA, `torch.cuda.memory_stats()` would show the fragmentation).
 
-    python bench/bench_zero_r.py --d-model 384 --layers 4 --steps 6 --repeats 2 --plot docs/zero-r.svg
+    python bench/runtime/bench_zero_r.py --d-model 384 --layers 4 --steps 6 --repeats 2 --plot docs/zero-r.svg
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def _rank(rank: int, world: int, port: int, setup: Setup, args: argparse.Namespa
         engine.backward(next_byte_loss(engine(batch[:, :-1]), batch))
         engine.step()
         times.append(time.perf_counter() - t0)
-    m = engine.memory_report()
+    m = engine.accounting().memory_report()
     peak = (
         m.model_state_bytes
         + m.gathered_peak_bytes

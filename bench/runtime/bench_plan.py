@@ -1,8 +1,8 @@
 """The memory plan against measured peaks: predicted whole peak per rank next to the live tensor bytes measured.
 
-    python bench/bench_plan.py                   # the matrix: stages 0-3 x checkpointing x 3 sizes x world 1, 2, 4
-    python bench/bench_plan.py --quick           # one size, world 2
-    python bench/bench_plan.py --json out.json --plot docs/memory-plan.png
+    python bench/runtime/bench_plan.py               # the matrix: stages 0-3 x checkpointing x 3 sizes x world 1, 2, 4
+    python bench/runtime/bench_plan.py --quick       # one size, world 2
+    python bench/runtime/bench_plan.py --json out.json --plot docs/memory-plan.png
 
 Each configuration trains the example GPT (`zerotrain.runtime.examples.gpt`) for three steps on gloo, with every
 rank under `zerotrain.runtime.zero.live_bytes.LiveBytes` from before its model is built, and prints the most bytes alive
@@ -25,7 +25,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling modules, also for spawned ranks
+# compare_systems (bench/compare) and this script's own folder, also for spawned ranks.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "compare"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
 import torch.distributed as dist
@@ -57,7 +59,7 @@ class Case:
     world: int
     precision: str = "fp32"
     system: str = "zerotrain"
-    """zerotrain, or fsdp2 (the same model under FSDP2's fully_shard, as bench/compare.py builds it)."""
+    """zerotrain, or fsdp2 (the same model under FSDP2's fully_shard, as bench/compare/compare.py builds it)."""
 
     def spec(self) -> ZeroTrainingJobSpec:
         layers, hidden, heads, seq, micro = SIZES[self.size]
@@ -122,7 +124,9 @@ def _rank(rank: int, case: Case, port: int, out: str) -> None:
                 del loss
             with live.phase("step"):
                 system.step()
-        report = system.engine.memory_report().model_dump(mode="json") if case.system == "zerotrain" else None
+        report = (
+            system.engine.accounting().memory_report().model_dump(mode="json") if case.system == "zerotrain" else None
+        )
     Path(out, f"{rank}.json").write_text(json.dumps({"peak": live.peak, "phases": live.phase_peaks, "report": report}))
     del system, task
     gc.collect()
@@ -193,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         row = measure(case)
         rows.append(row)
         versus = ""
-        # The peer as bench/compare.py builds it: fp32, no activation checkpointing.
+        # The peer as bench/compare/compare.py builds it: fp32, no activation checkpointing.
         if args.versus_fsdp2 and case.stage == 3 and not case.checkpointing and case.precision == "fp32":
             row["fsdp2_peak"], _ = measure_peak(dataclasses.replace(case, system="fsdp2"))
             versus = f"  {format_bytes(row['fsdp2_peak']):>9}  {row['measured_peak'] / row['fsdp2_peak']:>17.2f}"

@@ -1,6 +1,6 @@
 """Where an operator bench runs: a fresh KMock emulator in a process of its own, or, with ZEROTRAIN_E2E_KUBECONFIG
 naming a real cluster, a throw-away namespace there (the CRD installed if missing, or one line saying to install
-it). `python bench/bench_server.py` is the emulator process itself: it prints its URL, serves until its stdin
+it). `python bench/operator/bench_server.py` is the emulator process itself: it prints its URL, serves until its stdin
 closes, then prints what it served."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
 import kubernetes  # noqa: E402

@@ -9,7 +9,7 @@ page cache, counted in RssFile, and left out. The ranks run with a fixed glibc m
 the tensors held.) The loader before this one read every rank's file and built the
 full masters and moments on every rank: 12Ψ bytes per rank, printed for comparison.
 
-    python bench/bench_reshard.py --width 2048 --blocks 8
+    python bench/runtime/bench_reshard.py --width 2048 --blocks 8
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ def _rank(rank: int, world: int, port: int, mode: str, root: str, args: argparse
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     torch.set_num_threads(1)
     from zerotrain.runtime import ZeroConfig, ZeroEngine
+    from zerotrain.runtime.checkpoints import checkpoint
 
     engine = ZeroEngine(
         _model(args), ZeroConfig(stage=3, unit_modules=["Block"]), lambda g: torch.optim.AdamW(g, lr=1e-3)
@@ -65,7 +66,7 @@ def _rank(rank: int, world: int, port: int, mode: str, root: str, args: argparse
         x = torch.randn(2, args.width)
         engine.backward(engine(x).square().mean())
         engine.step()
-        engine.save_checkpoint(root)
+        checkpoint.save(engine, root)
         _teardown(engine)
         return
     shard = sum(u.master.numel() for u in engine.units)
@@ -78,7 +79,7 @@ def _rank(rank: int, world: int, port: int, mode: str, root: str, args: argparse
 
     sampler = threading.Thread(target=sample)
     sampler.start()
-    loaded = engine.load_checkpoint(root)
+    loaded = checkpoint.load(engine, root)
     stop.set()
     sampler.join()
     peak[0] = max(peak[0], _status("RssAnon"))

@@ -131,11 +131,11 @@ class ZeroSystem(System):
         self.engine.step()
 
     def memory(self) -> dict[str, int]:
-        r = self.engine.memory_report()
+        r = self.engine.accounting().memory_report()
         return {"parameter": r.parameter_bytes, "gradient": r.gradient_bytes, "optimizer": r.optimizer_bytes}
 
     def engine_comm_bytes(self) -> int:
-        return sum(int(s["bytes"]) for s in self.engine.comm_report().values())
+        return sum(int(s["bytes"]) for s in self.engine.accounting().comm_report().values())
 
 
 class DeepSpeedSystem(System):

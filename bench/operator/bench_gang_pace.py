@@ -10,7 +10,7 @@ server meanwhile); the plain client's from its first create to its last answer. 
 range, and their ratio (issue goal: at least 0.8). With ZEROTRAIN_E2E_KUBECONFIG naming a real cluster, both run
 there instead, in a namespace of their own.
 
-    python bench/bench_gang_pace.py --pods 256 --reps 5
+    python bench/operator/bench_gang_pace.py --pods 256 --reps 5
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/operator: the sibling modules
 
 import kubernetes  # noqa: E402
 from bench_server import server  # noqa: E402

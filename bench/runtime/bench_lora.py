@@ -13,8 +13,8 @@ per rank counted from the tensors it holds (parameters, gradients, optimizer sta
 one after another, in reverse order every other repetition; throughput here spreads ±15% run to run, so figures
 whose ranges overlap are equal. Every system's first loss must agree with zerotrain's (same model, same batch).
 
-    python bench/bench_lora.py                 # 5 repetitions
-    python bench/bench_lora.py --reps 1 --steps 6 --systems zero3-lora,fsdp2-lora
+    python bench/runtime/bench_lora.py                 # 5 repetitions
+    python bench/runtime/bench_lora.py --reps 1 --steps 6 --systems zero3-lora,fsdp2-lora
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling modules, also for spawned ranks
+# compare_systems (bench/compare) and this script's own folder, also for spawned ranks.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "compare"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
 import torch.distributed as dist
@@ -45,7 +47,7 @@ from zerotrain.runtime.job.launch import free_port
 SYSTEMS = ["zero2-full", "zero2-lora", "zero3-full", "zero3-lora", "fsdp2-full", "fsdp2-lora", "ds3-full", "ds3-lora"]
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 LR = 1e-3
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "lora.json"
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "results" / "lora.json"  # bench/results, git-ignored
 
 
 @dataclass(frozen=True)

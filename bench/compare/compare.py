@@ -14,9 +14,9 @@ range, and a ratio whose two ranges overlap is reported as equal, not as a win o
 sharded systems hybrid (zerotrain's zero.shardGroupSize, FSDP2's HSDP on a (W/S, S) mesh) and counts the bytes
 that cross between groups apart.
 
-    python bench/compare.py                      # worlds 1,2, every system, 5 repetitions
-    python bench/compare.py --worlds 2 --systems zero3,fsdp2 --reps 1
-    python bench/compare.py --worlds 4 --shard-group 2 --systems zero3,fsdp2,ddp
+    python bench/compare/compare.py                      # worlds 1,2, every system, 5 repetitions
+    python bench/compare/compare.py --worlds 2 --systems zero3,fsdp2 --reps 1
+    python bench/compare/compare.py --worlds 4 --shard-group 2 --systems zero3,fsdp2,ddp
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling modules, also for spawned ranks
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/compare: the sibling modules, also for spawned ranks
 
 import torch
 import torch.multiprocessing as mp
@@ -45,8 +45,8 @@ from zerotrain.runtime.job.launch import free_port
 from zerotrain.runtime.zero.memory import predict
 from zerotrain.zero_config import Stage
 
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "compare.json"
-DEFAULT_PLOTS = Path(__file__).resolve().parent.parent / "docs"
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "results" / "compare.json"  # bench/results, git-ignored
+DEFAULT_PLOTS = Path(__file__).resolve().parents[2] / "docs"
 
 
 class LossDisagreement(AssertionError):
@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     systems, skipped = _systems(args)
     reference, results, failures = run_all(args, systems)
     doc = {
-        **results_header("bench/compare.py", argv, args),
+        **results_header("bench/compare/compare.py", argv, args),
         "byte_convention": "per rank, ring: all-reduce 2(N-1)/N·payload, all-gather and reduce-scatter "
         "(N-1)/N·full tensor, broadcast payload at the source",
         "reference_losses": reference,

@@ -16,7 +16,7 @@ For 3 sizes of the built-in GPT at N = 1, 2, 4, 8 gloo ranks (stage 3, fp32), ev
 - seconds from the entry point's call to the built engine, partitioned ÷ whole (each the median of `--reps`, the
   two interleaved).
 
-    python bench/bench_init.py [--sizes 256x8,512x8,768x12] [--worlds 1,2,4,8] [--reps 3]
+    python bench/runtime/bench_init.py [--sizes 256x8,512x8,768x12] [--worlds 1,2,4,8] [--reps 3]
 """
 
 from __future__ import annotations
@@ -88,7 +88,9 @@ def _start(rank: int, world: int, job: dict[str, Any]) -> dict[str, float]:
     seconds = time.perf_counter() - t0
     model = 4 * sum(u.layout.numel for u in engine.units)
     if job.get("save"):
-        engine.save_checkpoint(job["save"])
+        from zerotrain.runtime.checkpoints import checkpoint
+
+        checkpoint.save(engine, job["save"])
     return {"build": live.phase_peaks["build"] / model, "peak": live.peak / model, "seconds": seconds}
 
 

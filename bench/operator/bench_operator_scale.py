@@ -15,7 +15,7 @@ its first child write to its first status patch answered is what a first pass do
 naming a real cluster, each phase runs there instead, in a namespace of its own, and what the server served comes
 from its apiserver_request_total (every client's requests, by call).
 
-    python bench/bench_operator_scale.py --jobs 1000 --wide-replicas 128 --resync 5
+    python bench/operator/bench_operator_scale.py --jobs 1000 --wide-replicas 128 --resync 5
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/operator: the sibling modules
 
 from bench_gang_pace import PlainPods, plain_client, plain_trial  # noqa: E402
 from bench_server import Server, server  # noqa: E402

@@ -7,8 +7,8 @@ buffers and the directory's token), the steps run while its write was in flight,
 per mode, the median step time of the steps around the saves against steps with no save near. Figures are medians
 with their range; the goal is an asynchronous save that blocks at least 10× less than a synchronous one.
 
-    python bench/bench_checkpoint.py                      # d=512, 8 layers, 6 saves of each mode
-    python bench/bench_checkpoint.py --d-model 256 --layers 2 --saves 2
+    python bench/runtime/bench_checkpoint.py                      # d=512, 8 layers, 6 saves of each mode
+    python bench/runtime/bench_checkpoint.py --d-model 256 --layers 2 --saves 2
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--saves", type=int, default=6, help="saves of each mode, alternating")
     parser.add_argument("--every", type=int, default=3, help="steps between saves")
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "checkpoint.json")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "results" / "checkpoint.json")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="zt-bench-ckpt-") as d:
         mp.set_forkserver_preload(["torch", "torch.distributed", "zerotrain.runtime.zero.engine"])  # imported once
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         ranks = [json.loads(Path(d, f"{r}.json").read_text()) for r in range(2)]
     figures = report(ranks, Console(width=160))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    cmd = " ".join(["python", "bench/bench_checkpoint.py", *(argv if argv is not None else sys.argv[1:])])
+    cmd = " ".join(["python", "bench/runtime/bench_checkpoint.py", *(argv if argv is not None else sys.argv[1:])])
     args.out.write_text(json.dumps({"command": cmd, **figures}, indent=1))
     print(f"wrote {args.out}")
     return 0

@@ -6,7 +6,7 @@ as the chart's PodMonitor).
 Printed: median step time with metrics on over off, and the time `observe_step` itself takes per step (the whole
 hot-path cost: a memory report, a copy of the collective counters, an RSS read), as a share of the step.
 
-    python bench/bench_metrics.py --world 2 --steps 60 --repeats 5
+    python bench/runtime/bench_metrics.py --world 2 --steps 60 --repeats 5
 """
 
 from __future__ import annotations

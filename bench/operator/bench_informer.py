@@ -13,7 +13,7 @@ creates, so the CPU an event costs is what sets the operator's pace against a pl
 
 Printed: microseconds per event, median and range over the repetitions, and each as a ratio of the reflector's.
 
-    python bench/bench_informer.py --events 4000 --reps 5
+    python bench/operator/bench_informer.py --events 4000 --reps 5
 """
 
 from __future__ import annotations
