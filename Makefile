@@ -36,9 +36,11 @@ demo: $(STAMP)
 # Three workers, a test file each at a time (its module fixtures stay in one process). Much of the suite waits
 # (operator timers, rank start-up, Prometheus scrapes), so a third worker fills the 2 cores: a fresh-clone
 # .ci/run took 610 s in all, pytest 520 s, against pytest 977 s on two workers (CPU 135% either way).
+# Files go out in the order tests/conftest.py sorts them, the whole-job files first (xdist's default, the most tests
+# first, left the few-test files that run jobs for minutes to the end, one worker busy while the others idled).
 # `.venv/bin/pytest FILE` alone runs serially as before.
 test: lint $(STAMP) system-deps
-	$(BIN)/pytest -n 3 --dist loadfile --durations=25
+	$(BIN)/pytest -n 3 --dist loadfile --no-loadscope-reorder --durations=25
 
 # The inner loop, under 3 min on 2 cores: ruff, every test not marked slow but the runs of the docs' and benches'
 # commands, and one multi-process test (stages 0-3 on 2 gloo ranks against AdamW, marked smoke). CI runs `make test`.
@@ -51,8 +53,8 @@ test-fast: $(STAMP) system-deps
 bench: $(STAMP)
 	$(PIP_INSTALL) -e '.[dev,bench]'
 	DS_BUILD_OPS=0 $(BIN)/pip install --quiet --disable-pip-version-check --no-build-isolation -c constraints.txt deepspeed \
-		|| echo "DeepSpeed did not install; bench/compare.py skips it and says why"
-	$(BIN)/python bench/compare.py $(BENCH_ARGS)
+		|| echo "DeepSpeed did not install; bench/compare/compare.py skips it and says why"
+	$(BIN)/python bench/compare/compare.py $(BENCH_ARGS)
 
 # What bench/gpu/gpu_check.sh installs on a bare GPU machine (no network, its own CUDA torch): a zerotrain wheel of this
 # working tree and the cp312 wheels of pydantic and its requirements, in .gpu-bundle/ (git-ignored, about 3 MiB).
@@ -77,14 +79,16 @@ lint: $(STAMP) typecheck
 
 # mypy cannot follow setuptools' package-dir mapping through an editable install, so it checks a
 # symlinked tree shaped like the installed package (zerotrain/, zerotrain/operator, zerotrain/runtime).
-# bench/ holds scripts, not a package: they are checked in the same tree, so `zerotrain` resolves as installed.
+# bench/ holds scripts, not a package: they are checked in the same tree, so `zerotrain` resolves as installed. Its
+# folders (compare, gpu, operator, runtime) import each other's scripts as top-level modules, so mypy takes them all
+# in one run (each file's folder goes on its search path): a script's name must be unique across bench/.
 typecheck: $(STAMP)
 	rm -rf build/typecheck && mkdir -p build/typecheck/zerotrain
 	for f in zerotrain/*; do ln -s "$(CURDIR)/$$f" build/typecheck/zerotrain/; done
 	ln -s "$(CURDIR)/operator" build/typecheck/zerotrain/operator
 	ln -s "$(CURDIR)/runtime" build/typecheck/zerotrain/runtime
 	cd build/typecheck && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml -p zerotrain
-	cd build/typecheck && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml $(CURDIR)/bench/*.py $(CURDIR)/bench/gpu/*.py
+	cd build/typecheck && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml $(CURDIR)/bench/*/*.py
 
 # The chart carries a byte-identical copy of the CRD (a test checks it).
 crd: $(STAMP)

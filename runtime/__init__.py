@@ -9,7 +9,9 @@ What an entry point and a user of the engine import, from here and nowhere deepe
 - data helpers: `rank_rows` (this rank's rows of a global micro-batch), `TokenFiles`, `TokenBatches` and
   `EvalTokenBatches` (token files from `zerotrain data prepare`);
 - the engine: `ZeroEngine`, `ZeroConfig`, `Stage`, `Precision`, and `EngineState` with its `ShardLayout` (what
-  `ZeroEngine.state_dict()` returns and `load_state_dict()` takes).
+  `ZeroEngine.state_dict()` returns and `load_state_dict()` takes);
+- checkpoints from a loop of your own: `save_checkpoint(engine, root)` and `load_checkpoint(engine, path)`
+  (sharded, committed, reloadable at another world size or stage).
 
 `ZeroConfig` (with `Stage` and `Precision`) lives in the torch-free core (`zerotrain.zero_config`); the rest is
 loaded on first use, so importing this package does not import torch.
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from zerotrain.zero_config import Precision, Stage, ZeroConfig
 
 if TYPE_CHECKING:
+    from zerotrain.runtime.checkpoints.checkpoint import load_checkpoint, save_checkpoint
     from zerotrain.runtime.job.data import rank_rows
     from zerotrain.runtime.job.task import ConfigError, LossSum, TrainingTask
     from zerotrain.runtime.job.token_data import EvalTokenBatches, TokenBatches, TokenFiles
@@ -46,6 +49,8 @@ _HOMES = {
     "ZeroEngine": "zerotrain.runtime.zero.engine",
     "EngineState": "zerotrain.runtime.zero.engine_state",
     "ShardLayout": "zerotrain.runtime.zero.engine_state",
+    "save_checkpoint": "zerotrain.runtime.checkpoints.checkpoint",
+    "load_checkpoint": "zerotrain.runtime.checkpoints.checkpoint",
 }
 
 __all__ = [
@@ -61,7 +66,9 @@ __all__ = [
     "TrainingTask",
     "ZeroConfig",
     "ZeroEngine",
+    "load_checkpoint",
     "rank_rows",
+    "save_checkpoint",
 ]
 
 

@@ -22,8 +22,21 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(__file__).resolve().pa
 os.environ.setdefault("TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS", "0")
 
 
+# Files whose tests each run whole jobs for minutes: handed to workers first, so no worker starts one near the end
+# while the others have run dry (`make test` hands out whole files in this order: `--dist loadfile
+# --no-loadscope-reorder`).
+LONGEST_FIRST = ("integration", "e2e", "bench", "docs")
+
+
+def _file_order(item: pytest.Item) -> int:
+    parts = item.path.relative_to(Path(__file__).parent).parts
+    return LONGEST_FIRST.index(parts[0]) if parts[0] in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """pytest-timeout's limit per test, scaled by the suite's budget (tests/budget.py) like every wait inside it."""
+    """The longest files first (a stable sort, so each file's tests stay together and in order); pytest-timeout's
+    limit per test, scaled by the suite's budget (tests/budget.py) like every wait inside it."""
+    items.sort(key=_file_order)
     default = float(config.getini("timeout") or 0)
     for item in items:
         marker = item.get_closest_marker("timeout")

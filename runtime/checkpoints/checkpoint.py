@@ -392,3 +392,14 @@ def rank_file_bytes(path: str | os.PathLike[str], rank: int) -> int:
     """Size of `rank`'s file in checkpoint `path` (0 if it has none)."""
     f = Path(path) / rank_file(rank)
     return f.stat().st_size if f.exists() else 0
+
+
+def save_checkpoint(engine: Checkpointable, root: str | os.PathLike[str]) -> Path:
+    """`zerotrain.runtime.save_checkpoint`: save every rank's shards in a fresh checkpoint under `root` and commit
+    it (a collective on every rank); the committed directory."""
+    return save(engine, root)
+
+
+def load_checkpoint(engine: Checkpointable, path: str | os.PathLike[str]) -> Loaded:
+    """`zerotrain.runtime.load_checkpoint`: `load`, from a loop of your own."""
+    return load(engine, path)

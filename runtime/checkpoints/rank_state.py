@@ -55,11 +55,11 @@ def capture(state: EngineState) -> tuple[dict[str, torch.Tensor], dict[str, Any]
 
 def continued(state: EngineState, record: dict[str, Any]) -> EngineState:
     """`state` with a rank record's step counters and loss scaler (identical on every rank, so any rank's record
-    serves)."""
+    serves). A checkpoint ends a step: the micro-batches consumed are its steps at this engine's accumulation, which
+    in a gang of another size (spec.elastic) differs from the saving one's."""
     pos = record["position"]
-    position = dataclasses.replace(
-        state.position, steps=int(pos["optimizer_steps"]), micro_steps=int(pos["micro_batches"])
-    )
+    micro_steps = int(pos["step"]) * state.position.accumulation
+    position = dataclasses.replace(state.position, steps=int(pos["optimizer_steps"]), micro_steps=micro_steps)
     return dataclasses.replace(state, position=position, scaler=record["scaler"])
 
 

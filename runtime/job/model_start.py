@@ -31,15 +31,13 @@ from zerotrain.errors import UserError
 from zerotrain.lora_config import LoraSpec
 from zerotrain.plan_inputs import declared_parameters
 from zerotrain.planner import format_bytes
-from zerotrain.runtime.checkpoints import base, checkpoint
-from zerotrain.runtime.checkpoints.checkpoint import Loaded
+from zerotrain.runtime.checkpoints import base
+from zerotrain.runtime.checkpoints.checkpointer import Checkpointer, CheckpointPolicy, Resume, has_own
 from zerotrain.runtime.construction.materialize import ConstructedValues
 from zerotrain.runtime.construction.partitioned import build_partitioned
 from zerotrain.runtime.construction.pretrained import Matched, PretrainedValues, load_buffers, match
 from zerotrain.runtime.construction.weight_files import WeightStore, open_weights
 from zerotrain.runtime.job.elastic_batches import SlotBatches
-from zerotrain.runtime.job.rank_metrics import RankPhase
-from zerotrain.runtime.job.resume import CheckpointPolicy, resume
 from zerotrain.runtime.job.spec_bindings import optimizer_factory
 from zerotrain.runtime.job.task import (
     ConfigError,
@@ -51,6 +49,7 @@ from zerotrain.runtime.job.task import (
     load_entrypoint,
 )
 from zerotrain.runtime.models import lora as lora_adapters
+from zerotrain.runtime.rank_phase import RankPhase
 from zerotrain.runtime.zero.param_source import ModelValues, ParameterSource
 from zerotrain.spec import PretrainedSpec, ZeroTrainingJobSpec
 
@@ -136,7 +135,7 @@ def loaded_note(source: PretrainedValues) -> str:
     )
 
 
-def refill(engine: ZeroEngine, source: PretrainedValues) -> None:
+def refill_from(engine: ZeroEngine, source: PretrainedValues) -> None:
     """Read the pretrained parameters into an engine already built (every checkpoint of the job was refused): each
     unit's kept range in place, then the compute parameters rebuilt from it."""
     for u in engine.units:
@@ -207,63 +206,77 @@ def elastic_task(spec: ZeroTrainingJobSpec, ctx: RankContext) -> tuple[ZeroTrain
 
 
 @dataclass
-class Started:
-    """What a rank has once its engine is built and resumed: filled in as it goes, so a failure part-way (out of
-    memory) can say how far it got."""
+class StartProgress:
+    """How far a rank's start got: filled in as it goes, so a failure part-way (out of memory) can say so."""
 
-    spec: ZeroTrainingJobSpec
-    task: TrainingTask | None = None
     engine: ZeroEngine | None = None
-    policy: CheckpointPolicy | None = None
-    loaded: Loaded | None = None
     built_whole: bool = False
     """The model could not be built partitioned (its whole fp32 parameters were held by every rank)."""
 
-    def gathered_unit_bytes(self) -> list[int]:
-        """Host bytes of each unit stage 3 gathers and frees every pass (none on a GPU: its allocator caches)."""
-        engine = self.engine
-        if engine is None or engine.device.type != "cpu":
-            return []
-        return [u.full.nbytes() or u.layout.padded * u.full.data.element_size() for u in engine.units if not u.resident]
 
-    def ready(self) -> tuple[ZeroEngine, TrainingTask, ZeroTrainingJobSpec, CheckpointPolicy | None, Loaded | None]:
-        assert self.engine is not None and self.task is not None
-        return self.engine, self.task, self.spec, self.policy, self.loaded
+@dataclass(frozen=True)
+class Built:
+    """What `start_engine` built: the rank's engine and task, the spec it runs (an elastic gang's own), its
+    checkpointer and where its values came from."""
+
+    engine: ZeroEngine
+    task: TrainingTask
+    spec: ZeroTrainingJobSpec
+    checkpointer: Checkpointer
+    resumed: Resume
+
+
+def gathered_unit_bytes(engine: ZeroEngine | None) -> list[int]:
+    """Host bytes of each unit stage 3 gathers and frees every pass (none on a GPU: its allocator caches)."""
+    if engine is None or engine.device.type != "cpu":
+        return []
+    return [u.full.nbytes() or u.layout.padded * u.full.data.element_size() for u in engine.units if not u.resident]
 
 
 def start_engine(
-    started: Started,
+    spec: ZeroTrainingJobSpec,
     ctx: RankContext,
     device: torch.device,
     factory: EngineFactory,
     metrics: MetricsSink,
     log: ProgressSink,
-) -> None:
+    progress: StartProgress,
+) -> Built:
     """Build the rank's task and engine and resume it (see the module docstring), saying how on rank 0's log."""
     metrics.phase(RankPhase.CONSTRUCTING)
-    started.spec, start = elastic_task(started.spec, ctx)
-    started.task, started.built_whole = start.task, start.source is None
-    pretrained, source = started.spec.model.pretrained, None
-    saves = started.spec.checkpoint.path
-    own = saves is not None and checkpoint.latest(saves) is not None
+    spec, start = elastic_task(spec, ctx)
+    progress.built_whole = start.source is None
+    pretrained, source = spec.model.pretrained, None
+    own = has_own(spec.checkpoint)
     frozen = any(not p.requires_grad for p in start.task.model.parameters())
     if pretrained is not None and (not own or frozen):  # a frozen base is read again: checkpoints refer to it
-        source = use_pretrained(start, pretrained, started.spec.model.lora)
-    origin = checkpoint_origin(started.spec, start.task.model, source)
-    started.policy = CheckpointPolicy.from_spec(started.spec.checkpoint, origin)
+        source = use_pretrained(start, pretrained, spec.model.lora)
+    policy = CheckpointPolicy.from_spec(spec.checkpoint, checkpoint_origin(spec, start.task.model, source))
     for line in start.notes:
         log.note(line)
-    started.engine = make_engine(start.task, started.spec, device, factory, start.source)
+    engine = progress.engine = make_engine(start.task, spec, device, factory, start.source)
     start.source = None  # the construction's slices are in the engine now
-    started.loaded = resume(started.engine, start.task, started.policy, metrics)
-    if pretrained is not None and own and started.loaded is None and source is None:
+    checkpointer = Checkpointer(engine, policy, metrics)
+    refilled: list[PretrainedValues] = []
+
+    def refill() -> None:  # every checkpoint of the job was refused: its pretrained weights after all
+        assert pretrained is not None
         told = len(start.notes)
-        source = use_pretrained(start, pretrained, started.spec.model.lora)  # every checkpoint was refused
-        refill(started.engine, source)
+        refilled.append(use_pretrained(start, pretrained, spec.model.lora))
+        refill_from(engine, refilled[0])
         for line in start.notes[told:]:
             log.note(line)
-    if started.loaded is not None:
-        log.resumed(started.loaded.step, str(started.loaded.path))
+
+    resumed = checkpointer.resume(start.task, refill if pretrained is not None and own and source is None else None)
+    say_resumed(log, resumed, spec, source or (refilled[0] if refilled else None))
+    return Built(engine, start.task, spec, checkpointer, resumed)
+
+
+def say_resumed(log: ProgressSink, resumed: Resume, spec: ZeroTrainingJobSpec, source: PretrainedValues | None) -> None:
+    """Rank 0's lines on where the values came from."""
+    pretrained = spec.model.pretrained
+    if resumed.loaded is not None:
+        log.resumed(resumed.loaded.step, str(resumed.loaded.path))
         if pretrained is not None and source is None:
             log.note(f"resumed from the job's own checkpoint: spec.model.pretrained ({pretrained.path}) was not read")
         elif pretrained is not None:

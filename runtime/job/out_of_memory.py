@@ -24,7 +24,7 @@ import torch
 from zerotrain.planner import format_bytes
 from zerotrain.pod_contract import RANK_MEMORY_LIMIT_ENV
 from zerotrain.runtime.job.process_memory import status_bytes
-from zerotrain.runtime.job.rank_metrics import RankPhase
+from zerotrain.runtime.rank_phase import RankPhase
 
 if TYPE_CHECKING:
     from zerotrain.runtime.job.rank_metrics import RankMetrics
@@ -102,7 +102,11 @@ def account(
     phase = metrics.current_phase.value if metrics is not None else "unknown phase"
     if metrics is not None and metrics.current_phase is RankPhase.CONSTRUCTING:
         return _at_start_up(error, rank, built_whole)
-    where = f" in unit {engine.unit_in_progress}" if engine is not None and engine.unit_in_progress else ""
+    where = (
+        f" in unit {engine.accounting().unit_in_progress}"
+        if engine is not None and engine.accounting().unit_in_progress
+        else ""
+    )
     tried = tried_bytes(error)
     asked = f"; it asked for {format_bytes(tried)}" if tried is not None else ""
     held = ""
@@ -144,7 +148,7 @@ def _held_now(engine: ZeroEngine | None) -> MemoryReport | None:
     if engine is None:
         return None
     try:
-        return engine.memory_report()
+        return engine.accounting().memory_report()
     except (MemoryError, RuntimeError):
         return None
 

@@ -17,7 +17,6 @@ import errno
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, Histogram, start_http_server
@@ -26,6 +25,7 @@ from prometheus_client.registry import Collector
 
 from zerotrain.runtime.job.device_memory import DeviceMemory, DeviceProbe
 from zerotrain.runtime.job.metrics_endpoint import Endpoint, report_port
+from zerotrain.runtime.rank_phase import RankPhase
 from zerotrain.runtime.zero.memory import MemoryReport
 
 if TYPE_CHECKING:
@@ -33,22 +33,6 @@ if TYPE_CHECKING:
 
 # Step times from a fast CPU test model (tens of ms) to a large model's step (minutes).
 STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 150.0, 300.0)
-
-
-class RankPhase(str, Enum):
-    """What the rank is doing; exported as `zerotrain_phase{phase=...}` (1 for the current one, 0 for the rest)."""
-
-    STARTING = "starting"
-    CONSTRUCTING = "constructing"
-    """Building the model and filling its units with their starting values (construction, pretrained weights)."""
-    RESTORING = "restoring"
-    FORWARD = "forward"
-    BACKWARD = "backward"
-    OPTIMIZER = "optimizer"
-    CHECKPOINTING = "checkpointing"
-    EVALUATING = "evaluating"
-    """Forward-only on the held-out micro-batches (spec.training.evaluation)."""
-    FINISHED = "finished"
 
 
 # (category label, measured field, peak field or None, predicted field or None) of `MemoryReport`.
@@ -416,9 +400,9 @@ class RankMetrics:
         comm = {op: (o.calls, o.bytes, o.payload_bytes, o.seconds) for op, o in engine.comm.stats.ops.items()}
         self.snapshot = dataclasses.replace(
             s,
-            memory=engine.memory_report(),
+            memory=engine.accounting().memory_report(),
             comm=comm,
-            comm_planned=s.comm_planned or engine.planned_comm(),
+            comm_planned=s.comm_planned or engine.accounting().planned_comm(),
             device=self.probe.read(),
             step=values,
             grad_norm=values.grad_norm if values.grad_norm is not None else s.grad_norm,

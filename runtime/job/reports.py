@@ -60,8 +60,8 @@ def gather_reports(engine: ZeroEngine, ctx: RankContext, device: torch.device) -
     """Every rank's memory and comm report on rank 0; taken before the gather, so the gather is not counted."""
     mine = {
         "rank": ctx.rank,
-        "memory": to_jsonable(engine.memory_report()),
-        "comm": to_jsonable(engine.comm_report()),
+        "memory": to_jsonable(engine.accounting().memory_report()),
+        "comm": to_jsonable(engine.accounting().comm_report()),
         "process_bytes": own_bytes(),  # the process at its most, tensors and all (`process_memory`)
     }
     return gather_json(mine, ctx, device)

@@ -28,22 +28,21 @@ import torch
 
 from zerotrain.lr_schedule import learning_rate
 from zerotrain.pod_contract import PROGRESS_ENV, SUMMARY_ENV
-from zerotrain.runtime.checkpoints.checkpoint import step_of as checkpoint_step
+from zerotrain.runtime.checkpoints.checkpointer import Checkpointer
 from zerotrain.runtime.job import evaluation, out_of_memory
 from zerotrain.runtime.job.host_memory import returned_while_starting, training_threshold
-from zerotrain.runtime.job.model_start import EngineFactory, Started, start_engine
+from zerotrain.runtime.job.model_start import Built, EngineFactory, StartProgress, gathered_unit_bytes, start_engine
 from zerotrain.runtime.job.preemption import NoPreemption, Preempted, Preemption, StopRequests
 from zerotrain.runtime.job.progress import NoProgress, ProgressLog, ProgressSink, throughput
-from zerotrain.runtime.job.rank_metrics import MetricsSink, NoMetrics, RankMetrics, RankPhase, StepValues
+from zerotrain.runtime.job.rank_metrics import MetricsSink, NoMetrics, RankMetrics, StepValues
 from zerotrain.runtime.job.reports import gather_reports, summary_record
-from zerotrain.runtime.job.resume import CheckpointPolicy, save_checkpoint, settle
 from zerotrain.runtime.job.spec_bindings import device_for
 from zerotrain.runtime.job.task import ConfigError, LossSum, TrainingTask, call_model, is_script
+from zerotrain.runtime.rank_phase import RankPhase
 from zerotrain.runtime.zero.process_group import init_from_env
 from zerotrain.spec import ZeroTrainingJobSpec
 
 if TYPE_CHECKING:
-    from zerotrain.runtime.checkpoints.checkpoint import Loaded
     from zerotrain.runtime.zero.engine import StepResult, ZeroEngine
 
 logger = logging.getLogger(__name__)
@@ -122,7 +121,7 @@ class TrainResult:
 @dataclass
 class Trainer:
     """One rank's training loop and the helpers it reports to, each defaulting to one that does nothing: the
-    progress (rank 0's `ProgressLog`), the metrics, the stop signals; `policy` None saves no checkpoint."""
+    progress (rank 0's `ProgressLog`), the metrics, the stop signals, the checkpoints (none saved by default)."""
 
     engine: ZeroEngine
     task: TrainingTask
@@ -130,8 +129,8 @@ class Trainer:
     ctx: RankContext
     device: torch.device
     log: ProgressSink = field(default_factory=NoProgress)
-    policy: CheckpointPolicy | None = None
-    """When and where to save (None: spec.checkpoint.path unset, a throw-away run)."""
+    checkpointer: Checkpointer | None = None
+    """Resumes and saves (None: one under no policy, which saves nothing: spec.checkpoint.path unset)."""
     metrics: MetricsSink = field(default_factory=NoMetrics)
     preemption: StopRequests = field(default_factory=NoPreemption)
 
@@ -140,7 +139,8 @@ class Trainer:
 
         Raises Preempted after the step at which any rank got SIGTERM or SIGINT, once that step's checkpoint is
         committed."""
-        spec, engine, policy = self.spec, self.engine, self.policy
+        spec, engine = self.spec, self.engine
+        checkpointer = self.checkpointer or Checkpointer(engine, None, self.metrics)
         steps = spec.training.steps
         result = TrainResult(first_step=first_step)
         start = time.perf_counter()
@@ -152,18 +152,14 @@ class Trainer:
             logged = step % spec.training.log_every == 0 or step in (1, steps)
             # The loss mean, the stop vote (every rank stops after the same step) and the norm ride the step's one
             # control all-reduce; the norm is computed only for the steps that are logged (or clipped).
-            written = policy is not None and policy.saver is not None and policy.saver.written()
+            written = checkpointer.written()
             outcome = engine.step(vote=self.preemption.requested, report_grad_norm=logged, written=written)
             stepped(outcome, step, spec.zero.gradient_accumulation_steps)
             stop = outcome.votes > 0
-            committed = settle(engine, policy, outcome.written, self.metrics)  # an asynchronous save all ranks wrote
-            if committed is not None:
-                self.log.checkpoint(checkpoint_step(committed), str(committed))
             saved = None
-            if policy is not None and (policy.due(step, steps) or stop):
-                saved = save_checkpoint(engine, policy, step, self.metrics, last=stop or step == steps)
-                if saved is not None:
-                    self.log.checkpoint(step, str(saved))
+            for at, path in checkpointer.after_step(step, steps, outcome.written, stop):
+                self.log.checkpoint(at, str(path))
+                saved = path if at == step else saved
             self.record(result, step, outcome, time.perf_counter() - step_start)
             elapsed = time.perf_counter() - start
             result.train_seconds = elapsed - result.eval_seconds
@@ -178,6 +174,7 @@ class Trainer:
                 where = None if saved is None else str(saved)
                 self.log.stopped(step, where, self.preemption.cause)
                 raise Preempted(step, where, self.preemption.elapsed(), self.preemption.cause)
+        checkpointer.close()
         result.elapsed_s = time.perf_counter() - start
         return result
 
@@ -292,28 +289,37 @@ def train(
     init_from_env(spec.zero.collective_timeout_seconds, device)  # the partitioned construction slices over it
     log: ProgressSink = ProgressLog(os.environ.get(PROGRESS_ENV)) if ctx.rank == 0 else NoProgress()
     sink: MetricsSink = metrics if metrics is not None else NoMetrics()
-    started = Started(spec)
+    progress = StartProgress()
     try:
         with returned_while_starting() as threshold:  # freed weights go back to the system, not the heap
-            start_engine(started, ctx, device, engine_factory, sink, log)
+            built = start_engine(spec, ctx, device, engine_factory, sink, log, progress)
             limited = spec.resources.memory is not None
-            threshold.training = training_threshold(started.gathered_unit_bytes(), limited)
-        engine, task, spec, policy, loaded = started.ready()
-        trainer = Trainer(engine, task, spec, ctx, device, log, policy, sink, preemption or NoPreemption())
-        return _train(trainer, loaded)
+            threshold.training = training_threshold(gathered_unit_bytes(built.engine), limited)
+        trainer = Trainer(
+            built.engine,
+            built.task,
+            built.spec,
+            ctx,
+            device,
+            log,
+            built.checkpointer,
+            sink,
+            preemption or NoPreemption(),
+        )
+        return _train(trainer, built)
     except (MemoryError, RuntimeError) as e:  # torch.OutOfMemoryError is a RuntimeError
         if not out_of_memory.is_allocation_failure(e):
             raise
-        account = out_of_memory.account(e, ctx.rank, metrics, started.engine, started.built_whole)
+        account = out_of_memory.account(e, ctx.rank, metrics, progress.engine, progress.built_whole)
         raise out_of_memory.RankOutOfMemory(account) from e
     finally:
         log.close()
 
 
-def _train(trainer: Trainer, loaded: Loaded | None) -> TrainResult:
+def _train(trainer: Trainer, built: Built) -> TrainResult:
     """The loop from where the checkpoint loaded (if any) left off, then every rank's report to rank 0's summary."""
     evaluation.check_task(trainer.task, trainer.spec.training.evaluation, trainer.spec.entrypoint)
-    result = trainer.run(first_step=(loaded.step if loaded is not None else 0) + 1)
+    result = trainer.run(first_step=built.resumed.first_step)
     trainer.metrics.phase(RankPhase.FINISHED)
     ranks = gather_reports(trainer.engine, trainer.ctx, trainer.device)
     if ranks is not None:

@@ -1,7 +1,8 @@
 """`ZeroEngine`: orchestration only. Layout in `partition`; each unit's lifecycle in `unit` (the stage is the
 `ShardPolicy` it reads, `unit_context`); when to gather and reduce in `hooks` and `schedule`; collectives in
 `collectives` (the group in `process_group`), buckets in `buckets`, streams in `streams`, accounting in `memory`,
-divergence detection in `consistency`, checkpoints in `checkpoint`.
+divergence detection in `consistency`. Files are the checkpointer's (`runtime.checkpoints`): the engine gives and
+takes its state (`state_dict`, `load_state_dict`) and knows nothing of them.
 
 Contract for callers:
 - The engine trains where the model is, as DDP does: move the model to its GPU before wrapping it.
@@ -14,8 +15,8 @@ Contract for callers:
   micro-batch counts: the step divides the gradients by the tokens every rank and micro-batch counted, so the update
   is that of the mean over every counted token of the global batch, as one process computes it.
 - Collectives, so call them on every rank: forward (stage 3), backward, step (one small control all-reduce
-  that also carries the loss mean, votes and the divergence check), `full_state_dict()`, `save_checkpoint()`,
-  `load_checkpoint()`.
+  that also carries the loss mean, votes and the divergence check), `full_state_dict()`,
+  and `checkpoints.checkpoint.save`/`load`.
 - Stages 1/2 gather the updated parameters after the step asynchronously; forward waits for each unit before
   it runs. Call `synchronize()` before reading the module's parameters directly between a step and a forward.
 - The model's parameters become views into the engine's flat buffers: do not move or re-create
@@ -24,15 +25,14 @@ Contract for callers:
 - Hybrid sharding (`shardGroupSize`): the stage's states are sharded over groups of S consecutive ranks, every
   group a replica; `shard_ranks` is S and `replica` this rank's group. Collectives inside a unit run on the group;
   the accumulated gradient shard is averaged across groups at the boundary (`unit_comm.across_groups`).
-- Resume: `path = checkpoint.latest(dir)`; if one exists, `engine.load_checkpoint(path)`; save
-  with `engine.save_checkpoint(dir)` every so many steps (same world size and stage to resume).
+- Resume: `checkpoint.load(engine, dir)` (its newest committed checkpoint, at any world size or stage); save with
+  `checkpoint.save(engine, dir)`, or let `checkpoints.checkpointer.Checkpointer` decide when.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,8 +40,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from zerotrain.runtime.checkpoints import checkpoint
-from zerotrain.runtime.checkpoints.checkpoint import Loaded
 from zerotrain.runtime.zero import control
 from zerotrain.runtime.zero import optimizer as opt_mod
 from zerotrain.runtime.zero.activation_meter import SavedActivations
@@ -65,10 +63,7 @@ from zerotrain.runtime.zero.hooks import GradReadyHooks, Prefetcher, on_output_g
 from zerotrain.runtime.zero.memory import (
     Accounting,
     BufferBytes,
-    MemoryReport,
     UnshardedGradients,
-    memory_report,
-    planned_comm,
 )
 from zerotrain.runtime.zero.param_source import ModelValues, ParameterSource
 from zerotrain.runtime.zero.partition import UnitLayout, build_units
@@ -126,10 +121,10 @@ class ZeroEngine:
         # Everything that can be wrong with the input is checked before the first collective.
         opt_mod.check_factory(optimizer)
         world = world_size_before_init()
-        self.shard_ranks = sharded_over(config, world)
+        self._shard_ranks = sharded_over(config, world)
         """S: the ranks each copy of the model states is sharded over (the world, unless hybrid sharding)."""
-        check_buckets(config, self.shard_ranks)
-        layouts = build_units(model, config.unit_modules, config.no_weight_decay, self.shard_ranks)
+        check_buckets(config, self._shard_ranks)
+        layouts = build_units(model, config.unit_modules, config.no_weight_decay, self._shard_ranks)
         device = model_device(model, config, device)
         move_buffers(model, device)
         init_from_env(config.collective_timeout_seconds, device)
@@ -140,38 +135,38 @@ class ZeroEngine:
             check_device = control_device(backend, device)
         self.comm = Comm(config.collective_timeout_seconds)
         """Every rank: the step's control all-reduce, the divergence check, broadcasts and checkpoints."""
-        self.rank, self.world_size = self.comm.rank, self.comm.world_size
-        self.replica = self.rank // self.shard_ranks
+        self._rank, self._world_size = self.comm.rank, self.comm.world_size
+        self._replica = self._rank // self._shard_ranks
         """Which copy of the model states this rank's shard group holds (always 0 without hybrid sharding)."""
-        self.dtypes = Dtypes(DTYPES[config.precision], DTYPES[config.reduce_dtype])
+        self._dtypes = Dtypes(DTYPES[config.precision], DTYPES[config.reduce_dtype])
         self.device = device
         self._ctx = self._unit_context(layouts, device, *self._groups())
         self.units: list[Unit] = self._build_units(layouts, device, init or ModelValues(model))
-        self.buffers = ModelBuffers(model, self.comm, config.broadcast_buffers)
+        self._buffers = ModelBuffers(model, self.comm, config.broadcast_buffers)
         """The model's persistent buffers (BatchNorm statistics, counters): kept, saved, broadcast (`buffers`)."""
-        self.buffers.sync()
-        self.roots = [u for u in self.units if u.layout.module is None]
+        self._buffers.sync()
+        self._roots = [u for u in self.units if u.layout.module is None]
         """The root unit and its frozen twin: what no unit module claims (stage 3 keeps them gathered into backward)."""
         each = config.gradient_sync is GradientSync.EVERY_MICRO_BATCH
         self._reduce_each = self._ctx.policy.gradients and each
         """Sharded gradients are reduced (and freed) every micro-batch, unless told to sync only at the boundary."""
         self.optimizer = self._build_optimizer(optimizer)
         self._zero_grads()  # views exist now; buffers a stage holds only during a step can go
-        self.scaler = LossScaler(config.loss_scale, enabled=config.precision is Precision.FP16)
+        self._scaler = LossScaler(config.loss_scale, enabled=config.precision is Precision.FP16)
         self._prefetcher = Prefetcher(self.units, config.prefetch_units)
-        checks = self.world_size > 1 and config.divergence_check is not DivergenceCheck.OFF
+        checks = self._world_size > 1 and config.divergence_check is not DivergenceCheck.OFF
         self._order_check = OrderCheck(self.comm, [u.name for u in self.units], check_device) if checks else None
         self._check_passes = config.divergence_check is DivergenceCheck.EVERY_PASS
         # Stage 3's backward gathers follow its forward: a divergent forward must be caught before backward.
         self._check_forward = self._check_passes or self._prefetcher.active
         self._forward_check: PendingCheck | None = None
         shards = self._ctx.policy.optimizer
-        self.control = control.StepControl(
+        self._control = control.StepControl(
             self.comm,
             self._order_check,
             config.gradient_accumulation_steps,
             shards,
-            self.world_size // self.shard_ranks,
+            self._world_size // self._shard_ranks,
         )
         self._forward_order: list[int] = []
         self._schedule = ReductionSchedule([u.index for u in self.units if not u.layout.frozen], self._reduce)
@@ -181,9 +176,9 @@ class ZeroEngine:
         self.micro_steps = 0
         self.steps = 0
         self._stepped_at = -1  # micro_steps at the last step: a boundary is stepped once
-        self.samples_per_micro_batch = samples_per_rank_batch * self.world_size
+        self._samples_per_micro_batch = samples_per_rank_batch * self._world_size
         """Global samples in one micro-batch (0: unknown): checkpoints record the position."""
-        self.unit_in_progress: str | None = None
+        self._unit_in_progress: str | None = None
         """The unit whose forward last began or whose gradients last completed: where a failure happened."""
         self._boundary = False
         if device.type == "cuda":
@@ -195,9 +190,9 @@ class ZeroEngine:
 
     def _groups(self) -> tuple[Comm, Comm | None]:
         """The shard group's collectives and, with hybrid sharding, the replica group's (one account of bytes)."""
-        if self.shard_ranks == self.world_size:
+        if self._shard_ranks == self._world_size:
             return self.comm, None
-        shard, across = hybrid_groups(self.shard_ranks)
+        shard, across = hybrid_groups(self._shard_ranks)
         timeout = self.config.collective_timeout_seconds
         return Comm(timeout, shard, self.comm.stats), Comm(timeout, across, self.comm.stats)
 
@@ -209,12 +204,12 @@ class ZeroEngine:
         pool.streams = streams_for(device)
         ctx = UnitContext(
             shard,
-            self.dtypes,
+            self._dtypes,
             ShardPolicy.of(config.fixed_stage),
             pool,
             config.reduce_bucket_elements,
             config.allgather_bucket_elements,
-            accumulate_fp32=self.dtypes.compute != torch.float32 and config.gradient_accumulation_steps > 1,
+            accumulate_fp32=self._dtypes.compute != torch.float32 and config.gradient_accumulation_steps > 1,
             offload=config.offload.optimizer is not None,
             offload_parameters=config.offload.parameters is not None,
             across=across,
@@ -223,7 +218,7 @@ class ZeroEngine:
         if config.contiguous_gradients and ctx.policy.gradients:
             # Contiguous gradients: unsharded gradients in reused arenas (see `grad_arena`).
             trainable = [la for la in layouts if not la.frozen]
-            ctx.arenas = GradArenas(trainable, self.dtypes.compute, device, pool, config.reduce_bucket_elements)
+            ctx.arenas = GradArenas(trainable, self._dtypes.compute, device, pool, config.reduce_bucket_elements)
         return ctx
 
     def _build_units(self, layouts: list[UnitLayout], device: torch.device, source: ParameterSource) -> list[Unit]:
@@ -245,10 +240,10 @@ class ZeroEngine:
             if u.layout.module is not None:
                 named.setdefault(id(u.layout.module), (u.name, u.layout.module))
         modules = [m for _, m in named.values()]
-        self.eager_units: dict[str, str] = {}
+        self._eager_units: dict[str, str] = {}
         """zero.compile: units whose forward did not compile to one graph, with why (they run eagerly)."""
         if self.config.compile_units:
-            self.eager_units = compile_units(list(named.values()))
+            self._eager_units = compile_units(list(named.values()))
         if self.config.activation_checkpointing:
             apply_checkpointing(
                 modules, self.config.offload_activation_checkpoints, self._activations.observe, self.device
@@ -293,12 +288,12 @@ class ZeroEngine:
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """The model's forward; in stage 3 each unit is gathered just before it runs and freed after."""
-        args, kwargs = cast_inputs(args, kwargs, self.dtypes.compute)
-        self.buffers.sync()  # rank 0's running statistics on every rank, as DDP's broadcast_buffers
+        args, kwargs = cast_inputs(args, kwargs, self._dtypes.compute)
+        self._buffers.sync()  # rank 0's running statistics on every rank, as DDP's broadcast_buffers
         self._forward_order = []
-        for root in self.roots:
+        for root in self._roots:
             root.wait_for_unshard()  # stages 1/2: the post-step gather; block units wait in their pre-hook
-        self._prefetcher.begin_forward(self.roots)
+        self._prefetcher.begin_forward(self._roots)
         with self._activations.measure(self._parameter_storages()):
             out = self.module(*args, **kwargs)
         # Before any gradient collective: a rank that ran other units fails here, naming them.
@@ -306,7 +301,7 @@ class ZeroEngine:
             self._finish_forward_check()  # a forward without backward (evaluation) left one in flight
             # Waited for as backward starts: the loss computation in between hides its latency.
             self._forward_check = self._order_check.launch("end of forward")
-        return self._prefetcher.end_forward(self.roots, out)
+        return self._prefetcher.end_forward(self._roots, out)
 
     def _parameter_storages(self) -> set[int]:
         # Storage identities, not data pointers: a stage-3 buffer gathered during the forward gets a new pointer
@@ -325,13 +320,13 @@ class ZeroEngine:
             self._order_check.note(event, unit)
 
     def _on_forward(self, unit: int) -> None:
-        self.unit_in_progress = self.units[unit].name
+        self._unit_in_progress = self.units[unit].name
         self.units[unit].wait_for_unshard()
         self._forward_order.append(unit)
         self._note(Event.FORWARD, unit)
 
     def _on_grads_ready(self, u: Unit) -> None:
-        self.unit_in_progress = u.name
+        self._unit_in_progress = u.name
         self._note(Event.GRADS_READY, u.index)
         u.unsharded_bytes = u.unsharded_grad_bytes()
         self._unsharded_gradients.add(u.unsharded_bytes)
@@ -361,8 +356,8 @@ class ZeroEngine:
         self._prefetcher.begin_backward()
         for u in self.units:
             u.prepare_backward()
-        scale = self.scaler.scale / self.config.gradient_accumulation_steps
-        self.control.note_loss(loss, tokens)
+        scale = self._scaler.scale / self.config.gradient_accumulation_steps
+        self._control.note_loss(loss, tokens)
         (loss * scale).backward()
         # Units some parameters of which got no gradient: reduce them now, in schedule order. The check
         # comes after, so a rank whose backward skipped units still issues every collective the others did.
@@ -386,7 +381,7 @@ class ZeroEngine:
         """Evaluation mode; run evaluation forwards under `torch.no_grad()` on every rank."""
         return self.train(False)
 
-    def is_accumulation_boundary(self) -> bool:
+    def _is_accumulation_boundary(self) -> bool:
         """True when the next `step()` will update (all micro-batches of this step are in)."""
         return self.micro_steps % self.config.gradient_accumulation_steps == 0 and self.micro_steps > 0
 
@@ -397,28 +392,30 @@ class ZeroEngine:
         on the shard, start gathering the updated parameters. `vote` and `written` are counted over ranks in
         `StepResult.votes` and `.written`; the gradient norm is computed when clipping or fp16 needs it, or
         `report_grad_norm` asks."""
-        if not self.is_accumulation_boundary() or self._stepped_at == self.micro_steps:
-            return StepResult(applied=False, loss_scale=self.scaler.scale)
+        if not self._is_accumulation_boundary() or self._stepped_at == self.micro_steps:
+            return StepResult(applied=False, loss_scale=self._scaler.scale)
         self._stepped_at = self.micro_steps
         self.synchronize()  # a unit no forward reached may still be gathering into its buffer
         self._finish_forward_check()
-        scale = self.scaler.scale
+        scale = self._scaler.scale
         self._offload_grads()
         grads = [u.step_grads for u in self.units]
         if scale != 1.0:
             torch._foreach_div_(grads, scale)  # one kernel launch per tensor list, not one per unit
         clip = self.config.gradient_clipping
-        need_norm = report_grad_norm or clip is not None or self.scaler.enabled
-        agreed, norm = self.control.agree(self.units, vote, need_norm, written)
+        need_norm = report_grad_norm or clip is not None or self._scaler.enabled
+        agreed, norm = self._control.agree(self.units, vote, need_norm, written)
         # Summed losses: the gradients hold Σ∇sum / (N·G) (averaged over ranks, divided by the accumulation); one
         # process's mean over the T counted tokens is Σ∇sum / T.
         factor = 1.0
         if agreed.tokens is not None:
-            factor = self.world_size * self.config.gradient_accumulation_steps / agreed.tokens if agreed.tokens else 0.0
+            factor = (
+                self._world_size * self.config.gradient_accumulation_steps / agreed.tokens if agreed.tokens else 0.0
+            )
         if norm is not None:
             norm *= factor
         done = StepResult(False, norm, loss_scale=scale, loss=agreed.loss, votes=agreed.votes, written=agreed.written)
-        if self.scaler.update(overflow=norm is not None and not math.isfinite(norm)):
+        if self._scaler.update(overflow=norm is not None and not math.isfinite(norm)):
             self._zero_grads()
             done.overflow = True
             return done
@@ -447,7 +444,7 @@ class ZeroEngine:
 
     def _gather_order(self) -> list[int]:
         """Units in the order the next forward needs them: the root, then the last forward's order, then the rest."""
-        first = [r.index for r in self.roots] + self._forward_order
+        first = [r.index for r in self._roots] + self._forward_order
         seen = list(dict.fromkeys(first))
         return seen + [u.index for u in self.units if u.index not in set(seen)]
 
@@ -462,7 +459,7 @@ class ZeroEngine:
         for u in self.units:
             u.after_step(async_op=False)
 
-    def restore_counters(self, steps: int, micro_steps: int) -> None:
+    def _restore_counters(self, steps: int, micro_steps: int) -> None:
         """Continue from a checkpoint's counters: `steps` applied, `micro_steps` consumed, that boundary stepped."""
         self.steps, self.micro_steps = steps, micro_steps
         self._stepped_at = micro_steps
@@ -482,45 +479,46 @@ class ZeroEngine:
         )
         saved = {s.name for u in self.units for s in u.layout.slots}
         return ShardLayout(
-            rank=self.rank,
-            world_size=self.world_size,
-            shard_group_size=self.shard_ranks,
-            replica=self.replica,
+            rank=self._rank,
+            world_size=self._world_size,
+            shard_group_size=self._shard_ranks,
+            replica=self._replica,
             stage=self.config.fixed_stage,
             precision=self.config.precision,
             units=units,
             optimizer_segments=tuple(self._optimizer_segments),
-            buffers=tuple(self.buffers.slots),
-            broadcast_buffers=self.buffers.broadcast,
+            buffers=tuple(self._buffers.slots),
+            broadcast_buffers=self._buffers.broadcast,
             aliases=tied_names(self.module, saved),
         )
 
     def state_dict(self) -> EngineState:
         """This rank's training state: its shards (views of the engine's own buffers), counters, loss scaler and
-        layout. No collective; call `synchronize()` first when an asynchronous gather may still be writing."""
+        layout. No collective; a gather still in flight is waited for first."""
+        self.synchronize()
         position = Position(
-            self.steps, self.micro_steps, self.config.gradient_accumulation_steps, self.samples_per_micro_batch
+            self.steps, self.micro_steps, self.config.gradient_accumulation_steps, self._samples_per_micro_batch
         )
         return EngineState(
             layout=self.layout,
             masters=[u.master for u in self.units],
             optimizer=self.optimizer.state_dict(),
-            buffers=self.buffers.tensors(),
+            buffers=self._buffers.tensors(),
             position=position,
-            scaler=self.scaler.state_dict(),
+            scaler=self._scaler.state_dict(),
         )
 
     def load_state_dict(self, state: EngineState) -> None:
         """Continue from `state`, a state of this engine's own layout (one saved at another world size or stage
-        loads through `load_checkpoint`, which reshards); then rebuild the compute parameters. Masters and buffers
-        are copied in (masters that are this engine's own, filled in place, are not copied again); the optimizer
-        state's tensors are taken as they are, as the wrapped optimizer's own `load_state_dict` takes them. A state
-        that does not fit is refused before anything changes."""
+        loads through `checkpoints.checkpoint.load`, which reshards); then rebuild the compute parameters. Masters
+        and buffers are copied in (masters that are this engine's own, filled in place, are not copied again); the
+        optimizer state's tensors are taken as they are, as the wrapped optimizer's own `load_state_dict` takes
+        them. A state that does not fit is refused before anything changes."""
         groups = [len(g["params"]) for g in self.optimizer.param_groups]
         problem = load_problem(self.layout, [u.master for u in self.units], groups, state)
         if problem is not None:
             where = f"rank {state.layout.rank} of {state.layout.world_size}"
-            fix = "load a checkpoint through load_checkpoint(), which reads any world size or stage"
+            fix = "load a checkpoint through checkpoints.checkpoint.load(), which reads any world size or stage"
             raise ZeroSetupError("state", where, problem, fix)
         self.synchronize()  # a gather the last step left in flight would overwrite what the load writes
         with torch.no_grad():
@@ -529,23 +527,10 @@ class ZeroEngine:
                     u.master.copy_(master)
         self.optimizer.load_state_dict(state.optimizer)
         if state.buffers is not None:
-            self.buffers.load(state.buffers)
-        self.restore_counters(state.position.steps, state.position.micro_steps)
-        self.scaler.load_state_dict(state.scaler)
+            self._buffers.load(state.buffers)
+        self._restore_counters(state.position.steps, state.position.micro_steps)
+        self._scaler.load_state_dict(state.scaler)
         self.refresh_parameters()
-
-    def save_checkpoint(self, root: str | os.PathLike[str]) -> str:
-        """Save this rank's shards in a fresh `root/step-NNNNNNNN-<token>/` and commit it; call on every rank.
-
-        Returns the directory written (see `checkpoint`)."""
-        self.synchronize()
-        return str(checkpoint.save(self, root))
-
-    def load_checkpoint(self, path: str | os.PathLike[str]) -> Loaded:
-        """Resume from a checkpoint root (its newest committed checkpoint) or one checkpoint directory, at any
-        world size or stage; call on every rank. On refusal it raises, naming why, with the engine unchanged."""
-        self.synchronize()  # a gather in flight would overwrite what the load writes
-        return checkpoint.load(self, path)
 
     # ----------------------------------------------------------------- reports
 
@@ -562,14 +547,9 @@ class ZeroEngine:
             if name not in out:
                 owner = next(n for n, q in self.module.named_parameters() if q is p)
                 out[name] = out[owner]
-        return out | self.buffers.rank0_values()
+        return out | self._buffers.rank0_values()
 
-    def comm_report(self) -> dict[str, dict[str, float]]:
-        """Per collective op: calls, bytes (ring convention, see `collectives`), payload bytes and seconds."""
-        self.comm.stats.settle()
-        return {op: dict(vars(s)) for op, s in self.comm.stats.ops.items()}
-
-    def buffer_bytes(self) -> BufferBytes:
+    def _buffer_bytes(self) -> BufferBytes:
         """What the engine's buffers beyond the model states hold, and held at most, each counted by its owner."""
         return BufferBytes(
             gathered_peak=self._ctx.gathered_peak_bytes,
@@ -581,29 +561,19 @@ class ZeroEngine:
             comm_buffer_peak=self.comm.stats.peak_buffer_bytes,
         )
 
-    @property
-    def prefetches(self) -> int:
-        """Stage 3 gathers issued ahead of need so far (they overlap the running unit's compute)."""
-        return self._prefetcher.prefetches
-
     def accounting(self) -> Accounting:
-        """What this rank holds now, for a memory report."""
+        """What this rank holds and has sent, for the memory and communication reports."""
         return Accounting(
-            self.rank,
-            self.world_size,
-            self.shard_ranks,
+            self._rank,
+            self._world_size,
+            self._shard_ranks,
             self.config,
-            self.dtypes.compute,
+            self._dtypes.compute,
             self.device,
             self.units,
             self.optimizer,
-            self.buffer_bytes(),
+            self._buffer_bytes(),
+            self.comm.stats,
+            self._prefetcher.prefetches,
+            self._unit_in_progress,
         )
-
-    def memory_report(self) -> MemoryReport:
-        """Bytes per category held by this rank now, next to the ZeRO formula's prediction."""
-        return memory_report(self.accounting())
-
-    def planned_comm(self) -> dict[str, int]:
-        """Bytes per optimizer step by op the plan says this rank's collectives send (`zerotrain.peak`)."""
-        return planned_comm(self.accounting())

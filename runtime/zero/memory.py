@@ -35,6 +35,7 @@ from zerotrain._model import SpecModel
 from zerotrain.peak import PeakInput, arena_bytes, comm_bytes_per_step, config_fields, gathered_bytes, pool_bytes
 from zerotrain.planner import PlanInput, element_bytes, host_parameter_bytes, host_state_bytes, stage_bytes
 from zerotrain.runtime.zero import optimizer as opt_mod
+from zerotrain.runtime.zero.collectives import CommStats
 from zerotrain.runtime.zero.partition import UnitLayout
 from zerotrain.zero_config import Stage, ZeroConfig
 
@@ -214,6 +215,25 @@ class Accounting:
     """The wrapped optimizer over this rank's shards (its state is counted; its kind gives K)."""
     held: BufferBytes
     """What the buffers beyond the model states hold now, and held at most."""
+    comm: CommStats
+    """The rank's collectives, counted (`collectives`)."""
+    prefetches: int = 0
+    """Stage 3 gathers issued ahead of need so far (they overlap the running unit's compute)."""
+    unit_in_progress: str | None = None
+    """The unit whose forward or backward is running (where an out-of-memory struck)."""
+
+    def memory_report(self) -> MemoryReport:
+        """Bytes per category held by this rank now, next to the ZeRO formula's prediction."""
+        return memory_report(self)
+
+    def planned_comm(self) -> dict[str, int]:
+        """Bytes per optimizer step by op the plan says this rank's collectives send (`zerotrain.peak`)."""
+        return planned_comm(self)
+
+    def comm_report(self) -> dict[str, dict[str, float]]:
+        """Per collective op: calls, bytes (ring convention, see `collectives`), payload bytes and seconds."""
+        self.comm.settle()
+        return {op: dict(vars(s)) for op, s in self.comm.ops.items()}
 
 
 def buffer_plan(view: Accounting, w: float, g: float, k: float) -> PeakInput:

@@ -86,9 +86,12 @@ class LifecycleError(RuntimeError):
     """A unit was asked to move between states its lifecycle does not connect: a bug in the runtime."""
 
 
-@dataclass
+@dataclass(repr=False)  # the default repr reads every tensor field, and a sharded unit's storage is freed
 class Unit:
     """Buffers, lifecycle states and per-backward bookkeeping of one unit, and the operations on them."""
+
+    def __repr__(self) -> str:
+        return f"Unit({self.index}, {self.layout.name!r}, {self.params_state.name}, {self.grads_state.name})"
 
     index: int
     layout: UnitLayout

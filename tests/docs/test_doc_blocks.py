@@ -144,6 +144,8 @@ def test_python_block_names_what_exists(block: Block) -> None:
         if isinstance(node, ast.ImportFrom) and node.module:
             module = importlib.import_module(node.module)
             for alias in node.names:
+                if not hasattr(module, alias.name):  # a submodule, which the import itself loads
+                    importlib.import_module(f"{node.module}.{alias.name}")
                 assert hasattr(module, alias.name), f"{block.where}: {node.module} has no {alias.name}"
                 names[alias.asname or alias.name] = getattr(module, alias.name)
         elif isinstance(node, ast.Import):
@@ -160,8 +162,13 @@ def test_python_block_names_what_exists(block: Block) -> None:
                 continue
             if isinstance(func, ast.Name) and isinstance(names.get(func.id), type):
                 types[target.id] = names[func.id]
-            elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in types:
-                returned = _annotations(getattr(types[func.value.id], func.attr, None)).get("return")
+            elif isinstance(func, ast.Name) and callable(names.get(func.id)):  # a function: what it returns
+                returned = _annotations(names[func.id]).get("return")
+                if isinstance(returned, type):
+                    types[target.id] = returned
+            elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+                owner = types.get(func.value.id) or names.get(func.value.id)  # a type's method, a module's function
+                returned = _annotations(getattr(owner, func.attr, None)).get("return") if owner is not None else None
                 if isinstance(returned, type):
                     types[target.id] = returned
     checked = 0

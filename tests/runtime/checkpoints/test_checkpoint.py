@@ -31,14 +31,14 @@ def resume(rank: int, world: int, root: str, stage: int) -> tuple[bool, list[str
 
     straight = ZeroEngine(make_model(seed=0), cfg, optimizer=opt)
     _train(straight, data[:3], rank)
-    saved = straight.save_checkpoint(root)
+    saved = checkpoint.save(straight, root)
     _train(straight, data[3:], rank)
     expected = straight.full_state_dict()
 
     resumed = ZeroEngine(make_model(seed=7), cfg, optimizer=opt)  # other weights: the load must replace them
     latest = checkpoint.latest(root)
-    assert latest is not None and str(latest) == saved
-    resumed.load_checkpoint(latest)
+    assert latest is not None and latest == saved
+    checkpoint.load(resumed, latest)
     assert resumed.steps == 3
     _train(resumed, data[3:], rank)
     got = resumed.full_state_dict()
@@ -67,7 +67,7 @@ def save_after_three(rank: int, world: int, root: str) -> None:
 
     engine = ZeroEngine(make_model(seed=0), ZeroConfig(stage=3, unit_modules=["Block"]), optimizer=_adamw)
     _train(engine, batches(3, world), rank)
-    engine.save_checkpoint(root)
+    checkpoint.save(engine, root)
 
 
 def resume_two_more(rank: int, world: int, root: str) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
@@ -77,7 +77,7 @@ def resume_two_more(rank: int, world: int, root: str) -> tuple[dict[str, torch.T
     engine = ZeroEngine(make_model(seed=7), cfg, optimizer=_adamw)
     path = checkpoint.latest(root)
     assert path is not None
-    engine.load_checkpoint(path)
+    checkpoint.load(engine, path)
     _train(engine, batches(5, world)[3:], rank)
     # The same run in one process (here, at the same thread count): steps 1-3 on the 2-rank global
     # batches, steps 4-5 on the 4-rank ones.

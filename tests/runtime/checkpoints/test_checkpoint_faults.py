@@ -43,13 +43,13 @@ def fp16_resume(rank: int, world: int, root: str) -> dict[str, Any]:
     data = batches(12, world)
     straight = _engine(**FP16)
     skipped = _train(straight, data[:6], rank)
-    straight.save_checkpoint(root)
-    scaler_at_save = straight.scaler.state_dict()
+    checkpoint.save(straight, root)
+    scaler_at_save = straight._scaler.state_dict()
     skipped += _train(straight, data[6:], rank)
 
     resumed = _engine(seed=5, **FP16)
-    resumed.load_checkpoint(root)
-    loaded_scaler = resumed.scaler.state_dict()
+    checkpoint.load(resumed, root)
+    loaded_scaler = resumed._scaler.state_dict()
     position = (resumed.micro_steps, resumed.steps)
     _train(resumed, data[6:], rank)
     a, b = straight.full_state_dict(), resumed.full_state_dict()
@@ -58,7 +58,7 @@ def fp16_resume(rank: int, world: int, root: str) -> dict[str, Any]:
         "skipped": skipped,
         "scaler": (scaler_at_save, loaded_scaler),
         "position": position,
-        "final_scales": (straight.scaler.scale, resumed.scaler.scale),
+        "final_scales": (straight._scaler.scale, resumed._scaler.scale),
     }
 
 
@@ -80,7 +80,7 @@ def killed_mid_save(rank: int, world: int, root: str, point: str) -> None:
     engine = _engine()
     data = batches(3, world)
     _train(engine, data[:2], rank)
-    engine.save_checkpoint(root)
+    checkpoint.save(engine, root)
     _train(engine, data[2:], rank)
     original_write, original_commit = ck.write, ck._commit
 
@@ -97,13 +97,13 @@ def killed_mid_save(rank: int, world: int, root: str, point: str) -> None:
     ck.write = write  # type: ignore[assignment]
     if point == "before-marker":
         ck._commit = commit  # type: ignore[assignment]
-    engine.save_checkpoint(root)
+    checkpoint.save(engine, root)
     ck.write, ck._commit = original_write, original_commit
 
 
 def load_newest(rank: int, world: int, root: str) -> tuple[int, int]:
     engine = _engine(seed=3)
-    loaded = engine.load_checkpoint(root)
+    loaded = checkpoint.load(engine, root)
     return loaded.step, engine.steps
 
 
@@ -128,7 +128,7 @@ def refused(rank: int, world: int, root: str, kind: str) -> dict[str, Any]:
     before = {n: t.clone() for n, t in engine.full_state_dict().items()}
     target = root if kind != "not-a-checkpoint" else str(Path(root).parent)
     try:
-        engine.load_checkpoint(target)
+        checkpoint.load(engine, target)
     except ZeroSetupError as e:
         after = engine.full_state_dict()
         return {"message": str(e), "unchanged": all(torch.equal(before[n], after[n]) for n in before)}
@@ -138,7 +138,7 @@ def refused(rank: int, world: int, root: str, kind: str) -> dict[str, Any]:
 def save_two_ranks(rank: int, world: int, root: str) -> None:
     engine = _engine()
     _train(engine, batches(1, world), rank)
-    engine.save_checkpoint(root)
+    checkpoint.save(engine, root)
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 from tiny_models import batches, lm_loss, make_model
 
 from zerotrain.cli import main
+from zerotrain.runtime.checkpoints import checkpoint
 
 
 def _adamw(g: list) -> torch.optim.Optimizer:
@@ -30,7 +31,7 @@ def train_and_save(rank: int, world: int, root: str) -> dict[str, Any]:
         tokens = step[0][rank]
         engine.backward(lm_loss(engine(tokens), tokens))
         engine.step()
-    engine.save_checkpoint(root)
+    checkpoint.save(engine, root)
     return engine.full_state_dict()
 
 

@@ -42,7 +42,7 @@ def save_after_three(
     cfg = ZeroConfig(stage=stage, unit_modules=["Block"], shard_group_size=group, offload=offload or {})
     engine = ZeroEngine(make_model(seed=0), cfg, optimizer=_adamw)
     _train(engine, batches(3, world), rank)
-    engine.save_checkpoint(root)
+    checkpoint.save(engine, root)
     return sum(u.master.numel() for u in engine.units)
 
 
@@ -60,7 +60,7 @@ def resume_two_more(
     shard_file.READ_CHUNK_ELEMENTS = 50  # many small reads: the bound on what a load holds beyond its shard
     cfg = ZeroConfig(stage=stage, unit_modules=["Block"], shard_group_size=group, offload=offload or {})
     engine = ZeroEngine(make_model(seed=7), cfg, optimizer=_adamw)
-    loaded = engine.load_checkpoint(root)  # the root: the newest committed checkpoint under it
+    loaded = checkpoint.load(engine, root)  # the root: the newest committed checkpoint under it
     shard = sum(u.master.numel() for u in engine.units)
     _train(engine, batches(5, world)[3:], rank)
     data = batches(3, saved_world) + batches(5, world)[3:]

@@ -50,7 +50,7 @@ def partitioned_engine(rank: int, world: int, entrypoint: str, args: dict[str, A
         "rng": rng,
         "notes": start.notes,
         "placeholders": metas,
-        "comm": engine.comm_report(),
+        "comm": engine.accounting().comm_report(),
     }
 
 

@@ -13,6 +13,7 @@ from safetensors.torch import load_file, save_file
 from tiny_models import llama_config
 from torch import nn
 
+from zerotrain.runtime.checkpoints import checkpoint
 from zerotrain.runtime.construction.weight_files import open_weights
 from zerotrain.runtime.job.task import TrainingTask
 from zerotrain.spec import PretrainedSpec
@@ -185,7 +186,7 @@ def checkpoint_of_llama(rank: int, world: int, root: str) -> None:
     engine = ZeroEngine(
         task.model, ZeroConfig(stage=3, unit_modules=["LlamaDecoderLayer"]), lambda g: torch.optim.SGD(g, lr=0.1)
     )
-    engine.save_checkpoint(root)
+    checkpoint.save(engine, root)
 
 
 @pytest.mark.slow

@@ -16,9 +16,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from zerotrain.pod_contract import PROGRESS_ENV, SUMMARY_ENV
 from zerotrain.runtime.job.metrics_endpoint import Endpoint, Served, metrics_endpoint, read_ports
 from zerotrain.runtime.job.rank import start_metrics
-from zerotrain.runtime.job.rank_metrics import RankMetrics, RankPhase
+from zerotrain.runtime.job.rank_metrics import RankMetrics
 from zerotrain.runtime.job.task import ConfigError
 from zerotrain.runtime.job.train import RankContext, train
+from zerotrain.runtime.rank_phase import RankPhase
 from zerotrain.spec import ZeroTrainingJobSpec
 
 GPT = {"seq_len": 16, "batch_size": 4, "d_model": 16, "n_layers": 2, "n_heads": 2, "max_bytes": 50_000}
@@ -92,8 +93,8 @@ def train_and_scrape(rank: int, world: int, root: str) -> dict[str, Any]:
         return {
             "before": before,
             "samples": samples,
-            "memory": engine.memory_report().model_dump(),
-            "comm": engine.comm_report(),
+            "memory": engine.accounting().memory_report().model_dump(),
+            "comm": engine.accounting().comm_report(),
             "ckpt_bytes": sum(f.stat().st_size for f in Path(root, "ckpt").glob(f"step-*/rank-{rank:05d}.safetensors")),
         }
     finally:

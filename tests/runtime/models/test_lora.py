@@ -225,7 +225,7 @@ def held_model_states(rank: int, world: int, path: str) -> dict[int, int]:
         batch = next(start.task.batches)
         engine.backward(start.task.loss(engine(start.task.inputs(batch)), batch))
         engine.step()  # the optimizer's state exists from its first step
-        held[stage] = engine.memory_report().model_state_bytes
+        held[stage] = engine.accounting().memory_report().model_state_bytes
         del engine
     return held
 

@@ -44,7 +44,7 @@ def buffers(rank: int, world: int, depth: int, stage: int, precision: str) -> di
         engine.backward(engine(x).float().square().mean())
         engine.step()
         allocations.append(engine.comm.stats.buffer_allocations)
-    return {"peak": engine.memory_report().comm_buffer_peak_bytes, "allocations": allocations}
+    return {"peak": engine.accounting().memory_report().comm_buffer_peak_bytes, "allocations": allocations}
 
 
 def buffers_at_depths(
@@ -104,8 +104,8 @@ def gradient_storages(rank: int, world: int, stage: int, contiguous: bool, bucke
         engine.step()
     return {
         "seen": seen,
-        "arena_bytes": engine.memory_report().gradient_arena_bytes,
-        "grad_bytes": engine.memory_report().gradient_bytes,
+        "arena_bytes": engine.accounting().memory_report().gradient_arena_bytes,
+        "grad_bytes": engine.accounting().memory_report().gradient_bytes,
     }
 
 

@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 from tiny_models import ConvNet, image_batches
 
 from zerotrain.cli import main
+from zerotrain.runtime.checkpoints import checkpoint
 
 BUFFERS = [
     "bn0.running_mean",
@@ -94,7 +95,7 @@ def test_buffers_train_as_under_ddp_and_full_state_dict_holds_rank_0s(stage: int
 def save_then_probe(rank: int, world: int, root: str, stage: int, broadcast: bool) -> dict[str, Any]:
     engine = _engine(stage, broadcast)
     _train(engine, rank, world, 2)
-    engine.save_checkpoint(root)
+    checkpoint.save(engine, root)
     engine.eval()
     with torch.no_grad():
         out = engine(PROBE)
@@ -103,7 +104,7 @@ def save_then_probe(rank: int, world: int, root: str, stage: int, broadcast: boo
 
 def load_then_probe(rank: int, world: int, root: str, stage: int, broadcast: bool) -> dict[str, Any]:
     engine = _engine(stage, broadcast)
-    engine.load_checkpoint(root)
+    checkpoint.load(engine, root)
     live = {n: b.clone() for n, b in engine.module.named_buffers()}
     engine.eval()
     with torch.no_grad():

@@ -24,11 +24,11 @@ def sent_per_step(rank: int, world: int, stage: int, precision: str, micro: int)
             batch = next(task.batches)
             engine.backward(task.loss(engine(task.inputs(batch)), batch))
         engine.step()
-        return {op: s["bytes"] for op, s in engine.comm_report().items() if op in ZERO_OPS}
+        return {op: s["bytes"] for op, s in engine.accounting().comm_report().items() if op in ZERO_OPS}
 
     first = step()  # the first step also broadcasts and sizes things: count the second
     second = step()
-    return {op: second[op] - first.get(op, 0) for op in second}, engine.planned_comm()
+    return {op: second[op] - first.get(op, 0) for op in second}, engine.accounting().planned_comm()
 
 
 CASES = (("fp32", 1), ("bf16", 2))

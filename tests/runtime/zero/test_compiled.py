@@ -23,7 +23,7 @@ def _trained(rank: int, world: int, case: Case) -> tuple[dict[str, torch.Tensor]
     for step in batches(3, world):
         engine.backward(lm_loss(engine(step[0][rank]), step[0][rank]))
         engine.step()
-    return engine.full_state_dict(), dict(engine.eager_units)
+    return engine.full_state_dict(), dict(engine._eager_units)
 
 
 def _breaking_forward(self: Any, x: torch.Tensor) -> torch.Tensor:

@@ -89,7 +89,7 @@ def count_collectives(rank: int, world: int, stage: int, mode: str) -> dict[str,
             engine.backward(lm_loss(engine(tokens), tokens))
             result = engine.step()
     assert result.loss is not None and result.grad_norm is None  # no clipping, fp32: no norm computed
-    return {op: s["calls"] / len(data) for op, s in engine.comm_report().items()}
+    return {op: s["calls"] / len(data) for op, s in engine.accounting().comm_report().items()}
 
 
 def count_collectives_of(rank: int, world: int, cases: tuple[tuple[int, str], ...]) -> list[dict[str, float]]:

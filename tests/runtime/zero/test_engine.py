@@ -79,7 +79,7 @@ def test_world_size_one_matches_adamw(monkeypatch: pytest.MonkeyPatch, stage: in
     for name, value in ref.items():
         torch.testing.assert_close(got[name], value, rtol=1e-5, atol=1e-6)
     # One rank sends nothing; the ops are still counted (calls), so reports keep their shape.
-    report = engine.comm_report()
+    report = engine.accounting().comm_report()
     assert sum(op["bytes"] for op in report.values()) == 0 and report["broadcast"]["calls"] > 0
 
 
@@ -103,7 +103,7 @@ def test_activation_checkpointing_recomputes_each_unit_once_in_backward(monkeypa
         engine.backward(lm_loss(engine(tokens), tokens))
         assert engine.step().applied
         assert len(calls) == expected
-        saved[checkpointing] = engine.memory_report().activation_bytes
+        saved[checkpointing] = engine.accounting().memory_report().activation_bytes
     # Checkpointed blocks keep only their inputs for backward (the rest is recomputed).
     assert 0 < saved[True] < saved[False] / 2, saved
 
@@ -141,7 +141,7 @@ def test_offloaded_activation_checkpoints_live_in_host_memory_and_train_identica
         engine.backward(lm_loss(engine(tokens), tokens))
         engine.step()
         results[offload] = engine.full_state_dict()
-        counted[offload] = engine.memory_report().activation_bytes
+        counted[offload] = engine.accounting().memory_report().activation_bytes
         # Three checkpointed blocks each keep their input in host memory, not pinned: this model trains on the CPU
         # (pinning is for copies back to a GPU), whether or not the machine has CUDA.
         assert (len(packed) >= 3 and all(p == ("cpu", False, False) for p in packed)) if offload else packed == []

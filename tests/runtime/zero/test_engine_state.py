@@ -136,6 +136,6 @@ def refused(rank: int, world: int) -> dict[str, Any]:
 def test_a_state_laid_out_otherwise_is_refused_with_the_engine_unchanged() -> None:
     for got in run_ranks(refused, 2):
         shards, buffer = got["errors"]
-        assert shards.startswith("state: got 'rank ") and "load_checkpoint()" in shards, shards
+        assert shards.startswith("state: got 'rank ") and "checkpoint.load()" in shards, shards
         assert "buffer '0.bn.running_men' is not one of this model's" in buffer, buffer
         assert got["unchanged"]

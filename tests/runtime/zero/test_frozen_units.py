@@ -128,12 +128,12 @@ def held(rank: int, world: int, stage: int) -> dict[str, Any]:
     trainable = [u for u in engine.units if not u.layout.frozen]
     frozen = [u for u in engine.units if u.layout.frozen]
     return {
-        "report": engine.memory_report().model_dump(),
+        "report": engine.accounting().memory_report().model_dump(),
         "trainable": sum(u.master.numel() for u in trainable),
         "frozen": sum(u.master.numel() for u in frozen),
         "frozen_dtypes": {u.master.dtype for u in frozen},
         "frozen_grads": sum(u.grad_shard.numel() for u in frozen),
-        "gathered_peak": engine.buffer_bytes().gathered_peak,
+        "gathered_peak": engine.accounting().held.gathered_peak,
         "pair": max(
             sum(v.layout.padded for v in engine.units if v.layout.module is u.layout.module)
             for u in engine.units

@@ -24,8 +24,8 @@ from zerotrain.runtime.checkpoints.shard_file import ShardReader
 def _hybrid_case(rank: int, world: int, case: Case) -> dict[str, Any]:
     out = run_case(rank, world, case)
     engine = engine_for(case)  # a fresh engine of the same case: its plan, not its traffic
-    out["planned"] = engine.planned_comm()
-    out["shard_ranks"], out["replica"] = engine.shard_ranks, engine.replica
+    out["planned"] = engine.accounting().planned_comm()
+    out["shard_ranks"], out["replica"] = engine._shard_ranks, engine._replica
     return out
 
 

@@ -33,11 +33,11 @@ def categories(rank: int, world: int, stage: int, optimizer: str) -> dict[str, f
     torch.manual_seed(0)
     model = nn.Sequential(*(Lin() for _ in range(K)))
     engine = ZeroEngine(model, ZeroConfig(stage=stage, unit_modules=["Lin"]), optimizer=OPTIMIZERS[optimizer])
-    before = engine.memory_report()  # no step yet: the prediction must not wait for the optimizer's state
+    before = engine.accounting().memory_report()  # no step yet: the prediction must not wait for the optimizer's state
     x = torch.randn(B, D)
     engine.backward(engine(x).sum())  # sum's backward saves nothing: only each unit's input stays
     engine.step()
-    after = engine.memory_report()
+    after = engine.accounting().memory_report()
     return {**after.model_dump(), "k_before": before.optimizer_multiplier}
 
 
@@ -97,7 +97,7 @@ def held_after_a_step(rank: int, world: int) -> list[dict[str, int]]:
         engine = ZeroEngine(model, cfg, optimizer=OPTIMIZERS[optimizer])
         engine.backward(engine(torch.randn(B, D)).float().sum())
         engine.step()
-        r = engine.memory_report()
+        r = engine.accounting().memory_report()
         # Adam's 0-dim step counters are real memory the formula leaves out (docs/memory.md): 4 bytes per view.
         steps = [t for st in engine.optimizer.state.values() for k, t in st.items() if k == "step"]
         counters = sum(t.numel() * t.element_size() for t in steps if isinstance(t, torch.Tensor))

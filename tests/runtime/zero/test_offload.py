@@ -32,7 +32,7 @@ def trained(rank: int, world: int, case: Case) -> dict[str, object]:
         for micro in step:
             engine.backward(lm_loss(engine(micro[rank]), micro[rank]))
         engine.step()
-    return {"got": engine.full_state_dict(), "memory": engine.memory_report().model_dump()}
+    return {"got": engine.full_state_dict(), "memory": engine.accounting().memory_report().model_dump()}
 
 
 def offload_cases(rank: int, world: int) -> list[dict]:

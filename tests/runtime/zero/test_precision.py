@@ -38,10 +38,10 @@ def train_losses(rank: int, world: int, stage: int, precision: str, reduce: str,
     return {
         "losses": losses,
         "overflow": overflow,
-        "skipped": engine.scaler.skipped_steps,
-        "scale": engine.scaler.scale,
+        "skipped": engine._scaler.skipped_steps,
+        "scale": engine._scaler.scale,
         "dtypes": dtypes,
-        "memory": engine.memory_report().model_dump(),
+        "memory": engine.accounting().memory_report().model_dump(),
     }
 
 

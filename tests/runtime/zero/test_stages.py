@@ -108,7 +108,7 @@ def run_case(rank: int, world: int, case: Case) -> dict:
         norms.append(result.grad_norm)
     # The last step's bytes by op (the first also broadcasts the initial values).
     ops_per_step = {op: s.bytes - ops.get(op, 0) for op, s in engine.comm.stats.ops.items()}
-    mem = engine.memory_report()
+    mem = engine.accounting().memory_report()
     got = engine.full_state_dict()
 
     def no_decay(n: str) -> bool:
@@ -125,8 +125,8 @@ def run_case(rank: int, world: int, case: Case) -> dict:
         "ops_per_step": ops_per_step,
         "memory": mem.model_dump(),
         "unit_bytes": unit_bytes,
-        "prefetches": engine.prefetches,
-        "reduce_scatters": engine.comm_report().get("reduce_scatter", {}).get("calls", 0) / len(data),
+        "prefetches": engine.accounting().prefetches,
+        "reduce_scatters": engine.accounting().comm_report().get("reduce_scatter", {}).get("calls", 0) / len(data),
     }
 
 
