@@ -14,7 +14,7 @@ for the families below, exactly what transformers builds:
 
 A field the config leaves out takes the value transformers' config class gives it, so Ψ is exact either way. The
 activations are not counted here: `activation_shape` maps the config onto `spec.model.shape`'s GPT formula
-(`zerotrain.transformer_plan`), which is approximate for gated MLPs and mixtures of experts (see there).
+(`zerotrain.plan.transformer`), which is approximate for gated MLPs and mixtures of experts (see there).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zerotrain.spec import Attention, ModelShape
+from zerotrain.model_spec import Attention, ModelShape
 
 HF_ENTRYPOINT = "zerotrain.runtime.models.huggingface:build"
 """The built-in entry point that builds a Hugging Face model from `entrypointArgs.config`."""
@@ -259,7 +259,7 @@ def _positive(args: Mapping[str, Any], key: str, default: int) -> int:
 
 
 def activation_shape(size: ModelSize, args: Mapping[str, Any], world_size: int) -> ModelShape:
-    """The shape `zerotrain.transformer_plan` counts activations from: seq_len and this rank's rows of batch_size
+    """The shape `zerotrain.plan.transformer` counts activations from: seq_len and this rank's rows of batch_size
     (rounded up) from entrypointArgs; the MLP's width as the GPT formula's f, so a gated MLP's four inner tensors
     (times top-k for experts) count as a GeLU MLP's two. An approximation for gated MLPs and experts (router logits
     and the dispatch's index tensors are left out); measure with `zerotrain plan -f JOB --measure` for a figure."""

@@ -8,7 +8,7 @@ from enum import Enum
 from pydantic import Field
 
 from zerotrain._model import SpecModel
-from zerotrain.planner import MemoryPlan
+from zerotrain.plan.model_states import MemoryPlan
 from zerotrain.zero_config import Stage
 
 

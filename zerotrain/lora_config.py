@@ -37,7 +37,7 @@ class LoraSpec(SpecModel):
 
 
 GPT_ENTRYPOINT = "zerotrain.runtime.examples.gpt:build"
-"""The built-in GPT, whose layers `spec.model.shape` describes (`zerotrain.transformer_plan`)."""
+"""The built-in GPT, whose layers `spec.model.shape` describes (`zerotrain.plan.transformer`)."""
 
 
 @dataclass(frozen=True)

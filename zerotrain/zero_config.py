@@ -26,7 +26,7 @@ class AutoStage(str, Enum):
     """A stage chosen from the memory plan instead of written down."""
 
     AUTO = "auto"
-    """The lowest stage whose whole-peak plan fits each rank's device (`zerotrain.autostage`)."""
+    """The lowest stage whose whole-peak plan fits each rank's device (`zerotrain.plan.stage_choice`)."""
 
 
 class Precision(str, Enum):
@@ -279,7 +279,8 @@ class ZeroConfig(SpecModel):
 
     @property
     def fixed_stage(self) -> Stage:
-        """The stage the ranks run; `auto` must have been resolved first (`zerotrain.autostage.resolve_stage`)."""
+        """The stage the ranks run; `auto` must have been resolved first
+        (`zerotrain.plan.stage_choice.resolve_stage`)."""
         if isinstance(self.stage, AutoStage):
             raise ValueError(
                 "spec.zero.stage: auto is chosen before the ranks start (by the operator, zerotrain run or "

@@ -14,13 +14,13 @@ from gpu_check_config import SIZES, GptSize, Size
 from gpu_check_records import Checks
 from gpu_check_train import adamw, batches, device_of, init_group, make_task, teardown
 
-from zerotrain.peak import peak_plan
-from zerotrain.planner import format_bytes
+from zerotrain.plan.model_states import format_bytes
+from zerotrain.plan.peak import peak_plan
+from zerotrain.plan.transformer import activation_peak
 from zerotrain.pod_contract import SINGLE_RANK_COLLECTIVES_ENV as SINGLE_RANK_ENV
 from zerotrain.runtime import ZeroConfig, ZeroEngine
 from zerotrain.runtime.zero.memory import buffer_plan
 from zerotrain.spec import ModelShape
-from zerotrain.transformer_plan import activation_peak
 
 PEAK_RTOL = 0.10
 """The whole-peak plan against torch.cuda.max_memory_allocated over the training steps: reported, and a check

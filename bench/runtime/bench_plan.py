@@ -33,9 +33,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from zerotrain.peak import peak_plan
-from zerotrain.plan_inputs import peak_input
-from zerotrain.planner import format_bytes
+from zerotrain.plan.inputs import peak_input
+from zerotrain.plan.model_states import format_bytes
+from zerotrain.plan.peak import peak_plan
 from zerotrain.runtime.job.launch import free_port
 from zerotrain.runtime.zero.live_bytes import LiveBytes
 from zerotrain.spec import ZeroTrainingJobSpec

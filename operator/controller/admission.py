@@ -6,21 +6,22 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from zerotrain import elastic, host_plan
-from zerotrain.autostage import NoStageFits, StageChoice, resolve_stage
+from zerotrain import elastic
 from zerotrain.errors import UserError
 from zerotrain.manifest import parse_spec
 from zerotrain.operator.children import builders, naming, pod_template
 from zerotrain.operator.controller.conditions import Reason
-from zerotrain.plan_inputs import (
+from zerotrain.plan import host as host_plan
+from zerotrain.plan.inputs import (
     declared_parameters,
     gpu_memory_bytes,
+    memory_plan,
     min_world_size,
     more_ranks,
     plan_input,
-    plan_job,
 )
-from zerotrain.planner import MemoryPlan, PlanInput, format_bytes, min_data_parallel
+from zerotrain.plan.model_states import MemoryPlan, PlanInput, format_bytes, min_data_parallel
+from zerotrain.plan.stage_choice import NoStageFits, StageChoice, resolve_stage
 from zerotrain.spec import ZeroTrainingJobSpec
 from zerotrain.zero_config import AutoStage, Stage
 
@@ -62,7 +63,7 @@ def plan_for(spec: ZeroTrainingJobSpec, default_gpu_memory: str | None) -> tuple
         device = gpu_memory_bytes(memory)
     except ValueError as e:
         raise ValueError(f"resources.gpuMemory: {e}") from None
-    return plan_job(spec, device), plan_input(spec, device)
+    return memory_plan(spec, device), plan_input(spec, device)
 
 
 def _min_ranks(spec: ZeroTrainingJobSpec, stage: Stage, p: PlanInput, usable: int) -> int | None:

@@ -20,7 +20,7 @@ from zerotrain.operator.controller.conditions import (
     is_true,
     set_condition,
 )
-from zerotrain.planner import MemoryPlan
+from zerotrain.plan.model_states import MemoryPlan
 from zerotrain.zero_config import Stage
 
 

@@ -21,7 +21,7 @@ from zerotrain import elastic
 from zerotrain.elastic import ElasticSpec
 from zerotrain.job_status import MAX_RESIZES_KEPT, Phase, Resize, ResizeCause, ZeroTrainingJobStatus
 from zerotrain.operator.controller.observe import ObservedPod, PodPhase
-from zerotrain.planner import MemoryPlan
+from zerotrain.plan.model_states import MemoryPlan
 from zerotrain.spec import ZeroTrainingJobSpec
 from zerotrain.zero_config import Stage
 

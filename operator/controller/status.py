@@ -18,7 +18,7 @@ from zerotrain.operator.controller.conditions import (
     set_condition,
 )
 from zerotrain.operator.controller.observe import Disruption, ObservedPod, PodPhase
-from zerotrain.planner import MemoryPlan, format_bytes
+from zerotrain.plan.model_states import MemoryPlan, format_bytes
 from zerotrain.spec import ZeroTrainingJobSpec
 from zerotrain.zero_config import Stage
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from zerotrain.errors import UserError
-from zerotrain.plan_inputs import declared_parameters
+from zerotrain.plan.inputs import declared_parameters
 from zerotrain.runtime.job import evaluation as evaluation_module
 from zerotrain.runtime.job.task import (
     ConfigError,

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from zerotrain.planner import format_bytes
+from zerotrain.plan.model_states import format_bytes
 from zerotrain.pod_contract import RANK_MEMORY_LIMIT_ENV
 from zerotrain.runtime.job.process_memory import status_bytes
 from zerotrain.runtime.rank_phase import RankPhase

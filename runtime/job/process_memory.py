@@ -9,7 +9,7 @@ thread stacks as they are mapped, touched or not).
     python -m zerotrain.runtime.job.process_memory            # each kind, two ranks, as JSON
 
 runs `zerotrain run` on a tiny job of each kind (tensors of a few MB) and prints each rank's `process_bytes`
-from the run's summary (each rank's peak, read as it exits). That is how `zerotrain.process_baseline`'s figures
+from the run's summary (each rank's peak, read as it exits). That is how `zerotrain.plan.process_baseline`'s figures
 were measured; tests/runtime/job/test_process_memory.py measures them
 again and fails when they drift by more than the stated tolerance.
 """
@@ -24,7 +24,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from zerotrain.process_baseline import ProcessKind
+from zerotrain.plan.process_baseline import ProcessKind
 
 STATUS = Path("/proc/self/status")
 

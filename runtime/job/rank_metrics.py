@@ -80,7 +80,7 @@ class Snapshot:
     memory: MemoryReport | None = None
     comm: Mapping[str, tuple[int, int, int, float]] = field(default_factory=dict)
     comm_planned: Mapping[str, int] = field(default_factory=dict)
-    """Bytes per optimizer step by op the plan predicts (`zerotrain.peak.comm_bytes_per_step`)."""
+    """Bytes per optimizer step by op the plan predicts (`zerotrain.plan.peak.comm_bytes_per_step`)."""
     device: DeviceMemory | None = None
     step: StepValues | None = None
     grad_norm: float | None = None

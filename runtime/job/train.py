@@ -43,7 +43,8 @@ from zerotrain.runtime.zero.process_group import init_from_env
 from zerotrain.spec import ZeroTrainingJobSpec
 
 if TYPE_CHECKING:
-    from zerotrain.runtime.zero.engine import StepResult, ZeroEngine
+    from zerotrain.runtime.zero.engine import ZeroEngine
+    from zerotrain.runtime.zero.engine_state import StepResult
 
 logger = logging.getLogger(__name__)
 

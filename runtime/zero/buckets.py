@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from zerotrain.peak import chunk_width
+from zerotrain.plan.peak import chunk_width
 from zerotrain.runtime.zero.collectives import Comm, Pending
 from zerotrain.runtime.zero.streams import HostStreams, SideWork
 

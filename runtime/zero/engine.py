@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -43,22 +42,20 @@ from torch import nn
 from zerotrain.runtime.zero import control
 from zerotrain.runtime.zero import optimizer as opt_mod
 from zerotrain.runtime.zero.activation_meter import SavedActivations
-from zerotrain.runtime.zero.activations import apply_checkpointing
-from zerotrain.runtime.zero.buckets import BucketPool
 from zerotrain.runtime.zero.buffers import ModelBuffers, move_buffers
 from zerotrain.runtime.zero.collectives import Comm
-from zerotrain.runtime.zero.compiled import compile_units
 from zerotrain.runtime.zero.consistency import Event, OrderCheck, PendingCheck
+from zerotrain.runtime.zero.engine_build import build_optimizer, groups, make_units, prepare_modules, unit_context
 from zerotrain.runtime.zero.engine_errors import ZeroSetupError
 from zerotrain.runtime.zero.engine_state import (
     EngineState,
     Position,
     ShardLayout,
+    StepResult,
     UnitShard,
     load_problem,
     tied_names,
 )
-from zerotrain.runtime.zero.grad_arena import GradArenas
 from zerotrain.runtime.zero.hooks import GradReadyHooks, Prefetcher, on_output_grad
 from zerotrain.runtime.zero.memory import (
     Accounting,
@@ -66,37 +63,14 @@ from zerotrain.runtime.zero.memory import (
     UnshardedGradients,
 )
 from zerotrain.runtime.zero.param_source import ModelValues, ParameterSource
-from zerotrain.runtime.zero.partition import UnitLayout, build_units
+from zerotrain.runtime.zero.partition import build_units
 from zerotrain.runtime.zero.precision import DTYPES, LossScaler, cast_inputs
-from zerotrain.runtime.zero.process_group import check_backend_serves, control_device, hybrid_groups, init_from_env
+from zerotrain.runtime.zero.process_group import check_backend_serves, control_device, init_from_env
 from zerotrain.runtime.zero.schedule import ReductionSchedule
 from zerotrain.runtime.zero.setup_checks import check_buckets, model_device, sharded_over, world_size_before_init
-from zerotrain.runtime.zero.streams import streams_for
-from zerotrain.runtime.zero.unit import GradState, Unit, build_unit, kept_range
-from zerotrain.runtime.zero.unit_context import Dtypes, ShardPolicy, UnitContext
+from zerotrain.runtime.zero.unit import GradState, Unit
+from zerotrain.runtime.zero.unit_context import Dtypes
 from zerotrain.zero_config import DivergenceCheck, GradientSync, Precision, ZeroConfig
-
-
-@dataclass
-class StepResult:
-    """What one `step()` call did."""
-
-    applied: bool
-    """The optimizer stepped (False between accumulation boundaries and on fp16 overflow)."""
-    grad_norm: float | None = None
-    """Global gradient norm over all shards before clipping; computed only when clipping, fp16 loss scaling or
-    `report_grad_norm` needs it (None otherwise and between boundaries)."""
-    overflow: bool = False
-    """fp16 gradients overflowed; the step was skipped and the loss scale lowered."""
-    loss_scale: float = 1.0
-    """Loss scale used for this step's gradients."""
-    loss: float | None = None
-    """The loss of this step's micro-batches averaged over them and over ranks, or for summed losses the mean over
-    every counted token (None between boundaries)."""
-    votes: int = 0
-    """How many ranks passed `vote=True` to this step."""
-    written: int = 0
-    """How many ranks passed `written=True` (their checkpoint write in flight is on disk)."""
 
 
 class ZeroEngine:
@@ -140,8 +114,12 @@ class ZeroEngine:
         """Which copy of the model states this rank's shard group holds (always 0 without hybrid sharding)."""
         self._dtypes = Dtypes(DTYPES[config.precision], DTYPES[config.reduce_dtype])
         self.device = device
-        self._ctx = self._unit_context(layouts, device, *self._groups())
-        self.units: list[Unit] = self._build_units(layouts, device, init or ModelValues(model))
+        shard, across = groups(self.comm, self._shard_ranks, config.collective_timeout_seconds)
+        self._ctx = unit_context(config, self._dtypes, layouts, device, shard, across)
+        persistence = config.param_persistence_elements
+        self.units: list[Unit] = make_units(
+            self._ctx, model, layouts, device, init or ModelValues(model), persistence, self.comm
+        )
         self._buffers = ModelBuffers(model, self.comm, config.broadcast_buffers)
         """The model's persistent buffers (BatchNorm statistics, counters): kept, saved, broadcast (`buffers`)."""
         self._buffers.sync()
@@ -150,7 +128,7 @@ class ZeroEngine:
         each = config.gradient_sync is GradientSync.EVERY_MICRO_BATCH
         self._reduce_each = self._ctx.policy.gradients and each
         """Sharded gradients are reduced (and freed) every micro-batch, unless told to sync only at the boundary."""
-        self.optimizer = self._build_optimizer(optimizer)
+        self.optimizer, self._optimizer_segments = build_optimizer(self.units, self._ctx.comm.rank, optimizer)
         self._zero_grads()  # views exist now; buffers a stage holds only during a step can go
         self._scaler = LossScaler(config.loss_scale, enabled=config.precision is Precision.FP16)
         self._prefetcher = Prefetcher(self.units, config.prefetch_units)
@@ -186,68 +164,12 @@ class ZeroEngine:
             # allocator keeps their blocks reserved (~28 GB for gpu-7b), reported as used and counted by the alert.
             torch.cuda.empty_cache()
 
-    # ----------------------------------------------------------------- setup
-
-    def _groups(self) -> tuple[Comm, Comm | None]:
-        """The shard group's collectives and, with hybrid sharding, the replica group's (one account of bytes)."""
-        if self._shard_ranks == self._world_size:
-            return self.comm, None
-        shard, across = hybrid_groups(self._shard_ranks)
-        timeout = self.config.collective_timeout_seconds
-        return Comm(timeout, shard, self.comm.stats), Comm(timeout, across, self.comm.stats)
-
-    def _unit_context(
-        self, layouts: list[UnitLayout], device: torch.device, shard: Comm, across: Comm | None
-    ) -> UnitContext:
-        config = self.config
-        pool = BucketPool(shard)
-        pool.streams = streams_for(device)
-        ctx = UnitContext(
-            shard,
-            self._dtypes,
-            ShardPolicy.of(config.fixed_stage),
-            pool,
-            config.reduce_bucket_elements,
-            config.allgather_bucket_elements,
-            accumulate_fp32=self._dtypes.compute != torch.float32 and config.gradient_accumulation_steps > 1,
-            offload=config.offload.optimizer is not None,
-            offload_parameters=config.offload.parameters is not None,
-            across=across,
-        )
-        ctx.size_pool(layouts)
-        if config.contiguous_gradients and ctx.policy.gradients:
-            # Contiguous gradients: unsharded gradients in reused arenas (see `grad_arena`).
-            trainable = [la for la in layouts if not la.frozen]
-            ctx.arenas = GradArenas(trainable, self._dtypes.compute, device, pool, config.reduce_bucket_elements)
-        return ctx
-
-    def _build_units(self, layouts: list[UnitLayout], device: torch.device, source: ParameterSource) -> list[Unit]:
-        named = dict(self.module.named_parameters())
-        units = []
-        for i, layout in enumerate(layouts):
-            lo, hi = kept_range(self._ctx, layout)
-            values = torch.empty(hi - lo, dtype=torch.float32, device=device)
-            source.fill(layout, lo, hi, values, self.comm)
-            params = [named[s.name] for s in layout.slots]
-            units.append(build_unit(self._ctx, i, layout, params, values, self.config.param_persistence_elements))
-        return units
+    # ----------------------------------------------------------------- setup (engine_build)
 
     def _install_hooks(self) -> None:
         self._prefetcher.install()
-        # A module's trainable unit and its frozen twin share it: it is compiled and checkpointed once.
-        named: dict[int, tuple[str, nn.Module]] = {}
-        for u in self.units:
-            if u.layout.module is not None:
-                named.setdefault(id(u.layout.module), (u.name, u.layout.module))
-        modules = [m for _, m in named.values()]
-        self._eager_units: dict[str, str] = {}
+        self._eager_units = prepare_modules(self.units, self.config, self._activations.observe, self.device)
         """zero.compile: units whose forward did not compile to one graph, with why (they run eagerly)."""
-        if self.config.compile_units:
-            self._eager_units = compile_units(list(named.values()))
-        if self.config.activation_checkpointing:
-            apply_checkpointing(
-                modules, self.config.offload_activation_checkpoints, self._activations.observe, self.device
-            )
         self._grad_hooks = GradReadyHooks(self.units, self._on_grads_ready)
         if self._ctx.arenas is not None:
             for u in self.units:
@@ -256,24 +178,6 @@ class ZeroEngine:
         for u in self.units:
             if u.layout.module is not None:
                 u.layout.module.register_forward_pre_hook(lambda *_, i=u.index: self._on_forward(i))
-
-    def _build_optimizer(self, factory: opt_mod.OptimizerFactory) -> torch.optim.Optimizer:
-        shard_params = []
-        where: dict[int, tuple[int, int, int]] = {}
-        for u in self.units:
-            lo = u.master_range[0]
-            segs = u.optimizer_segments(self._ctx.comm.rank)
-            made = opt_mod.shard_params(u.master, u.step_grads, [(s.start, s.stop, s.kind) for s in segs])
-            for s, (_, p) in zip(segs, made, strict=True):
-                where[id(p)] = (u.index, lo + s.start, lo + s.stop)
-            shard_params += made
-        groups = opt_mod.param_groups(shard_params)
-        opt = factory(groups)
-        opt_mod.check_uses_groups(opt, groups)
-        # (unit, start, stop) in unit coordinates of each optimizer parameter, in the optimizer's order:
-        # what lets a checkpoint be loaded at another world size or stage.
-        self._optimizer_segments = [where.get(id(p), (-1, 0, 0)) for g in opt.param_groups for p in g["params"]]
-        return opt
 
     def _bind_arena_on_grad(self, u: Unit, output: Any) -> None:
         """Bind the unit's gradient arena when backward reaches its output, before its backward."""

@@ -201,3 +201,25 @@ class Checkpointable(Protocol):
     def state_dict(self) -> EngineState: ...
 
     def load_state_dict(self, state: EngineState) -> None: ...
+
+
+@dataclass
+class StepResult:
+    """What one `step()` call did."""
+
+    applied: bool
+    """The optimizer stepped (False between accumulation boundaries and on fp16 overflow)."""
+    grad_norm: float | None = None
+    """Global gradient norm over all shards before clipping; computed only when clipping, fp16 loss scaling or
+    `report_grad_norm` needs it (None otherwise and between boundaries)."""
+    overflow: bool = False
+    """fp16 gradients overflowed; the step was skipped and the loss scale lowered."""
+    loss_scale: float = 1.0
+    """Loss scale used for this step's gradients."""
+    loss: float | None = None
+    """The loss of this step's micro-batches averaged over them and over ranks, or for summed losses the mean over
+    every counted token (None between boundaries)."""
+    votes: int = 0
+    """How many ranks passed `vote=True` to this step."""
+    written: int = 0
+    """How many ranks passed `written=True` (their checkpoint write in flight is on disk)."""

@@ -12,7 +12,7 @@ holds it, so a view aliasing another buffer is never double counted):
 - communication buffers: the pool's fixed buffers for sending and receiving, now and at peak.
 - gradient arenas: with contiguous gradients (stages 2/3), the reused buffers unsharded gradients land in.
 
-Predicted: `zerotrain.planner.stage_bytes` with Ψ = the model's real elements, N = world size,
+Predicted: `zerotrain.plan.model_states.stage_bytes` with Ψ = the model's real elements, N = world size,
 w = compute element size, g = element size of the gradients the stage holds between steps (the
 compute dtype for stages 0/1, whose fp32 copy lives only from reduction to step; the fp32 shard
 for stages 2/3) and K = per-element optimizer state bytes (measured once the optimizer has state;
@@ -32,8 +32,8 @@ from typing import Protocol
 import torch
 
 from zerotrain._model import SpecModel
-from zerotrain.peak import PeakInput, arena_bytes, comm_bytes_per_step, config_fields, gathered_bytes, pool_bytes
-from zerotrain.planner import PlanInput, element_bytes, host_parameter_bytes, host_state_bytes, stage_bytes
+from zerotrain.plan.model_states import PlanInput, element_bytes, host_parameter_bytes, host_state_bytes, stage_bytes
+from zerotrain.plan.peak import PeakInput, arena_bytes, comm_bytes_per_step, config_fields, gathered_bytes, pool_bytes
 from zerotrain.runtime.zero import optimizer as opt_mod
 from zerotrain.runtime.zero.collectives import CommStats
 from zerotrain.runtime.zero.partition import UnitLayout
@@ -104,11 +104,11 @@ class MemoryReport(SpecModel):
     predicted_model_state_bytes: int
     """Sum of the three predictions."""
     predicted_comm_buffer_peak_bytes: int = 0
-    """The plan's communication pool (`zerotrain.peak.pool_bytes`) for these units and bucket sizes."""
+    """The plan's communication pool (`zerotrain.plan.peak.pool_bytes`) for these units and bucket sizes."""
     predicted_gradient_arena_bytes: int = 0
-    """The plan's gradient arenas (`zerotrain.peak.arena_bytes`; 0 without contiguous gradients)."""
+    """The plan's gradient arenas (`zerotrain.plan.peak.arena_bytes`; 0 without contiguous gradients)."""
     predicted_gathered_peak_bytes: int = 0
-    """The plan's stage-3 gathered window (`zerotrain.peak.gathered_bytes`)."""
+    """The plan's stage-3 gathered window (`zerotrain.plan.peak.gathered_bytes`)."""
     host_optimizer_bytes: int = 0
     """Optimizer offload: the fp32 master and optimizer state this rank holds in host memory (0 otherwise)."""
     predicted_host_optimizer_bytes: int = 0
@@ -227,7 +227,7 @@ class Accounting:
         return memory_report(self)
 
     def planned_comm(self) -> dict[str, int]:
-        """Bytes per optimizer step by op the plan says this rank's collectives send (`zerotrain.peak`)."""
+        """Bytes per optimizer step by op the plan says this rank's collectives send (`zerotrain.plan.peak`)."""
         return planned_comm(self)
 
     def comm_report(self) -> dict[str, dict[str, float]]:
@@ -260,7 +260,7 @@ def buffer_plan(view: Accounting, w: float, g: float, k: float) -> PeakInput:
 
 
 def planned_comm(view: Accounting) -> dict[str, int]:
-    """Bytes per optimizer step by op the plan says this rank's collectives send (`zerotrain.peak`)."""
+    """Bytes per optimizer step by op the plan says this rank's collectives send (`zerotrain.plan.peak`)."""
     compute = float(torch.empty(0, dtype=view.compute).element_size())
     return comm_bytes_per_step(buffer_plan(view, compute, compute, 0.0))
 

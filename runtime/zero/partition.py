@@ -28,7 +28,7 @@ from enum import IntEnum
 
 from torch import nn
 
-from zerotrain.peak import ALIGN, align_up, padded_elements
+from zerotrain.plan.peak import ALIGN, align_up, padded_elements
 from zerotrain.runtime.zero.engine_errors import ZeroSetupError
 
 ROOT_UNIT = "<root>"

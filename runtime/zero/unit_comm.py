@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from zerotrain.peak import ACROSS_GROUPS
+from zerotrain.plan.peak import ACROSS_GROUPS
 from zerotrain.runtime.zero.buckets import Finish, Then, chunks
 
 if TYPE_CHECKING:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from zerotrain.peak import pool_capacity
+from zerotrain.plan.peak import pool_capacity
 from zerotrain.runtime.zero.buckets import BucketPool
 from zerotrain.runtime.zero.collectives import Comm
 from zerotrain.runtime.zero.grad_arena import GradArenas

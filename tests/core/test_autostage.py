@@ -9,13 +9,13 @@ from typing import Any
 import pytest
 import yaml
 
-from zerotrain.autostage import NoStageFits, choose_stage, local_rank_memory, resolve_stage
 from zerotrain.cli import main
 from zerotrain.manifest import load_job
 from zerotrain.operator.controller.admission import admit
-from zerotrain.plan_inputs import at_stage, plan_job
-from zerotrain.planner import DEFAULT_HEADROOM, format_bytes
-from zerotrain.process_baseline import baseline_bytes
+from zerotrain.plan.inputs import at_stage, memory_plan
+from zerotrain.plan.model_states import DEFAULT_HEADROOM, format_bytes
+from zerotrain.plan.process_baseline import baseline_bytes
+from zerotrain.plan.stage_choice import NoStageFits, choose_stage, local_rank_memory, resolve_stage
 from zerotrain.spec import ZeroTrainingJobSpec
 from zerotrain.zero_config import AutoStage, Stage
 
@@ -34,7 +34,7 @@ def test_the_lowest_stage_whose_plan_fits_is_chosen(memory: float, stage: int) -
     choice = choose_stage(spec(), int(memory))
     assert choice.stage == stage
     # The same verdict as the plan of every fixed stage: it fits, and the stage below does not.
-    fits = [plan_job(at_stage(spec(), s), int(memory)).stages[s].fits for s in Stage]
+    fits = [memory_plan(at_stage(spec(), s), int(memory)).stages[s].fits for s in Stage]
     assert fits[stage] and not any(fits[:stage])
 
 

@@ -14,10 +14,10 @@ import yaml
 
 from zerotrain.cli import main
 from zerotrain.hf_config import HF_ENTRYPOINT, activation_shape, local_files, model_size, read_config
-from zerotrain.peak import padded_elements
-from zerotrain.plan_inputs import declared_parameters, peak_input, plan_job
+from zerotrain.plan.inputs import declared_parameters, memory_plan, peak_input
+from zerotrain.plan.peak import padded_elements
+from zerotrain.plan.transformer import activation_peak
 from zerotrain.spec import ZeroTrainingJobSpec
-from zerotrain.transformer_plan import activation_peak
 
 transformers = pytest.importorskip("transformers")
 
@@ -189,7 +189,7 @@ def test_a_config_only_the_pods_can_read_derives_nothing_and_stated_models_plan_
     assert declared_parameters(stated) == 1234 and peak_input(stated) is None
     shape = {"layers": 2, "hidden": 32, "heads": 4, "sequenceLength": 16, "vocabulary": 96, "microBatchSize": 1}
     shaped = spec({"config": CONFIGS["mixtral"]}, {"shape": shape})
-    assert plan_job(shaped).parameters == declared_parameters(shaped) != verdict[0].parameters
+    assert memory_plan(shaped).parameters == declared_parameters(shaped) != verdict[0].parameters
 
 
 def test_the_plan_imports_neither_torch_nor_transformers() -> None:
@@ -197,7 +197,7 @@ def test_the_plan_imports_neither_torch_nor_transformers() -> None:
     import sys
 
     code = (
-        "import sys, zerotrain.hf_config, zerotrain.plan_inputs; "
+        "import sys, zerotrain.hf_config, zerotrain.plan.inputs; "
         "assert not {'torch', 'transformers'} & set(sys.modules), sorted({'torch', 'transformers'} & set(sys.modules))"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from zerotrain.cli import main
-from zerotrain.peak import ACROSS_GROUPS, comm_bytes_per_step
-from zerotrain.plan_inputs import peak_input, plan_job
+from zerotrain.plan.inputs import memory_plan, peak_input
+from zerotrain.plan.peak import ACROSS_GROUPS, comm_bytes_per_step
 from zerotrain.spec import ZeroTrainingJobSpec
 from zerotrain.zero_config import Stage
 
@@ -30,7 +30,7 @@ def test_a_rank_in_groups_of_s_holds_what_plain_zero_at_s_holds() -> None:
     plain = _spec(replicas=1, nprocPerNode=2, zero={"gradientAccumulationSteps": 2})
     assert hybrid.shard_group_ranks == 2
     for stage in Stage:
-        a, b = plan_job(hybrid).stages[stage], plan_job(plain).stages[stage]
+        a, b = memory_plan(hybrid).stages[stage], memory_plan(plain).stages[stage]
         assert a.model_state_bytes == b.model_state_bytes and a.peak == b.peak, stage
     pi = peak_input(hybrid)
     assert pi is not None and (pi.world_size, pi.shard_groups) == (2, 4)

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from zerotrain.autostage import resolve_stage
-from zerotrain.host_plan import host_plan
-from zerotrain.peak import peak_plan
-from zerotrain.plan_inputs import host_bytes_per_pod, peak_input, plan_job
+from zerotrain.plan.host import host_plan
+from zerotrain.plan.inputs import host_bytes_per_pod, memory_plan, peak_input
+from zerotrain.plan.peak import peak_plan
+from zerotrain.plan.stage_choice import resolve_stage
 from zerotrain.spec import ZeroTrainingJobSpec
 from zerotrain.zero_config import Stage
 
@@ -30,13 +30,13 @@ def test_the_device_holds_no_optimizer_state_and_the_host_holds_k_plus_4() -> No
     for stage in (1, 2, 3):
         on = _spec({"stage": stage, "offload": {"optimizer": "cpu"}, "precision": "bf16"})
         off = _spec({"stage": stage, "precision": "bf16"})
-        a, b = plan_job(on).stages[stage], plan_job(off).stages[stage]
+        a, b = memory_plan(on).stages[stage], memory_plan(off).stages[stage]
         assert a.optimizer_bytes == 0 < b.optimizer_bytes
         assert a.parameter_bytes == b.parameter_bytes and a.gradient_bytes == b.gradient_bytes
         pa, pb = peak_plan(peak_input(on)), peak_plan(peak_input(off))  # type: ignore[arg-type]
         assert pa.optimizer_step == pa.fp32_gradients < pb.optimizer_step  # no device temporaries for the step
     spec = _spec({"stage": 3, "offload": {"optimizer": "cpu"}})
-    psi = plan_job(spec).parameters
+    psi = memory_plan(spec).parameters
     assert host_bytes_per_pod(spec) == round(2 * (8 + 4) * psi / 2)  # AdamW's moments and the fp32 master
 
 
@@ -44,13 +44,13 @@ def test_offloaded_parameters_leave_only_the_gathered_window_on_the_device() -> 
     both = {"optimizer": "cpu", "parameters": "cpu"}
     on = _spec({"stage": 3, "offload": both, "precision": "bf16"})
     off = _spec({"stage": 3, "offload": {"optimizer": "cpu"}, "precision": "bf16"})
-    a, b = plan_job(on).stages[3], plan_job(off).stages[3]
+    a, b = memory_plan(on).stages[3], memory_plan(off).stages[3]
     assert a.parameter_bytes == 0 < b.parameter_bytes and a.gradient_bytes == b.gradient_bytes
     pa, pb = peak_plan(peak_input(on)), peak_plan(peak_input(off))  # type: ignore[arg-type]
     assert pa.parameters == 0 < pb.parameters
     assert pa.gathered_parameters == pb.gathered_parameters > 0  # the window is gathered on the device still
     assert pa.peak == pb.peak - pb.parameters
-    psi = plan_job(on).parameters
+    psi = memory_plan(on).parameters
     assert host_bytes_per_pod(on) == round(2 * (8 + 4 + 2) * psi / 2)  # and the bf16 shard
     fp32 = _spec({"stage": 3, "offload": both})
     assert host_bytes_per_pod(fp32) == round(2 * (8 + 4) * psi / 2)  # the fp32 master is the shard
@@ -109,7 +109,7 @@ def test_each_row_offloads_only_where_offload_runs_and_the_recommendation_starts
     from zerotrain.commands.plan import render
 
     spec = _spec({"stage": 3, "precision": "bf16", "offload": {"optimizer": "cpu", "parameters": "cpu"}})
-    result = plan_job(spec)
+    result = memory_plan(spec)
     rows = result.stages
     assert rows[0].optimizer_bytes > 0 and rows[1].optimizer_bytes == rows[3].optimizer_bytes == 0
     assert rows[2].parameter_bytes > 0 and rows[3].parameter_bytes == 0

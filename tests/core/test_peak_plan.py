@@ -12,10 +12,10 @@ import torch
 import yaml
 
 from zerotrain.cli import main
-from zerotrain.peak import PeakInput, peak_plan, step_bytes
-from zerotrain.plan_inputs import peak_input, plan_job
+from zerotrain.plan.inputs import memory_plan, peak_input
+from zerotrain.plan.peak import PeakInput, peak_plan, step_bytes
+from zerotrain.plan.transformer import activation_peak, parameters
 from zerotrain.spec import ModelShape, ZeroTrainingJobSpec
-from zerotrain.transformer_plan import activation_peak, parameters
 from zerotrain.zero_config import Stage
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml"
@@ -140,7 +140,7 @@ def test_every_caller_gets_the_same_numbers(tmp_path: Path, capsys: pytest.Captu
         raw = yaml.safe_load(path.read_text())["spec"]
         verdict = admit(raw, f"m{i}")
         assert verdict.admitted and verdict.plan is not None, verdict.message
-        own = plan_job(ZeroTrainingJobSpec.model_validate(raw)).stages[stage]
+        own = memory_plan(ZeroTrainingJobSpec.model_validate(raw)).stages[stage]
         admitted = verdict.plan.stages[stage]
         assert planned["peak"]["peak"] == admitted.peak.peak == own.peak.peak  # type: ignore[union-attr]
         assert planned["modelStateBytes"] == admitted.model_state_bytes == own.model_state_bytes
@@ -197,7 +197,7 @@ def test_the_figures_docs_memory_quotes_are_the_quickstarts_plan() -> None:
     """The figures docs/memory.md's prose quotes for the quickstart. (Its `$ zerotrain ...` commands, and what they
     print, are run by tests/docs/test_doc_commands.py.)"""
     spec = ZeroTrainingJobSpec.model_validate(yaml.safe_load(QUICKSTART.read_text())["spec"])
-    peak = plan_job(spec).stages[3].peak
+    peak = memory_plan(spec).stages[3].peak
     assert peak is not None
     text = " ".join(MEMORY_DOC.read_text().split())
     quoted = f"{peak.peak / 1e6:.1f} MB per rank at stage 3, of which {peak.model_states / 1e6:.1f} MB are model states"

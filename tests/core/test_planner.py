@@ -7,7 +7,7 @@ import json
 import pytest
 
 from zerotrain.cli import main
-from zerotrain.planner import PlanInput, Stage, min_data_parallel, plan
+from zerotrain.plan.model_states import PlanInput, Stage, min_data_parallel, plan
 
 GB = 1e9
 

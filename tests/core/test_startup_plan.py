@@ -12,7 +12,7 @@ import yaml
 from zerotrain.cli import main
 from zerotrain.manifest import parse_spec
 from zerotrain.operator.controller.admission import admit
-from zerotrain.startup import start_up_plan
+from zerotrain.plan.start_up import start_up_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 

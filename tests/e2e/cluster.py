@@ -40,6 +40,9 @@ class Cluster:
     configuration: kubernetes.client.Configuration
     namespace: str
     emulator: ZeroEmulator | None = None
+    kopf_runs: bool = True
+    """Whether kopf gets to send a request in the test (the teardown then checks its calls were recorded); a
+    replica deposed as it starts may stop before its first."""
 
     def client(self, agent: str = TEST_AGENT) -> Kube:
         kube = Kube(self.configuration, retries=3, retry_base_seconds=0.05)

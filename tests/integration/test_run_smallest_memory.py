@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from zerotrain.cli import main
-from zerotrain.process_baseline import DRIFT
+from zerotrain.plan.process_baseline import DRIFT
 
 ROOT = Path(__file__).resolve().parents[2]
 MIB = 1 << 20
@@ -94,7 +94,7 @@ def test_the_smallest_memory_the_plan_accepts_runs_and_less_is_refused_before_an
         process = rank["process_bytes"] - host["tensors"]
         assert abs(process - host["baseline"]) <= DRIFT * host["baseline"], (
             f"a rank's process holds {process / 1e6:.0f} MB besides its tensors, not the {host['baseline'] / 1e6:.0f} "
-            "MB zerotrain.process_baseline states; measure again (python -m zerotrain.runtime.job.process_memory) "
+            "MB zerotrain.plan.process_baseline states; measure again (python -m zerotrain.runtime.job.process_memory) "
             "and update BASELINE_BYTES and docs/memory.md"
         )
 

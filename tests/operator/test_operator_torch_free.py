@@ -24,7 +24,7 @@ def test_the_spec_and_the_operator_run_no_runtime_code() -> None:
     import (a process-wide warnings filter) that a spec reader must not get."""
     code = (
         "import sys\n"
-        "import zerotrain.spec, zerotrain.planner, zerotrain.peak, zerotrain.crd, zerotrain.plan_inputs\n"
+        "import zerotrain.spec, zerotrain.plan, zerotrain.plan.peak, zerotrain.crd\n"
         "import zerotrain.operator.app, zerotrain.operator.controller.admission, zerotrain.operator.handlers\n"
         "loaded = sorted(m for m in sys.modules if m.startswith('zerotrain.runtime'))\n"
         "assert not loaded, loaded\n"

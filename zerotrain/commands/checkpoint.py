@@ -12,16 +12,14 @@ import argparse
 import enum
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console
 from rich.text import Text
 
+from zerotrain.commands import runtime_calls as rt
 from zerotrain.commands.tables import Rows, print_rows
-from zerotrain.planner import format_bytes
-
-if TYPE_CHECKING:
-    from zerotrain.runtime.checkpoints.export import StoredTensors
+from zerotrain.plan.model_states import format_bytes
 
 INSPECT = """List every checkpoint under a checkpoint root (or one checkpoint): step, samples, world size, stage, bytes
 per rank, and whether it is complete (committed, every digest verified)."""
@@ -110,9 +108,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def inspect(args: argparse.Namespace) -> int:
-    from zerotrain.runtime.checkpoints.export import inspect as rows_of
-
-    rows = rows_of(args.dir)
+    rows = rt.inspect_checkpoints(args.dir)
     if args.output == OutputFormat.JSON.value:
         print(json.dumps(rows, indent=2))
         return 0
@@ -136,27 +132,22 @@ def table(rows: list[dict[str, Any]]) -> Rows:
 
 
 def export(args: argparse.Namespace) -> int:
-    from zerotrain.runtime.checkpoints import export as ex
-    from zerotrain.runtime.zero.engine_errors import ZeroSetupError
-
     if args.optimizer and args.format != ExportFormat.DCP.value:
-        raise ZeroSetupError("--optimizer", True, "only DCP exports carry optimizer state", "add --format dcp")
+        raise rt.ZeroSetupError("--optimizer", True, "only DCP exports carry optimizer state", "add --format dcp")
     if args.merge and args.format != ExportFormat.HUGGINGFACE.value:
-        raise ZeroSetupError("--merge", True, "only Hugging Face exports merge adapters", "add --format huggingface")
+        raise rt.ZeroSetupError("--merge", True, "only Hugging Face exports merge adapters", "add --format huggingface")
     out = Path(args.out)
     if args.format == ExportFormat.PEFT.value:
-        from zerotrain.runtime.checkpoints.export_lora import export_peft
-
-        keys = export_peft(args.dir, out, export_dtype(args.dtype))
+        keys = rt.export_peft(args.dir, out, export_dtype(args.dtype))
         Console().print(Text(f"wrote {out}: adapter_config.json, {len(keys)} tensors in adapter_model.safetensors"))
         return 0
     base = open_base(args.dir, args.base)
     if args.format == ExportFormat.HUGGINGFACE.value:
         return export_huggingface(args, out, base)
     if args.format == ExportFormat.SAFETENSORS.value:
-        written = ex.export_safetensors(args.dir, out, force=args.force, base=base)
+        written = rt.export_safetensors(args.dir, out, force=args.force, base=base)
     else:
-        written = ex.export_dcp(args.dir, out, optimizer=args.optimizer, force=args.force, base=base)
+        written = rt.export_dcp(args.dir, out, optimizer=args.optimizer, force=args.force, base=base)
     Console().print(Text(f"wrote {written} ({args.format})"))
     return 0
 
@@ -164,47 +155,41 @@ def export(args: argparse.Namespace) -> int:
 def shard_bytes(text: str) -> int:
     """--max-shard-size: a Kubernetes quantity (5G, 2Gi) or transformers' spelling (5GB, 500MB)."""
     from zerotrain.quantity import parse_bytes
-    from zerotrain.runtime.zero.engine_errors import ZeroSetupError
 
     value = parse_bytes(text.removesuffix("B") if text.endswith(("KB", "MB", "GB", "TB")) else text)
     if value is None or value < 1:
-        raise ZeroSetupError("--max-shard-size", text, "is not a size", "use e.g. 5GB, 500MB or 2Gi")
+        raise rt.ZeroSetupError("--max-shard-size", text, "is not a size", "use e.g. 5GB, 500MB or 2Gi")
     return value
 
 
-def open_base(checkpoint: str, given: str | None) -> StoredTensors | None:
+def open_base(checkpoint: str, given: str | None) -> rt.StoredTensors | None:
     """The frozen base the newest checkpoint at `checkpoint` refers to (None when it holds the whole model): at
     `given`, else where the job read it; refused when missing or not the one the checkpoint was trained on."""
-    from zerotrain.runtime.checkpoints.export import base_needed
-    from zerotrain.runtime.construction.weight_files import open_weights
-    from zerotrain.runtime.zero.engine_errors import ZeroSetupError
     from zerotrain.weights_layout import digest
 
-    ref = base_needed(checkpoint)
+    ref = rt.base_needed(checkpoint)
     if ref is None:
         return None
     path = given or ref.path
     field = "--base" if given else "the checkpoint's base"
     if not Path(path).exists():
         fix = "pass --base with the base's path (the weights the job read: spec.model.pretrained.path)"
-        raise ZeroSetupError(field, path, f"does not exist (the frozen base, digest {ref.digest})", fix)
+        raise rt.ZeroSetupError(field, path, f"does not exist (the frozen base, digest {ref.digest})", fix)
     found = digest(path)
     if found != ref.digest:
-        raise ZeroSetupError(
+        raise rt.ZeroSetupError(
             field,
             path,
             f"has digest {found}, but the checkpoint was trained on {ref.path}, digest {ref.digest}",
             "pass --base with the base the job was trained on",
         )
-    return open_weights(path)
+    return rt.open_weights(path)
 
 
-def export_huggingface(args: argparse.Namespace, out: Path, base: StoredTensors | None) -> int:
-    from zerotrain.runtime.checkpoints.export_hf import export_huggingface as write
-
+def export_huggingface(args: argparse.Namespace, out: Path, base: rt.StoredTensors | None) -> int:
     copy_from = Path(args.copy_from) if args.copy_from else None
     dtype = export_dtype(args.dtype)
-    done = write(args.dir, out, dtype, shard_bytes(args.max_shard_size), copy_from, base, args.merge)
+    done = rt.export_huggingface(args.dir, out, dtype, shard_bytes(args.max_shard_size), copy_from, base, args.merge)
     copied = f"; copied {', '.join(done.copied)}" if done.copied else "; no config copied (use --copy-from)"
     Console().print(
         Text(f"wrote {out}: {len(done.shards)} shard(s), {format_bytes(done.total_bytes)} ({args.dtype}){copied}"),

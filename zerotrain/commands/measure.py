@@ -16,9 +16,10 @@ import json
 from rich.console import Console
 from rich.text import Text
 
+from zerotrain.commands import runtime_calls as rt
 from zerotrain.errors import UserError
 from zerotrain.local_paths import load_job
-from zerotrain.planner import format_bytes
+from zerotrain.plan.model_states import format_bytes
 from zerotrain.spec import ZeroTrainingJobSpec
 
 
@@ -31,18 +32,13 @@ def measure_activations(spec: ZeroTrainingJobSpec, real: bool = False) -> int:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from zerotrain.runtime.job.task import LossSum, build_task, call_model
-    from zerotrain.runtime.zero.activations import apply_checkpointing
-    from zerotrain.runtime.zero.live_bytes import LiveBytes
-    from zerotrain.runtime.zero.precision import DTYPES
-
     torch.manual_seed(spec.training.seed)  # as the runtime does before it builds the task
     fake: contextlib.AbstractContextManager[object] = (
         contextlib.nullcontext() if real else FakeTensorMode(allow_non_fake_inputs=True)
     )
     with fake:
-        task = build_task(spec.entrypoint, rank=0, world_size=spec.world_size, args=spec.entrypoint_args)
-        model, dtype = task.model, DTYPES[spec.zero.precision]
+        task = rt.build_task(spec.entrypoint, rank=0, world_size=spec.world_size, args=spec.entrypoint_args)
+        model, dtype = task.model, rt.DTYPES[spec.zero.precision]
         for p in model.parameters():  # in place: fake parameters cannot be swapped as Module.to would
             p.data = p.data.to(dtype)
     for p in model.parameters():
@@ -51,15 +47,15 @@ def measure_activations(spec: ZeroTrainingJobSpec, real: bool = False) -> int:
     if spec.zero.activation_checkpointing:
         names = set(spec.zero.unit_modules or task.unit_modules)
         units = [m for m in model.modules() if type(m).__name__ in names]
-        apply_checkpointing(units, False, lambda _t: None, torch.device("cpu"))
+        rt.apply_checkpointing(units, False, lambda _t: None, torch.device("cpu"))
     # The parameters are the runtime's to count: views of them (a transposed weight autograd saves) are not
     # activations.
-    meter = LiveBytes(held=[*model.parameters(), *model.buffers()])
+    meter = rt.LiveBytes(held=[*model.parameters(), *model.buffers()])
     try:
         with fake, meter:
             batch = next(task.batches)
-            loss = task.loss(call_model(model, task.inputs(batch)), batch)
-            (loss.total if isinstance(loss, LossSum) else loss).backward()
+            loss = task.loss(rt.call_model(model, task.inputs(batch)), batch)
+            (loss.total if isinstance(loss, rt.LossSum) else loss).backward()
     except (NotImplementedError, RuntimeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(

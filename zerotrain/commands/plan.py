@@ -11,16 +11,16 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.text import Text
 
-from zerotrain import host_plan
-from zerotrain.autostage import resolve_stage
 from zerotrain.commands.tables import Rows, print_rows
 from zerotrain.errors import UserError
 from zerotrain.local_paths import load_job
-from zerotrain.plan_inputs import declared_parameters, host_bytes_per_pod, plan_input, plan_job
-from zerotrain.planner import MemoryPlan, PlanInput, StagePlan, format_bytes, plan
+from zerotrain.plan import JobPlan, host, plan_job
+from zerotrain.plan.inputs import declared_parameters, plan_input
+from zerotrain.plan.model_states import MemoryPlan, PlanInput, StagePlan, format_bytes, plan
+from zerotrain.plan.stage_choice import resolve_stage
+from zerotrain.plan.start_up import describe
 from zerotrain.quantity import parse_bytes, parse_count
 from zerotrain.spec import ZeroTrainingJobSpec
-from zerotrain.startup import describe, start_up_plan
 
 # CLI flag of each PlanInput field, so errors name what the user typed.
 _FLAGS = {
@@ -140,12 +140,12 @@ def make_input(values: dict[str, object]) -> PlanInput:
 _OVERRIDES = ("params", "dp", "k", "bytes_per_weight", "bytes_per_grad", "device_memory", "headroom")
 
 
-def _result(args: argparse.Namespace) -> tuple[MemoryPlan, ZeroTrainingJobSpec | None]:
+def _result(args: argparse.Namespace) -> MemoryPlan | JobPlan:
     """The manifest's own plan (whole peak with a shape) unless flags override its figures: then model states."""
     if args.manifest and not any(getattr(args, f) is not None for f in _OVERRIDES):
         spec, memory = _manifest_spec(args.manifest)
-        return plan_job(spec, memory), spec
-    return plan(make_input(_inputs(args))), None
+        return plan_job(spec, memory)
+    return plan(make_input(_inputs(args)))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -155,22 +155,24 @@ def run(args: argparse.Namespace) -> int:
         from zerotrain.commands.measure import measure_command
 
         return measure_command(args.manifest, args.output == Output.JSON.value, real=args.measure_real)
-    result, spec = _result(args)
-    start = start_up_plan(spec, host_bytes_per_pod(spec)) if spec is not None else None
+    result = _result(args)
+    job = result if isinstance(result, JobPlan) else None
+    memory = job.memory if job is not None else result
+    assert isinstance(memory, MemoryPlan)  # a manifest's plan: _manifest_spec refused an unknown size
     if args.output == Output.JSON.value:
-        out = result.model_dump(mode="json", by_alias=True)
-        if start is not None:
-            out["startUp"] = start.model_dump(mode="json", by_alias=True)
-        if spec is not None:
-            out["host"] = host_plan.host_plan(spec).model_dump(mode="json", by_alias=True)
+        out = memory.model_dump(mode="json", by_alias=True)
+        if job is not None and job.start_up is not None:
+            out["startUp"] = job.start_up.model_dump(mode="json", by_alias=True)
+        if job is not None:
+            out["host"] = job.host.model_dump(mode="json", by_alias=True)
         print(json.dumps(out, indent=2))
         return 0
     console = Console()
-    render(result, console)
-    if spec is not None and start is not None:
-        console.print(Text(describe(start, spec)), soft_wrap=True)
-    if spec is not None:
-        console.print(Text(host_plan.describe(spec, host_plan.host_plan(spec))), soft_wrap=True)
+    render(memory, console)
+    if job is not None and job.start_up is not None:
+        console.print(Text(describe(job.start_up, job.spec)), soft_wrap=True)
+    if job is not None:
+        console.print(Text(host.describe(job.spec, job.host)), soft_wrap=True)
     return 0
 
 

@@ -28,10 +28,11 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from zerotrain.autostage import StageChoice, local_rank_memory, pod_memory_share, resolve_stage
+from zerotrain.commands import runtime_calls as rt
 from zerotrain.commands.run_report import local_outcome, render_outcome, render_summary, throughput
 from zerotrain.errors import EXIT_BAD_INPUT, UserError
 from zerotrain.local_paths import load_job
+from zerotrain.plan.stage_choice import StageChoice, local_rank_memory, pod_memory_share, resolve_stage
 from zerotrain.pod_contract import INVALID_CONFIG_OUTCOME
 from zerotrain.spec import LrDecay, ZeroTrainingJob
 
@@ -138,10 +139,8 @@ class PortWatch(threading.Thread):
         self.stop = threading.Event()
 
     def run(self) -> None:
-        from zerotrain.runtime.job.metrics_endpoint import read_ports
-
         while not self.stop.wait(0.1):
-            served = read_ports(self.report_dir)
+            served = rt.read_ports(self.report_dir)
             if len(served) == self.nproc:
                 self.announce(served)
                 return
@@ -161,7 +160,7 @@ class PortWatch(threading.Thread):
 def local_stage(job: ZeroTrainingJob, nproc: int) -> tuple[ZeroTrainingJob, StageChoice | None]:
     """The job with `stage: auto` chosen against this machine's ranks (`autostage.local_rank_memory`); a share
     the rank process fills by itself is refused first, as admission refuses it (nothing is left to choose with)."""
-    from zerotrain.host_plan import below_baseline
+    from zerotrain.plan.host import below_baseline
 
     if (refusal := below_baseline(job.spec)) is not None:
         raise UserError(refusal)
@@ -306,15 +305,13 @@ def _run(args: argparse.Namespace) -> int:
     admit_locally(args.manifest, job, nproc)
     # Imported here so `zerotrain --help` and the other subcommands don't pay for torch.
     from zerotrain.pod_contract import DEBUG_ENV, ENTRYPOINT_PATH_ENV, PROGRESS_ENV, RANK_MEMORY_LIMIT_ENV, SUMMARY_ENV
-    from zerotrain.runtime.job.launch import preflight, scoped_environ
-    from zerotrain.runtime.job.task import is_script
 
     first_port = first_metrics_port(job, args)
     console = Console()
     # Entry points are found in the working directory and beside the manifest (`runtime.task.add_entrypoint_dirs`).
     beside = {ENTRYPOINT_PATH_ENV: str(Path(args.manifest).resolve().parent)}
-    with scoped_environ(beside):
-        checked = preflight(job.spec, nproc)
+    with rt.scoped_environ(beside):
+        checked = rt.preflight(job.spec, nproc)
     for line in checked.splitlines()[1:]:  # warnings: what the run will do that the reader may not expect
         console.print(Text(line), soft_wrap=True)
     with tempfile.TemporaryDirectory(prefix="zerotrain-run-") as tmp:
@@ -343,10 +340,10 @@ def _run(args: argparse.Namespace) -> int:
             local_env[RANK_MEMORY_LIMIT_ENV] = str(share)
         local_env[DEBUG_ENV] = "1" if args.debug or os.environ.get(DEBUG_ENV) == "1" else "0"
         watch = None
-        if first_port is not None and not is_script(job.spec.entrypoint):
+        if first_port is not None and not rt.is_script(job.spec.entrypoint):
             local_env |= metrics_env(first_port, Path(tmp, "metrics"))
             watch = PortWatch(Path(tmp, "metrics"), nproc, name, args.prometheus_config, console)
-        with scoped_environ(local_env):
+        with rt.scoped_environ(local_env):
             outcome, stopped = _train_with_progress(job, config, nproc, progress_file, console, log_dir, watch)
         summary = json.loads(summary_file.read_text()) if summary_file.exists() else None
     if summary is not None:
@@ -377,18 +374,17 @@ def _train_with_progress(
     watch: PortWatch | None,
 ) -> tuple[Any, dict[str, Any] | None]:
     """Launch the ranks and follow them: (the launcher's outcome, rank 0's record of an early stop)."""
-    from zerotrain.runtime.job.launch import launch, local_plan
-    from zerotrain.runtime.job.task import is_script
-
     run_id = str(job.metadata.get("name", "local"))
 
     def say(line: str) -> None:
         console.print(Text(line, style="yellow"))
 
     def start() -> Any:
-        return launch(job.spec, config, local_plan(nproc), run_id=run_id, quiet=True, log_dir=log_dir, on_interrupt=say)
+        return rt.launch(
+            job.spec, config, rt.local_plan(nproc), run_id=run_id, quiet=True, log_dir=log_dir, on_interrupt=say
+        )
 
-    if is_script(job.spec.entrypoint):  # a script reports nothing to follow
+    if rt.is_script(job.spec.entrypoint):  # a script reports nothing to follow
         return start(), None
     columns = (
         TextColumn("[bold]training"),

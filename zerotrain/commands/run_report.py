@@ -14,8 +14,9 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
+from zerotrain.commands import runtime_calls as rt
 from zerotrain.commands.tables import Rows, print_rows
-from zerotrain.planner import format_bytes
+from zerotrain.plan.model_states import format_bytes
 
 
 def throughput(record: dict[str, Any]) -> str:
@@ -27,16 +28,14 @@ def throughput(record: dict[str, Any]) -> str:
 def local_outcome(outcome: Any, stopped: dict[str, Any] | None, steps: int) -> Any:
     """The launcher's outcome as a local command reports it: a run stopped before its last step exits 130 (SIGINT)
     or 143 (SIGTERM), never 0, and says after which step it stopped and what it saved (rank 0's `stopped` record)."""
-    from zerotrain.runtime.job.launch import Outcome
-
-    if outcome.reason not in (Outcome.PREEMPTED, Outcome.INTERRUPTED):
+    if outcome.reason not in (rt.Outcome.PREEMPTED, rt.Outcome.INTERRUPTED):
         return outcome
-    sig = signal.SIGINT if outcome.reason is Outcome.INTERRUPTED else signal.SIGTERM
+    sig = signal.SIGINT if outcome.reason is rt.Outcome.INTERRUPTED else signal.SIGTERM
     message = outcome.message
     if stopped is not None:
         saved = f"checkpoint {stopped['saved']} committed" if stopped["saved"] else "no --checkpoint-dir, nothing saved"
         message = f"{stopped['cause']}: every rank stopped after step {stopped['stopped']} of {steps}, {saved}"
-    elif outcome.reason is Outcome.INTERRUPTED:
+    elif outcome.reason is rt.Outcome.INTERRUPTED:
         message += "; the newest checkpoint committed before stands"
     return dataclasses.replace(outcome, exit_code=128 + int(sig), message=message)
 

@@ -10,15 +10,16 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.text import Text
 
-from zerotrain import elastic, host_plan
+from zerotrain import elastic
+from zerotrain.commands import runtime_calls as rt
 from zerotrain.errors import UserError
 from zerotrain.hf_config import HF_ENTRYPOINT
 from zerotrain.local_paths import load_document
 from zerotrain.manifest import parse_job
-from zerotrain.plan_inputs import declared_parameters, host_bytes_per_pod, plan_job
-from zerotrain.planner import MemoryPlan, format_bytes
+from zerotrain.plan import JobPlan, host, plan_job
+from zerotrain.plan.model_states import MemoryPlan, format_bytes
+from zerotrain.plan.start_up import describe
 from zerotrain.spec import ZeroTrainingJobSpec
-from zerotrain.startup import describe, start_up_plan
 from zerotrain.weights_layout import layout
 from zerotrain.zero_config import Stage
 
@@ -81,11 +82,9 @@ def pretrained_line(spec: ZeroTrainingJobSpec, manifest: str) -> str:
         )
     held = layout(path)
     from zerotrain.pod_contract import ENTRYPOINT_PATH_ENV
-    from zerotrain.runtime.job.launch import scoped_environ
-    from zerotrain.runtime.job.model_start import match_on_meta
 
-    with scoped_environ({ENTRYPOINT_PATH_ENV: str(Path(manifest).resolve().parent)}):
-        found = match_on_meta(spec.entrypoint, spec.entrypoint_args, spec.world_size, pretrained)
+    with rt.scoped_environ({ENTRYPOINT_PATH_ENV: str(Path(manifest).resolve().parent)}):
+        found = rt.match_on_meta(spec.entrypoint, spec.entrypoint_args, spec.world_size, pretrained)
     if isinstance(found, str):
         return (
             f"pretrained: {held.describe()}; names not checked (the model cannot be built on the meta device: {found})"
@@ -95,10 +94,11 @@ def pretrained_line(spec: ZeroTrainingJobSpec, manifest: str) -> str:
     return f"pretrained: {held.describe()}; {loaded} of the model's tensors match ({found.rule}){new}"
 
 
-def memory_lines(spec: ZeroTrainingJobSpec, planned: MemoryPlan | None, gpu_memory: str | None) -> list[str]:
+def memory_lines(job: JobPlan, planned: MemoryPlan | None, gpu_memory: str | None) -> list[str]:
     """The memory plan against what the ranks have: each GPU's memory, and the pod's host memory (each rank's
     process, start-up, a CPU rank's training peak); "not checked" only when something is missing, naming it. An
     admitted job fits: admission refused it otherwise."""
+    spec = job.spec
     stage, cpu = spec.zero.fixed_stage, spec.resources.gpu == 0
     lines = []
     if cpu and gpu_memory:
@@ -106,26 +106,26 @@ def memory_lines(spec: ZeroTrainingJobSpec, planned: MemoryPlan | None, gpu_memo
             f"--gpu-memory {gpu_memory}: not applied: this job's ranks train on the CPU (resources.gpu 0); "
             "their memory is resources.memory"
         )
-    host = host_plan.describe(spec, host_plan.host_plan(spec))
+    held_on_host = host.describe(spec, job.host)
     if planned is not None:
         chosen = planned.stages[stage]
         held = f"{format_bytes(chosen.model_state_bytes)} of model states"
         if chosen.peak is not None:
             held = f"{format_bytes(chosen.peak.peak)} at its peak ({held})"
-        return [*lines, f"memory plan: {held} per GPU at stage {stage.value}; {planned.reason}", host]
-    if declared_parameters(spec) is None:
+        return [*lines, f"memory plan: {held} per GPU at stage {stage.value}; {planned.reason}", held_on_host]
+    if job.memory is None:
         return [
             *lines,
             "memory plan: not checked: the model's size is unknown; set spec.model.parameters or shape",
-            host,
+            held_on_host,
         ]
-    chosen = plan_job(spec).stages[stage]
+    chosen = job.memory.stages[stage]
     need = chosen.peak.peak if chosen.peak is not None else chosen.model_state_bytes
     held = "at its peak" if chosen.peak is not None else "of model states (spec.model.shape adds the rest)"
     line = f"memory plan: {format_bytes(need)} per rank {held} at stage {stage.value}"
     if not cpu:
         line += "; no GPU memory to check it against: set resources.gpuMemory or pass --gpu-memory"
-    return [*lines, line, host]
+    return [*lines, line, held_on_host]
 
 
 def entrypoint_line(spec: ZeroTrainingJobSpec, args: argparse.Namespace) -> str:
@@ -134,21 +134,17 @@ def entrypoint_line(spec: ZeroTrainingJobSpec, args: argparse.Namespace) -> str:
     if args.no_import:
         return f"entry point: {spec.entrypoint} not imported (--no-import): its arguments, Ψ and units are unchecked"
     from zerotrain.pod_contract import ENTRYPOINT_PATH_ENV
-    from zerotrain.runtime.job.entry_check import check_entrypoint
-    from zerotrain.runtime.job.launch import scoped_environ
 
     data = spec.data
     elsewhere = data is not None and data.claim_name is not None and not Path(data.path).exists()
-    with scoped_environ({ENTRYPOINT_PATH_ENV: str(Path(args.manifest).resolve().parent)}):
-        said = check_entrypoint(spec, build=not elsewhere)
+    with rt.scoped_environ({ENTRYPOINT_PATH_ENV: str(Path(args.manifest).resolve().parent)}):
+        said = rt.check_entrypoint(spec, build=not elsewhere)
     return said + (f" (its data is on claim {data.claim_name}, not readable here)" if elsewhere and data else "")
 
 
 def hf_line(spec: ZeroTrainingJobSpec) -> str:
     """The built-in Hugging Face entry point's config, model class and token files, checked as each rank checks
     them before it builds the model; files on spec.data's claim, not readable here, are left to the ranks."""
-    from zerotrain.runtime.models.huggingface import describe as describe_hf
-
     entry_args = dict(spec.entrypoint_args)
     data = spec.data
     elsewhere = data is not None and data.claim_name is not None and not Path(data.path).exists()
@@ -160,7 +156,7 @@ def hf_line(spec: ZeroTrainingJobSpec) -> str:
             return f"model: config and data on claim {data.claim_name}, not readable here: each rank checks them"
     evaluation = spec.training.evaluation
     wanted = evaluation.batches if evaluation is not None and not elsewhere else None
-    said = describe_hf(spec.world_size, entry_args, wanted)
+    said = rt.describe_hf(spec.world_size, entry_args, wanted)
     return said + (f"; files on claim {data.claim_name} are checked by each rank" if elsewhere and data else "")
 
 
@@ -204,10 +200,11 @@ def run(args: argparse.Namespace) -> int:
             f"hybrid sharding: {spec.world_size // group} groups of {group} ranks, each holding one copy of the model "
             f"states (planned at N = {group}); only the gradient all-reduce of each shard crosses between groups"
         )
-    lines += memory_lines(spec, verdict.plan, args.gpu_memory)
+    planned = plan_job(spec)
+    lines += memory_lines(planned, verdict.plan, args.gpu_memory)
     lines.append(entrypoint_line(spec, args))
-    if (start := start_up_plan(spec, host_bytes_per_pod(spec))) is not None:
-        lines.append(describe(start, spec))
+    if planned.start_up is not None:
+        lines.append(describe(planned.start_up, spec))
     if spec.model.pretrained is not None:
         lines.append(pretrained_line(spec, args.manifest))
     if spec.entrypoint == HF_ENTRYPOINT and not args.no_import:

@@ -8,7 +8,7 @@ import pytest
 
 from zerotrain.operator.controller.admission import admit
 from zerotrain.operator.controller.conditions import Reason
-from zerotrain.plan_inputs import gpu_memory_bytes as parse_quantity
+from zerotrain.plan.inputs import gpu_memory_bytes as parse_quantity
 from zerotrain.zero_config import Stage
 
 BASE: dict[str, Any] = {"image": "i", "entrypoint": "m:f", "replicas": 2, "nprocPerNode": 8}

@@ -84,7 +84,7 @@ def test_pods_unschedulable_past_the_timeout_shrink_the_gang_to_what_was_schedul
 
 def test_a_resize_records_the_plan_admission_gave_its_size_asking_admission_once_per_size() -> None:
     from zerotrain.operator.controller.pass_facts import PassFacts
-    from zerotrain.planner import PlanInput, plan
+    from zerotrain.plan.model_states import PlanInput, plan
 
     spec = manifest()
     assert spec.elastic is not None

@@ -283,7 +283,7 @@ def test_a_rank_failure_is_not_read_as_a_refusal() -> None:
 
 def test_what_admission_decided_is_recorded_in_the_same_status() -> None:
     from zerotrain.operator.controller.pass_facts import PassFacts
-    from zerotrain.planner import PlanInput, plan
+    from zerotrain.plan.model_states import PlanInput, plan
     from zerotrain.zero_config import Stage
 
     memory = plan(PlanInput(parameters=1_000_000, data_parallel=8))

@@ -300,8 +300,8 @@ def test_start_up_holds_the_engines_share_plus_one_unit_where_an_ordinary_build_
 
 @pytest.mark.slow
 def test_the_start_up_plan_bounds_the_measured_start_up_peak() -> None:
+    from zerotrain.plan.start_up import start_up_plan
     from zerotrain.spec import ZeroTrainingJobSpec
-    from zerotrain.startup import start_up_plan
 
     shape = {"layers": 6, "hidden": 64, "heads": 4, "sequenceLength": 32, "vocabulary": 256, "microBatchSize": 2}
     spec = ZeroTrainingJobSpec.model_validate(

@@ -1,5 +1,5 @@
 """A rank process's own memory: read as the larger of what a container limit and RLIMIT_DATA count, and measured
-again against the figures the plan adds to every rank (`zerotrain.process_baseline`)."""
+again against the figures the plan adds to every rank (`zerotrain.plan.process_baseline`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from zerotrain.process_baseline import BASELINE_BYTES, DRIFT, ProcessKind
+from zerotrain.plan.process_baseline import BASELINE_BYTES, DRIFT, ProcessKind
 from zerotrain.runtime.job.process_memory import measure, own_bytes
 
 
@@ -30,6 +30,6 @@ def test_the_stated_baseline_is_what_a_rank_holds_besides_its_tensors() -> None:
     for got in measured:
         assert abs(got - stated) <= DRIFT * stated, (
             f"{kind.value}: a rank of a tiny job peaks at {got / 1e6:.0f} MB, not the {stated / 1e6:.0f} MB "
-            "zerotrain.process_baseline states; measure again (python -m zerotrain.runtime.job.process_memory) "
+            "zerotrain.plan.process_baseline states; measure again (python -m zerotrain.runtime.job.process_memory) "
             "and update BASELINE_BYTES and docs/memory.md"
         )

@@ -235,12 +235,12 @@ def planned_args(path: str) -> dict[str, Any]:
 
 
 def test_the_plan_counts_a_lora_jobs_model_states_within_two_per_cent_at_stages_1_to_3(tmp_path: Path) -> None:
-    from zerotrain.plan_inputs import plan_job
+    from zerotrain.plan.inputs import memory_plan
 
     path = tokens(tmp_path / "train.bin")
     ranks = run_ranks(held_model_states, 2, path, timeout=300)
     for stage in (1, 2, 3):
-        planned = plan_job(planned_spec(stage)).stages[stage]
+        planned = memory_plan(planned_spec(stage)).stages[stage]
         assert planned.peak is not None  # the whole peak, from the config: units as the runtime lays them out
         for held in ranks:
             assert abs(held[stage] - planned.model_state_bytes) <= 0.02 * planned.model_state_bytes, (
@@ -249,7 +249,7 @@ def test_the_plan_counts_a_lora_jobs_model_states_within_two_per_cent_at_stages_
                 planned.model_state_bytes,
             )
     # What makes it a LoRA plan: gradients and optimizer state of the adapters only.
-    three = plan_job(planned_spec(3)).stages[3]
+    three = memory_plan(planned_spec(3)).stages[3]
     assert three.optimizer_bytes < three.parameter_bytes / 3
 
 

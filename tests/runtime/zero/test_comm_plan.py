@@ -1,4 +1,4 @@
-"""The plan's communication per step (`zerotrain.peak.comm_bytes_per_step`, the paper's 2Ψ/3Ψ made exact) is what
+"""The plan's communication per step (`zerotrain.plan.peak.comm_bytes_per_step`, the paper's 2Ψ/3Ψ made exact) is what
 each rank's collectives send, op by op, per stage, dtype and accumulation."""
 
 from __future__ import annotations

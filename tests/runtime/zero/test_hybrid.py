@@ -16,7 +16,7 @@ from dist_helpers import run_ranks
 from test_reshard import resume_two_more, save_after_three
 from test_stages import Case, _check_memory, _check_parity, engine_for, run_case
 
-from zerotrain.peak import ACROSS_GROUPS
+from zerotrain.plan.peak import ACROSS_GROUPS
 from zerotrain.runtime.checkpoints import checkpoint
 from zerotrain.runtime.checkpoints.shard_file import ShardReader
 

@@ -66,7 +66,7 @@ def test_every_category_matches_its_closed_form(stage: int) -> None:
             # each dropped as soon as it is reduced.
             assert m["unsharded_gradient_peak_bytes"] == (K if stage < 2 else 1) * D * D * 4, m
             assert m["cuda_allocated_bytes"] is None  # CPU: no allocator figures
-            # The plan's buffers (zerotrain.peak, what `zerotrain plan` adds to the model states) are what the
+            # The plan's buffers (zerotrain.plan.peak, what `zerotrain plan` adds to the model states) are what the
             # runtime allocated.
             for measured in ("comm_buffer_peak_bytes", "gradient_arena_bytes", "gathered_peak_bytes"):
                 assert m[measured] == m[f"predicted_{measured}"], (measured, m)
@@ -109,9 +109,9 @@ def held_after_a_step(rank: int, world: int) -> list[dict[str, int]]:
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_the_plan_of_the_job_spec_is_what_the_runtime_holds(world: int) -> None:
-    """`zerotrain plan -f`, validate and admission read `plan_job`; the runtime, built from the same configuration,
+    """`zerotrain plan -f`, validate and admission read `memory_plan`; the runtime, built from the same configuration,
     holds exactly its model states after a real step, category by category (Ψ = 768: no padding at N = 1, 2, 4)."""
-    from zerotrain.plan_inputs import plan_job
+    from zerotrain.plan.inputs import memory_plan
     from zerotrain.spec import ZeroTrainingJobSpec
 
     ranks = run_ranks(held_after_a_step, world)
@@ -126,7 +126,7 @@ def test_the_plan_of_the_job_spec_is_what_the_runtime_holds(world: int) -> None:
                 "model": {"parameters": K * D * D},
             }
         )
-        planned = plan_job(spec).stages[stage]
+        planned = memory_plan(spec).stages[stage]
         want = {"parameters": planned.parameter_bytes, "gradients": planned.gradient_bytes}
         want["optimizer"] = planned.optimizer_bytes
         for held in ranks:

@@ -17,12 +17,12 @@ from __future__ import annotations
 import math
 
 from zerotrain._model import SpecModel
-from zerotrain.plan_inputs import at_stage, declared_parameters, host_bytes_per_pod, plan_job
-from zerotrain.planner import DEFAULT_HEADROOM, format_bytes
-from zerotrain.process_baseline import ProcessKind, baseline_bytes, process_kind
+from zerotrain.plan.inputs import at_stage, declared_parameters, host_bytes_per_pod, memory_plan
+from zerotrain.plan.model_states import DEFAULT_HEADROOM, format_bytes
+from zerotrain.plan.process_baseline import ProcessKind, baseline_bytes, process_kind
+from zerotrain.plan.start_up import start_up_plan
 from zerotrain.quantity import parse_bytes
 from zerotrain.spec import ZeroTrainingJobSpec
-from zerotrain.startup import start_up_plan
 
 MIB = 1 << 20
 PROCESS_WORDS = {
@@ -66,7 +66,7 @@ def host_plan(spec: ZeroTrainingJobSpec) -> HostPlan:
     known = declared_parameters(spec) is not None
     training = 0
     if known and spec.resources.gpu == 0:
-        training = plan_job(spec).stages[spec.zero.fixed_stage].required_bytes
+        training = memory_plan(spec).stages[spec.zero.fixed_stage].required_bytes
     tensors = max(start.per_rank if start is not None else 0, training) + offloaded
     base = baseline_bytes(spec)
     smallest = math.ceil(nproc * (base + tensors) / (1 - DEFAULT_HEADROOM) / MIB) * MIB

@@ -140,7 +140,7 @@ class StagePlan(SpecModel):
     comm_elements_with_recompute: int
     """The same when activation recomputation re-gathers freed parameters (stage 3 only differs)."""
     peak: PeakPlan | None = None
-    """The whole peak per rank by category (`zerotrain.peak`), when the model's shape is known."""
+    """The whole peak per rank by category (`zerotrain.plan.peak`), when the model's shape is known."""
     fits: bool | None = None
     """Whether the whole peak (model states alone when the shape is unknown) fits within the usable device memory
     (null: no device memory given)."""
@@ -224,7 +224,7 @@ def plan(
     lowest: Stage = Stage.DATA_PARALLEL,
 ) -> MemoryPlan:
     """The per-stage costs and, with a device memory, the recommended stage and why; `peaks` (one per stage, from
-    `zerotrain.peak`) make the verdict about the whole peak instead of the model states. `inputs` (one per stage)
+    `zerotrain.plan.peak`) make the verdict about the whole peak instead of the model states. `inputs` (one per stage)
     give each stage its own bytes per element (a job's w, g and K depend on the stage it runs); the recommendation
     starts at `lowest` (offload runs from stage 1, parameter offload at 3)."""
     usable = None if p.device_memory is None else int(p.device_memory * (1 - p.headroom))

@@ -22,7 +22,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from zerotrain._model import SpecModel
-from zerotrain.planner import PeakPlan, PlanInput, stage_bytes
+from zerotrain.plan.model_states import PeakPlan, PlanInput, stage_bytes
 from zerotrain.zero_config import GradientSync, Precision, Stage, ZeroConfig
 
 ACROSS_GROUPS = "all_reduce_across_groups"

@@ -24,9 +24,9 @@ partitioned is built whole on every rank (the run says so): then each rank holds
 from __future__ import annotations
 
 from zerotrain._model import SpecModel
-from zerotrain.peak import padded_elements, peak_plan
-from zerotrain.plan_inputs import declared_parameters, model_units, peak_input, plan_input
-from zerotrain.planner import format_bytes, stage_bytes
+from zerotrain.plan.inputs import declared_parameters, model_units, peak_input, plan_input
+from zerotrain.plan.model_states import format_bytes, stage_bytes
+from zerotrain.plan.peak import padded_elements, peak_plan
 from zerotrain.spec import ZeroTrainingJobSpec
 from zerotrain.zero_config import Precision, Stage
 

@@ -14,9 +14,17 @@ is counted as trained: more than the job will hold, never less.
 
 from __future__ import annotations
 
-from zerotrain import hf_config, lora_config, transformer_plan
-from zerotrain.peak import PRECISION_BYTES, PeakInput, config_fields, padded_elements, peak_plan
-from zerotrain.planner import MemoryPlan, PlanInput, element_bytes, host_parameter_bytes, host_state_bytes, plan
+from zerotrain import hf_config, lora_config
+from zerotrain.plan import transformer as transformer_plan
+from zerotrain.plan.model_states import (
+    MemoryPlan,
+    PlanInput,
+    element_bytes,
+    host_parameter_bytes,
+    host_state_bytes,
+    plan,
+)
+from zerotrain.plan.peak import PRECISION_BYTES, PeakInput, config_fields, padded_elements, peak_plan
 from zerotrain.quantity import parse_bytes
 from zerotrain.spec import ModelShape, OptimizerName, OptimizerSpec, ZeroTrainingJobSpec
 from zerotrain.zero_config import Stage
@@ -217,7 +225,7 @@ def more_ranks(spec: ZeroTrainingJobSpec, ranks: int) -> str:
     return f"a zero.shardGroupSize of at least {ranks} ranks ({replicas} pods or more per group)"
 
 
-def plan_job(spec: ZeroTrainingJobSpec, device_memory: int | None = None) -> MemoryPlan:
+def memory_plan(spec: ZeroTrainingJobSpec, device_memory: int | None = None) -> MemoryPlan:
     """The job's plan, every stage: model states, and the whole peak when the spec gives the model's shape. The one
     entry point for `zerotrain plan -f`, `zerotrain validate` and the operator's admission."""
     p = plan_input(spec, device_memory)

@@ -13,18 +13,18 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from zerotrain.plan_inputs import (
+from zerotrain.plan.inputs import (
     at_stage,
     declared_parameters,
     gpu_memory_bytes,
     lowest_stage,
+    memory_plan,
     min_world_size,
     more_ranks,
     plan_input,
-    plan_job,
 )
-from zerotrain.planner import DEFAULT_HEADROOM, StagePlan, format_bytes, min_data_parallel
-from zerotrain.process_baseline import baseline_bytes
+from zerotrain.plan.model_states import DEFAULT_HEADROOM, StagePlan, format_bytes, min_data_parallel
+from zerotrain.plan.process_baseline import baseline_bytes
 from zerotrain.spec import ZeroTrainingJobSpec
 from zerotrain.zero_config import AutoStage, Stage
 
@@ -65,7 +65,7 @@ def pod_memory_share(spec: ZeroTrainingJobSpec) -> int | None:
 def _stage_plans(spec: ZeroTrainingJobSpec, device_memory: int) -> tuple[int, list[StagePlan]]:
     """The usable bytes (the planner's headroom applied) and each stage's plan, each stage planned as itself:
     gradient bytes per element differ between stages 0/1 and 2/3."""
-    jobs = [plan_job(at_stage(spec, s), device_memory) for s in Stage]
+    jobs = [memory_plan(at_stage(spec, s), device_memory) for s in Stage]
     usable = jobs[0].usable_memory
     assert usable is not None  # a device memory was given
     return usable, [job.stages[s] for job, s in zip(jobs, Stage, strict=True)]
