@@ -33,14 +33,15 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(BIN)/zerotrain run examples/quickstart.yaml
 
-# Four workers, a test file each at a time (its module fixtures stay in one process). Much of the suite waits
-# (operator timers, rank start-up, Prometheus scrapes): with three the 2 cores were busy 115-140% of the time, so a
-# fourth fills them (two workers took pytest 977 s when three took 520 s, on the suite of then).
+# Three workers, a test file each at a time (its module fixtures stay in one process). Much of the suite waits
+# (operator timers, rank start-up, Prometheus scrapes), so a third worker fills the 2 cores (two took pytest 977 s
+# when three took 520 s, on the suite of then); a fourth did not help (fresh clone, pytest 1,230 s against 1,118 s
+# with three, within this machine's spread).
 # Files go out in the order tests/conftest.py sorts them, the whole-job files first (xdist's default, the most tests
 # first, left the few-test files that run jobs for minutes to the end, one worker busy while the others idled).
 # `.venv/bin/pytest FILE` alone runs serially as before.
 test: lint $(STAMP) system-deps
-	$(BIN)/pytest -n 4 --dist loadfile --no-loadscope-reorder --durations=25
+	$(BIN)/pytest -n 3 --dist loadfile --no-loadscope-reorder --durations=25
 
 # The inner loop, under 3 min on 2 cores: ruff, every test not marked slow but the runs of the docs' and benches'
 # commands, and one multi-process test (stages 0-3 on 2 gloo ranks against AdamW, marked smoke). CI runs `make test`.

@@ -17,7 +17,7 @@ import errno
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -25,11 +25,16 @@ from prometheus_client.registry import Collector
 
 from zerotrain.runtime.job.device_memory import DeviceMemory, DeviceProbe
 from zerotrain.runtime.job.metrics_endpoint import Endpoint, report_port
+from zerotrain.runtime.job.metrics_sink import MetricsSink, NoMetrics, StepValues
 from zerotrain.runtime.rank_phase import RankPhase
 from zerotrain.runtime.zero.memory import MemoryReport
 
 if TYPE_CHECKING:
     from zerotrain.runtime.zero.engine import ZeroEngine
+
+# The loop's sink and what it hands over live in metrics_sink; the rank's readers import them here too.
+__all__ = ["MEMORY_CATEGORIES", "STEP_BUCKETS", "MetricsSink", "NoMetrics", "RankMetrics", "Snapshot", "StepValues"]
+
 
 # Step times from a fast CPU test model (tens of ms) to a large model's step (minutes).
 STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 150.0, 300.0)
@@ -47,30 +52,6 @@ MEMORY_CATEGORIES: tuple[tuple[str, str, str | None, str | None], ...] = (
     ("activations", "activation_bytes", "activation_peak_bytes", None),
     ("gradient_arenas", "gradient_arena_bytes", None, "predicted_gradient_arena_bytes"),
 )
-
-
-@dataclass(frozen=True)
-class StepValues:
-    """One optimizer step as the loop saw it."""
-
-    step: int
-    """The loop's step number (1-based; moves on fp16-skipped steps too)."""
-    seconds: float
-    """Wall time of the step: micro-batches, optimizer, checkpoint."""
-    loss: float
-    """Mean loss over the global batch."""
-    grad_norm: float | None
-    """Global gradient norm (None when the step did not compute it)."""
-    learning_rate: float
-    """Learning rate of the first parameter group after the step."""
-    loss_scale: float
-    """fp16 loss scale used for the step (1 otherwise)."""
-    applied: bool
-    """The optimizer stepped."""
-    skipped: bool
-    """fp16 overflow: the step was skipped."""
-    tokens: int
-    """Tokens this rank processed in the step."""
 
 
 @dataclass(frozen=True)
@@ -290,39 +271,6 @@ class SnapshotCollector(Collector):
             "zerotrain_checkpoint_load_duration_seconds", "Duration of the load this run resumed from.", s.load_seconds
         )
         yield f.gauge("zerotrain_checkpoint_load_bytes", "Bytes this rank read to resume.", s.load_bytes)
-
-
-class MetricsSink(Protocol):
-    """What the training loop reports its phases and observations to: `RankMetrics`, or `NoMetrics`."""
-
-    def phase(self, phase: RankPhase) -> None: ...
-    def observe_step(self, engine: ZeroEngine, values: StepValues) -> None: ...
-    def observe_save(self, step: int, seconds: float, nbytes: int) -> None: ...
-    def observe_evaluation(self, step: int, loss: float) -> None: ...
-    def observe_blocked(self, seconds: float) -> None: ...
-    def observe_load(self, step: int, seconds: float, nbytes: int) -> None: ...
-
-
-class NoMetrics:
-    """Metrics off (a rank started outside the launcher, a bench's baseline): every observation is dropped."""
-
-    def phase(self, phase: RankPhase) -> None:
-        pass
-
-    def observe_step(self, engine: ZeroEngine, values: StepValues) -> None:
-        pass
-
-    def observe_save(self, step: int, seconds: float, nbytes: int) -> None:
-        pass
-
-    def observe_evaluation(self, step: int, loss: float) -> None:
-        pass
-
-    def observe_blocked(self, seconds: float) -> None:
-        pass
-
-    def observe_load(self, step: int, seconds: float, nbytes: int) -> None:
-        pass
 
 
 class RankMetrics:

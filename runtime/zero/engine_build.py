@@ -18,7 +18,8 @@ from zerotrain.runtime.zero.param_source import ParameterSource
 from zerotrain.runtime.zero.partition import UnitLayout
 from zerotrain.runtime.zero.process_group import hybrid_groups
 from zerotrain.runtime.zero.streams import streams_for
-from zerotrain.runtime.zero.unit import Unit, build_unit, kept_range
+from zerotrain.runtime.zero.unit import Unit
+from zerotrain.runtime.zero.unit_build import build_unit, kept_range
 from zerotrain.runtime.zero.unit_context import Dtypes, ShardPolicy, UnitContext
 from zerotrain.zero_config import ZeroConfig
 

@@ -77,7 +77,7 @@ def test_metrics_port_out_of_range_exits_2(port: str, capsys: pytest.CaptureFixt
 
 
 def test_scrape_config_labels_targets_like_the_pod_monitor() -> None:
-    from zerotrain.commands.run import scrape_config
+    from zerotrain.commands.run_metrics import scrape_config
 
     config = scrape_config("quickstart", ["127.0.0.1:9400", "127.0.0.1:9401"])
     (job,) = config["scrape_configs"]

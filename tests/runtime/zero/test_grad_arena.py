@@ -13,7 +13,8 @@ from zerotrain.runtime.zero.grad_arena import GradArenas
 from zerotrain.runtime.zero.param_source import ModelValues
 from zerotrain.runtime.zero.partition import build_units
 from zerotrain.runtime.zero.streams import LazyStreams
-from zerotrain.runtime.zero.unit import Unit, build_unit, kept_range
+from zerotrain.runtime.zero.unit import Unit
+from zerotrain.runtime.zero.unit_build import build_unit, kept_range
 from zerotrain.runtime.zero.unit_context import Dtypes, ShardPolicy, UnitContext
 from zerotrain.zero_config import Stage
 

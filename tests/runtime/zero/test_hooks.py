@@ -14,7 +14,8 @@ from zerotrain.runtime.zero.collectives import Comm
 from zerotrain.runtime.zero.hooks import GradReadyHooks, Prefetcher, on_input_grad, on_output_grad
 from zerotrain.runtime.zero.param_source import ModelValues
 from zerotrain.runtime.zero.partition import build_units
-from zerotrain.runtime.zero.unit import GradState, ParamState, Unit, build_unit, kept_range
+from zerotrain.runtime.zero.unit import GradState, ParamState, Unit
+from zerotrain.runtime.zero.unit_build import build_unit, kept_range
 from zerotrain.runtime.zero.unit_context import Dtypes, ShardPolicy, UnitContext
 from zerotrain.zero_config import Stage
 

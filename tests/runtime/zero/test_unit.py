@@ -10,7 +10,8 @@ from zerotrain.runtime.zero.buckets import BucketPool
 from zerotrain.runtime.zero.collectives import Comm
 from zerotrain.runtime.zero.param_source import ModelValues
 from zerotrain.runtime.zero.partition import build_units
-from zerotrain.runtime.zero.unit import GradState, LifecycleError, ParamState, Unit, build_unit
+from zerotrain.runtime.zero.unit import GradState, LifecycleError, ParamState, Unit
+from zerotrain.runtime.zero.unit_build import build_unit
 from zerotrain.runtime.zero.unit_context import Dtypes, ShardPolicy, UnitContext
 from zerotrain.zero_config import Stage
 
