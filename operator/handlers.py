@@ -86,13 +86,11 @@ def make_registry(reconciler: Reconciler) -> kopf.OperatorRegistry:
         # listing).
         if type == "DELETED":
             cache.drop_job(body)
-        else:
-            cache.put_job(body)
-        if type == "DELETED":
             seen.pop(key, None)
             reconciler.metrics.forget(key)
             reconciler.ask(key)  # finds it gone, and drops what the reconciler kept for it
             return
+        cache.put_job(body)
         essence = job_essence(body)
         if seen.get(key) != essence:  # the initial listing (resume), a new job, or a change to act on
             seen[key] = essence

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from zerotrain.operator.objects import Key
 
 log = logging.getLogger(__name__)
-Lister = Callable[[], object]
+Lister = Callable[[], None]
 """LISTs every job into the cache (dropping those gone unseen)."""
 
 
