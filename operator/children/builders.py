@@ -1,29 +1,25 @@
-"""Pure builders of a job's desired children: headless Service, ConfigMap, RBAC for status reports,
-optional PodGroup and one Pod per replica. No I/O; every object carries the job's owner reference."""
+"""Pure builders of a job's gang: one Pod per replica (with the gang's ConfigMap, `build_gang`), the elastic
+capacity probes, and the job's Events. What the gang needs first (Service, RBAC, PodGroup) is `supporting`'s; the
+owner reference and labels every child carries, `job_ref`'s. No I/O."""
 
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
 from datetime import datetime
-
-import yaml
 
 from zerotrain import elastic, gpu_env
 from zerotrain import pod_contract as contract
 from zerotrain.operator.children import kueue, naming, pod_template
+from zerotrain.operator.children.job_ref import JobRef, child_metadata
+from zerotrain.operator.children.supporting import build_config_map, checkpoint_dir
 from zerotrain.operator.objects import Obj
 from zerotrain.spec import (
     API_VERSION,
-    DEFAULT_CHECKPOINT_DIR,
-    GROUP,
     KIND,
-    PLURAL,
     TERMINATION_MARGIN_SECONDS,
     DataSpec,
     GangMode,
     PretrainedSpec,
-    ZeroTrainingJob,
     ZeroTrainingJobSpec,
 )
 
@@ -50,135 +46,6 @@ POD_SECURITY: Obj = {
     "seccompProfile": {"type": "RuntimeDefault"},
 }
 CONTAINER_SECURITY: Obj = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
-
-
-@dataclass(frozen=True)
-class JobRef:
-    """Identity of the owning ZeroTrainingJob."""
-
-    name: str
-    namespace: str
-    uid: str
-    queue: str | None = None
-    """The Kueue LocalQueue the job's label names (`kueue.x-k8s.io/queue-name`), if any."""
-
-    @classmethod
-    def from_body(cls, body: Obj) -> JobRef:
-        md = body.get("metadata", {})
-        queue = (md.get("labels") or {}).get(kueue.QUEUE_LABEL) or None
-        return cls(name=md["name"], namespace=md["namespace"], uid=md.get("uid", ""), queue=queue)
-
-
-def owner_reference(job: JobRef) -> Obj:
-    return {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
-        "name": job.name,
-        "uid": job.uid,
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
-
-
-def _metadata(job: JobRef, name: str, extra_labels: dict[str, str] | None = None) -> Obj:
-    return {
-        "name": name,
-        "namespace": job.namespace,
-        "labels": {**naming.job_labels(job.name), **(extra_labels or {})},
-        "ownerReferences": [owner_reference(job)],
-    }
-
-
-def build_service(job: JobRef) -> Obj:
-    """Headless; publishes not-ready pods so ranks resolve MASTER_ADDR before rank 0 is Ready."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": _metadata(job, naming.service_name(job.name)),
-        "spec": {
-            "clusterIP": "None",
-            "publishNotReadyAddresses": True,
-            "selector": {naming.LABEL_JOB: job.name},
-            "ports": [{"name": "rendezvous", "port": naming.MASTER_PORT, "targetPort": naming.MASTER_PORT}],
-        },
-    }
-
-
-def checkpoint_dir(spec: ZeroTrainingJobSpec) -> str:
-    """Where every pod of the job mounts its checkpoint volume."""
-    return spec.checkpoint.path or DEFAULT_CHECKPOINT_DIR
-
-
-# libyaml's emitter where PyYAML has it (its wheels do): the same text as SafeDumper's at a quarter of the CPU. In
-# pure Python it took about 2 ms, the largest share of a job's first pass when a hundred jobs arrive at once.
-_DUMPER: type[yaml.SafeDumper] | type[yaml.CSafeDumper] = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-
-
-def build_config_map(job: JobRef, spec: ZeroTrainingJobSpec, gang: int) -> Obj:
-    """The full, defaulted manifest gang `gang` reads from /etc/zerotrain/job.yaml.
-
-    One immutable ConfigMap per gang: a spec edit never changes what a running gang's pods (or one of its pods
-    started late) read; it applies from the next gang on.
-    """
-    # The ranks read their checkpoint root from this spec: where the pod mounts the volume.
-    checkpoint = spec.checkpoint.model_copy(update={"path": checkpoint_dir(spec)})
-    spec = spec.model_copy(update={"checkpoint": checkpoint})
-    manifest = ZeroTrainingJob(metadata={"name": job.name, "namespace": job.namespace}, spec=spec).to_wire()
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": _metadata(job, naming.config_map_name(job.name, gang), {naming.LABEL_GANG: str(gang)}),
-        "immutable": True,
-        "data": {naming.CONFIG_KEY: yaml.dump(manifest, Dumper=_DUMPER, sort_keys=False)},
-    }
-
-
-def build_rbac(job: JobRef, spec: ZeroTrainingJobSpec) -> list[Obj]:
-    """ServiceAccount + Role + RoleBinding letting the job's pods (as the template's ServiceAccount, else the job's
-    own) patch only this job's status."""
-    sa = naming.service_account_name(job.name)
-    runs_as = pod_template.service_account(spec.pod_template, sa)
-    role = naming.role_name(job.name)
-    return [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _metadata(job, sa)},
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "Role",
-            "metadata": _metadata(job, role),
-            "rules": [
-                {
-                    "apiGroups": [GROUP],
-                    "resources": [f"{PLURAL}/status"],
-                    "resourceNames": [job.name],
-                    "verbs": ["patch"],
-                }
-            ],
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding",
-            "metadata": _metadata(job, role),
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
-            "subjects": [{"kind": "ServiceAccount", "name": runs_as, "namespace": job.namespace}],
-        },
-    ]
-
-
-def build_pod_group(job: JobRef, spec: ZeroTrainingJobSpec) -> Obj | None:
-    """A PodGroup with minMember = replicas for the gang scheduler, or None without gang scheduling."""
-    mode = spec.scheduling.gang
-    if mode == GangMode.NONE:
-        return None
-    api = "scheduling.x-k8s.io/v1alpha1" if mode == GangMode.COSCHEDULING else "scheduling.volcano.sh/v1beta1"
-    body: Obj = {"minMember": spec.replicas}
-    if mode == GangMode.COSCHEDULING:
-        body["scheduleTimeoutSeconds"] = spec.scheduling.startup_timeout_seconds
-    return {
-        "apiVersion": api,
-        "kind": "PodGroup",
-        "metadata": _metadata(job, naming.pod_group_name(job.name)),
-        "spec": body,
-    }
 
 
 def scheduler_name(spec: ZeroTrainingJobSpec) -> str | None:
@@ -296,7 +163,7 @@ def operator_pod(job: JobRef, spec: ZeroTrainingJobSpec, replica: int, gang: int
         labels[COSCHEDULING_LABEL] = naming.pod_group_name(job.name)
     if job.queue:
         labels |= kueue.pod_labels(job.queue, job.name, gang)
-    metadata = _metadata(job, naming.pod_name(job.name, replica), labels)
+    metadata = child_metadata(job, naming.pod_name(job.name, replica), labels)
     if spec.scheduling.gang == GangMode.VOLCANO:
         metadata["annotations"] = {VOLCANO_ANNOTATION: naming.pod_group_name(job.name)}
     if job.queue:
@@ -377,7 +244,7 @@ def build_probe(job: JobRef, spec: ZeroTrainingJobSpec, gang: int, index: int) -
     a probe of gang `gang`; not a member of the gang's PodGroup or Kueue workload."""
     pod = build_pod(job, spec, spec.replicas + index, gang)
     labels = {**naming.job_labels(job.name), naming.LABEL_GANG: str(gang), naming.LABEL_PROBE: str(index)}
-    pod["metadata"] = _metadata(job, naming.probe_name(job.name, index), labels)
+    pod["metadata"] = child_metadata(job, naming.probe_name(job.name, index), labels)
     body = pod["spec"]
     body["containers"] = [_idle(c, image(spec), PROBE_COMMAND) for c in body["containers"]]
     if body.get("initContainers"):
@@ -386,14 +253,6 @@ def build_probe(job: JobRef, spec: ZeroTrainingJobSpec, gang: int, index: int) -
         body.pop(key, None)
     body["terminationGracePeriodSeconds"] = 0
     return pod
-
-
-def build_supporting(job: JobRef, spec: ZeroTrainingJobSpec) -> list[Obj]:
-    """Everything but the gang, all of which must exist before its pods are created (in no order among themselves)."""
-    objs = [*build_rbac(job, spec), build_service(job)]
-    if (group := build_pod_group(job, spec)) is not None:
-        objs.append(group)
-    return objs
 
 
 def build_event(job: JobRef, event_type: str, reason: str, message: str, now: datetime) -> Obj:

@@ -11,6 +11,7 @@ from typing import Any
 
 from zerotrain.job_status import Phase
 from zerotrain.operator.children import builders, kueue, naming
+from zerotrain.operator.children.supporting import build_supporting
 from zerotrain.operator.client.cached_client import CachedClient
 from zerotrain.operator.client.fair_pool import FairPool
 from zerotrain.operator.client.kube import Kube, KubeError, path_of
@@ -53,7 +54,7 @@ class ChildWriter:
         first: list[Write] = []
         then: list[Write] = []
         if supporting and d.status.phase not in TERMINAL and d.status.phase != Phase.SUSPENDED:
-            first, then = self._supporting_writes(builders.build_supporting(job, sized))
+            first, then = self._supporting_writes(build_supporting(job, sized))
         for pod_name in d.delete_pods:
             with child_write("delete", {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod_name}}):
                 self.client.delete_pod(job.namespace, job.name, pod_name)

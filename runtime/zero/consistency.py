@@ -109,3 +109,35 @@ class PendingCheck:
         self.work.wait()
         if not bool((self.every == self.every[0]).all()):
             raise self.check.explain(self.where, self.counts)
+
+
+class PassChecks:
+    """When the order check runs besides the step (which always checks): at the end of every forward and backward
+    when `divergenceCheck: everyPass`, and at the end of every forward whenever stage 3 prefetches (its backward's
+    gathers follow the forward's order, so a divergent forward must be caught before backward). None of it on one
+    rank or with the check off."""
+
+    def __init__(self, check: OrderCheck | None, every_pass: bool, prefetching: bool) -> None:
+        self.check, self.every_pass = check, every_pass
+        self._after_forward = every_pass or prefetching
+        self._pending: PendingCheck | None = None
+
+    def note(self, event: Event, unit: int) -> None:
+        if self.check is not None:
+            self.check.note(event, unit)
+
+    def end_forward(self) -> None:
+        """Launched, and waited for as backward starts: the loss computation in between hides its latency."""
+        if self.check is not None and self._after_forward:
+            self.finish_forward()  # a forward without backward (evaluation) left one in flight
+            self._pending = self.check.launch("end of forward")
+
+    def finish_forward(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.finish()
+
+    def end_backward(self, reduced: bool) -> None:
+        """After a backward that reduced gradients (a rank whose backward skipped units still issued them all)."""
+        if self.check is not None and self.every_pass and reduced:
+            self.check.verify("end of backward")

@@ -127,6 +127,15 @@ def local_norm_sq(units: list[Unit]) -> torch.Tensor:
     return (torch.stack(norms).double() ** 2).sum().reshape(1)
 
 
+def token_factor(tokens: float | None, world_size: int, accumulation: int) -> float:
+    """What the averaged gradients are multiplied by when the losses were sums over `tokens` counted tokens: they
+    hold Σ∇sum / (N·G) (averaged over ranks, divided by the accumulation), and one process's mean over the T counted
+    tokens is Σ∇sum / T. Mean losses: 1; no counted token at all: 0 (nothing to learn from)."""
+    if tokens is None:
+        return 1.0
+    return world_size * accumulation / tokens if tokens else 0.0
+
+
 class StepControl:
     """One engine's control all-reduce: the losses seen since the last step, and the agreement at the step."""
 

@@ -1,32 +1,30 @@
-"""`ZeroEngine`: orchestration only. Layout in `partition`; each unit's lifecycle in `unit` (the stage is the
-`ShardPolicy` it reads, `unit_context`); when to gather and reduce in `hooks` and `schedule`; collectives in
-`collectives` (the group in `process_group`), buckets in `buckets`, streams in `streams`, accounting in `memory`,
-divergence detection in `consistency`. Files are the checkpointer's (`runtime.checkpoints`): the engine gives and
-takes its state (`state_dict`, `load_state_dict`) and knows nothing of them.
+"""`ZeroEngine`: orchestration only. Layout in `partition`; each unit's lifecycle in `unit`, by the paths it chose
+once (`unit_paths`); what `__init__` builds in `engine_build`; when to gather and reduce in `hooks` and `schedule`;
+collectives in `collectives` (the group in `process_group`), buckets in `buckets`, streams in `streams`, accounting
+in `memory`, divergence detection in `consistency`. Files are the checkpointer's (`runtime.checkpoints`): the engine
+gives and takes its state (`state_dict`, `load_state_dict`) and knows nothing of them.
 
 Contract for callers:
 - The engine trains where the model is, as DDP does: move the model to its GPU before wrapping it.
-- Every micro-batch: `out = engine(x)`, `engine.backward(loss)`; then `engine.step()`, which only
-  updates at the gradient-accumulation boundary (every `gradient_accumulation_steps` backward
-  calls) and returns a `StepResult` saying whether it did. One forward, then its backward.
-- `backward` divides the loss by `gradient_accumulation_steps`, and gradients are averaged over
-  ranks: with equal per-rank batch sizes the update uses exactly the gradient of the mean loss over
-  the global batch. A loss given as a sum over counted tokens (`backward(loss, tokens=n)`) is exact whatever each
-  micro-batch counts: the step divides the gradients by the tokens every rank and micro-batch counted, so the update
-  is that of the mean over every counted token of the global batch, as one process computes it.
-- Collectives, so call them on every rank: forward (stage 3), backward, step (one small control all-reduce
-  that also carries the loss mean, votes and the divergence check), `full_state_dict()`,
-  and `checkpoints.checkpoint.save`/`load`.
-- Stages 1/2 gather the updated parameters after the step asynchronously; forward waits for each unit before
-  it runs. Call `synchronize()` before reading the module's parameters directly between a step and a forward.
-- The model's parameters become views into the engine's flat buffers: do not move or re-create
-  them after wrapping, and in stage 3 read weights through `full_state_dict()` (outside a unit's
-  forward or backward its parameters hold no storage).
-- Hybrid sharding (`shardGroupSize`): the stage's states are sharded over groups of S consecutive ranks, every
-  group a replica; `shard_ranks` is S and `replica` this rank's group. Collectives inside a unit run on the group;
-  the accumulated gradient shard is averaged across groups at the boundary (`unit_comm.across_groups`).
-- Resume: `checkpoint.load(engine, dir)` (its newest committed checkpoint, at any world size or stage); save with
-  `checkpoint.save(engine, dir)`, or let `checkpoints.checkpointer.Checkpointer` decide when.
+- Every micro-batch: `out = engine(x)`, `engine.backward(loss)`; then `engine.step()`, which only updates at the
+  gradient-accumulation boundary (every `gradient_accumulation_steps` backward calls) and returns a `StepResult`
+  saying whether it did. One forward, then its backward.
+- `backward` divides the loss by `gradient_accumulation_steps`, and gradients are averaged over ranks: with equal
+  per-rank batch sizes the update uses exactly the gradient of the mean loss over the global batch. A loss given as
+  a sum over counted tokens (`backward(loss, tokens=n)`) is exact whatever each micro-batch counts: the step divides
+  the gradients by the tokens every rank and micro-batch counted, as one process computes the mean.
+- Collectives, so call them on every rank: forward (stage 3), backward, step (one small control all-reduce that
+  also carries the loss mean, votes and the divergence check), `full_state_dict()`, and checkpoint save/load.
+- Stages 1/2 gather the updated parameters after the step asynchronously; forward waits for each unit before it
+  runs. Call `synchronize()` before reading the module's parameters directly between a step and a forward.
+- The model's parameters become views into the engine's flat buffers: do not move or re-create them after
+  wrapping, and in stage 3 read weights through `full_state_dict()` (outside a unit's forward or backward its
+  parameters hold no storage).
+- Hybrid sharding (`shardGroupSize`): the states are sharded over groups of S consecutive ranks, every group a
+  replica. Collectives inside a unit run on the group; the accumulated gradient shard is averaged across groups at
+  the boundary (`unit_comm.across_groups`).
+- Save and resume: `zerotrain.runtime.save_checkpoint(engine, dir)` / `load_checkpoint(engine, path)` (at any
+  world size or stage), or let `checkpoints.checkpointer.Checkpointer` decide when.
 """
 
 from __future__ import annotations
@@ -36,38 +34,42 @@ import math
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from zerotrain.runtime.zero import control
 from zerotrain.runtime.zero import optimizer as opt_mod
 from zerotrain.runtime.zero.activation_meter import SavedActivations
-from zerotrain.runtime.zero.buffers import ModelBuffers, move_buffers
+from zerotrain.runtime.zero.buffers import ModelBuffers
 from zerotrain.runtime.zero.collectives import Comm
-from zerotrain.runtime.zero.consistency import Event, OrderCheck, PendingCheck
-from zerotrain.runtime.zero.engine_build import build_optimizer, groups, make_units, prepare_modules, unit_context
+from zerotrain.runtime.zero.consistency import Event, OrderCheck, PassChecks
+from zerotrain.runtime.zero.control import token_factor
+from zerotrain.runtime.zero.engine_build import (
+    build_optimizer,
+    groups,
+    make_units,
+    placement,
+    prepare_modules,
+    unit_context,
+)
 from zerotrain.runtime.zero.engine_errors import ZeroSetupError
 from zerotrain.runtime.zero.engine_state import (
     EngineState,
     Position,
     ShardLayout,
     StepResult,
-    UnitShard,
+    full_values,
     load_problem,
-    tied_names,
+    shard_layout,
 )
-from zerotrain.runtime.zero.hooks import GradReadyHooks, Prefetcher, on_output_grad
+from zerotrain.runtime.zero.hooks import GradReadyHooks, Prefetcher, install_unit_hooks
 from zerotrain.runtime.zero.memory import (
     Accounting,
-    BufferBytes,
     UnshardedGradients,
+    held_buffer_bytes,
 )
 from zerotrain.runtime.zero.param_source import ModelValues, ParameterSource
-from zerotrain.runtime.zero.partition import build_units
 from zerotrain.runtime.zero.precision import DTYPES, LossScaler, cast_inputs
-from zerotrain.runtime.zero.process_group import check_backend_serves, control_device, init_from_env
-from zerotrain.runtime.zero.schedule import ReductionSchedule
-from zerotrain.runtime.zero.setup_checks import check_buckets, model_device, sharded_over, world_size_before_init
+from zerotrain.runtime.zero.schedule import ReductionSchedule, gather_order
 from zerotrain.runtime.zero.unit import GradState, Unit
 from zerotrain.runtime.zero.unit_context import Dtypes
 from zerotrain.zero_config import DivergenceCheck, GradientSync, Precision, ZeroConfig
@@ -94,19 +96,9 @@ class ZeroEngine:
         self.config, self.module = config, model
         # Everything that can be wrong with the input is checked before the first collective.
         opt_mod.check_factory(optimizer)
-        world = world_size_before_init()
-        self._shard_ranks = sharded_over(config, world)
+        place = placement(model, config, device)
+        self._shard_ranks, layouts, device = place.shard_ranks, place.layouts, place.device
         """S: the ranks each copy of the model states is sharded over (the world, unless hybrid sharding)."""
-        check_buckets(config, self._shard_ranks)
-        layouts = build_units(model, config.unit_modules, config.no_weight_decay, self._shard_ranks)
-        device = model_device(model, config, device)
-        move_buffers(model, device)
-        init_from_env(config.collective_timeout_seconds, device)
-        check_device = device
-        if dist.is_initialized():
-            backend = str(dist.get_backend())
-            check_backend_serves(backend, device)
-            check_device = control_device(backend, device)
         self.comm = Comm(config.collective_timeout_seconds)
         """Every rank: the step's control all-reduce, the divergence check, broadcasts and checkpoints."""
         self._rank, self._world_size = self.comm.rank, self.comm.world_size
@@ -133,19 +125,12 @@ class ZeroEngine:
         self._scaler = LossScaler(config.loss_scale, enabled=config.precision is Precision.FP16)
         self._prefetcher = Prefetcher(self.units, config.prefetch_units)
         checks = self._world_size > 1 and config.divergence_check is not DivergenceCheck.OFF
-        self._order_check = OrderCheck(self.comm, [u.name for u in self.units], check_device) if checks else None
-        self._check_passes = config.divergence_check is DivergenceCheck.EVERY_PASS
-        # Stage 3's backward gathers follow its forward: a divergent forward must be caught before backward.
-        self._check_forward = self._check_passes or self._prefetcher.active
-        self._forward_check: PendingCheck | None = None
-        shards = self._ctx.policy.optimizer
-        self._control = control.StepControl(
-            self.comm,
-            self._order_check,
-            config.gradient_accumulation_steps,
-            shards,
-            self._world_size // self._shard_ranks,
-        )
+        order = OrderCheck(self.comm, [u.name for u in self.units], place.control) if checks else None
+        every_pass = config.divergence_check is DivergenceCheck.EVERY_PASS
+        self._checks = PassChecks(order, every_pass, self._prefetcher.active)
+        copies = self._world_size // self._shard_ranks
+        accumulation, shards = config.gradient_accumulation_steps, self._ctx.policy.optimizer
+        self._control = control.StepControl(self.comm, order, accumulation, shards, copies)
         self._forward_order: list[int] = []
         self._schedule = ReductionSchedule([u.index for u in self.units if not u.layout.frozen], self._reduce)
         self._activations = SavedActivations()
@@ -171,19 +156,7 @@ class ZeroEngine:
         self._eager_units = prepare_modules(self.units, self.config, self._activations.observe, self.device)
         """zero.compile: units whose forward did not compile to one graph, with why (they run eagerly)."""
         self._grad_hooks = GradReadyHooks(self.units, self._on_grads_ready)
-        if self._ctx.arenas is not None:
-            for u in self.units:
-                if u.layout.module is not None and not u.layout.frozen:
-                    u.layout.module.register_forward_hook(lambda _m, _i, out, u=u: self._bind_arena_on_grad(u, out))
-        for u in self.units:
-            if u.layout.module is not None:
-                u.layout.module.register_forward_pre_hook(lambda *_, i=u.index: self._on_forward(i))
-
-    def _bind_arena_on_grad(self, u: Unit, output: Any) -> None:
-        """Bind the unit's gradient arena when backward reaches its output, before its backward."""
-        arenas = self._ctx.arenas
-        if arenas is not None:
-            on_output_grad(output, lambda: arenas.bind(u))
+        install_unit_hooks(self.units, self._ctx.arenas, self._on_forward)
 
     # ----------------------------------------------------------------- forward / backward
 
@@ -200,11 +173,7 @@ class ZeroEngine:
         self._prefetcher.begin_forward(self._roots)
         with self._activations.measure(self._parameter_storages()):
             out = self.module(*args, **kwargs)
-        # Before any gradient collective: a rank that ran other units fails here, naming them.
-        if self._order_check is not None and self._check_forward:
-            self._finish_forward_check()  # a forward without backward (evaluation) left one in flight
-            # Waited for as backward starts: the loss computation in between hides its latency.
-            self._forward_check = self._order_check.launch("end of forward")
+        self._checks.end_forward()  # before any gradient collective: a rank that ran other units fails, named
         return self._prefetcher.end_forward(self._roots, out)
 
     def _parameter_storages(self) -> set[int]:
@@ -214,24 +183,15 @@ class ZeroEngine:
             t.untyped_storage()._cdata for u in self.units for t in (u.full.data, u.shard, u.master) if t is not None
         }
 
-    def _finish_forward_check(self) -> None:
-        pending, self._forward_check = self._forward_check, None
-        if pending is not None:
-            pending.finish()
-
-    def _note(self, event: Event, unit: int) -> None:
-        if self._order_check is not None:
-            self._order_check.note(event, unit)
-
     def _on_forward(self, unit: int) -> None:
         self._unit_in_progress = self.units[unit].name
         self.units[unit].wait_for_unshard()
         self._forward_order.append(unit)
-        self._note(Event.FORWARD, unit)
+        self._checks.note(Event.FORWARD, unit)
 
     def _on_grads_ready(self, u: Unit) -> None:
         self._unit_in_progress = u.name
-        self._note(Event.GRADS_READY, u.index)
+        self._checks.note(Event.GRADS_READY, u.index)
         u.unsharded_bytes = u.unsharded_grad_bytes()
         self._unsharded_gradients.add(u.unsharded_bytes)
         self._schedule.mark_ready(u.index)
@@ -253,7 +213,7 @@ class ZeroEngine:
         (the micro-batch's positions, say) changes nothing but keeps the gradients' magnitude that of a mean, which
         an fp16 loss scale wants."""
         self._boundary = (self.micro_steps + 1) % self.config.gradient_accumulation_steps == 0
-        self._finish_forward_check()
+        self._checks.finish_forward()
         GradReadyHooks.arm([u for u in self.units if not u.layout.frozen])
         self._schedule.begin(self._forward_order)
         self._unsharded_gradients.live = 0  # a new backward: stages 0/1 count their flat buffers again as ready
@@ -266,9 +226,7 @@ class ZeroEngine:
         # Units some parameters of which got no gradient: reduce them now, in schedule order. The check
         # comes after, so a rank whose backward skipped units still issues every collective the others did.
         self._schedule.finish(before=self._prefetcher.replay_pre_backward)
-        reduced = self._boundary or self._reduce_each
-        if self._order_check is not None and self._check_passes and reduced:
-            self._order_check.verify("end of backward")
+        self._checks.end_backward(reduced=self._boundary or self._reduce_each)
         self._ctx.pool.drain()
         self._ctx.pool.streams.join()
         for u in self.units:
@@ -300,7 +258,7 @@ class ZeroEngine:
             return StepResult(applied=False, loss_scale=self._scaler.scale)
         self._stepped_at = self.micro_steps
         self.synchronize()  # a unit no forward reached may still be gathering into its buffer
-        self._finish_forward_check()
+        self._checks.finish_forward()
         scale = self._scaler.scale
         self._offload_grads()
         grads = [u.step_grads for u in self.units]
@@ -309,13 +267,7 @@ class ZeroEngine:
         clip = self.config.gradient_clipping
         need_norm = report_grad_norm or clip is not None or self._scaler.enabled
         agreed, norm = self._control.agree(self.units, vote, need_norm, written)
-        # Summed losses: the gradients hold Σ∇sum / (N·G) (averaged over ranks, divided by the accumulation); one
-        # process's mean over the T counted tokens is Σ∇sum / T.
-        factor = 1.0
-        if agreed.tokens is not None:
-            factor = (
-                self._world_size * self.config.gradient_accumulation_steps / agreed.tokens if agreed.tokens else 0.0
-            )
+        factor = token_factor(agreed.tokens, self._world_size, self.config.gradient_accumulation_steps)
         if norm is not None:
             norm *= factor
         done = StepResult(False, norm, loss_scale=scale, loss=agreed.loss, votes=agreed.votes, written=agreed.written)
@@ -329,7 +281,7 @@ class ZeroEngine:
             torch._foreach_mul_(grads, factor)
         self.optimizer.step()
         self._zero_grads()
-        for i in self._gather_order():
+        for i in gather_order([r.index for r in self._roots], self._forward_order, len(self.units)):
             if not self.units[i].layout.frozen:  # nothing changed a frozen unit's values
                 self.units[i].after_step(async_op=self.config.overlap_comm)
         self.steps += 1
@@ -345,12 +297,6 @@ class ZeroEngine:
             u.offload_grads()
         if self.device.type == "cuda":
             torch.cuda.current_stream().synchronize()
-
-    def _gather_order(self) -> list[int]:
-        """Units in the order the next forward needs them: the root, then the last forward's order, then the rest."""
-        first = [r.index for r in self._roots] + self._forward_order
-        seen = list(dict.fromkeys(first))
-        return seen + [u.index for u in self.units if u.index not in set(seen)]
 
     def synchronize(self) -> None:
         """Wait for parameter gathers still in flight (stages 1/2 after a step), e.g. before reading the module's
@@ -377,24 +323,8 @@ class ZeroEngine:
     @functools.cached_property
     def layout(self) -> ShardLayout:
         """Where this rank's shards sit in the model (fixed once the engine is built)."""
-        units = tuple(
-            UnitShard(u.name, u.layout.numel, u.layout.extent, tuple(u.layout.slots), u.master_range)
-            for u in self.units
-        )
-        saved = {s.name for u in self.units for s in u.layout.slots}
-        return ShardLayout(
-            rank=self._rank,
-            world_size=self._world_size,
-            shard_group_size=self._shard_ranks,
-            replica=self._replica,
-            stage=self.config.fixed_stage,
-            precision=self.config.precision,
-            units=units,
-            optimizer_segments=tuple(self._optimizer_segments),
-            buffers=tuple(self._buffers.slots),
-            broadcast_buffers=self._buffers.broadcast,
-            aliases=tied_names(self.module, saved),
-        )
+        where = (self._rank, self._world_size, self._shard_ranks, self._replica)
+        return shard_layout(self.units, where, self.config, self._optimizer_segments, self._buffers, self.module)
 
     def state_dict(self) -> EngineState:
         """This rank's training state: its shards (views of the engine's own buffers), counters, loss scaler and
@@ -441,29 +371,8 @@ class ZeroEngine:
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Unsharded fp32 parameters by name (tied parameters under every name) and rank 0's persistent buffers: what
         the model's own `state_dict()` holds; a collective on every rank."""
-        out: dict[str, torch.Tensor] = {}
         self.synchronize()
-        for u in self.units:
-            full = u.full_master()
-            for s in u.layout.slots:
-                out[s.name] = full[s.offset : s.offset + s.numel].view(s.shape).clone()
-        for name, p in self.module.named_parameters(remove_duplicate=False):
-            if name not in out:
-                owner = next(n for n, q in self.module.named_parameters() if q is p)
-                out[name] = out[owner]
-        return out | self._buffers.rank0_values()
-
-    def _buffer_bytes(self) -> BufferBytes:
-        """What the engine's buffers beyond the model states hold, and held at most, each counted by its owner."""
-        return BufferBytes(
-            gathered_peak=self._ctx.gathered_peak_bytes,
-            gradient_arenas=self._ctx.arenas.nbytes if self._ctx.arenas is not None else 0,
-            unsharded_gradient_peak=self._unsharded_gradients.peak_bytes,
-            activations=self._activations.last_bytes,
-            activation_peak=self._activations.peak_bytes,
-            comm_buffers=self.comm.stats.buffer_bytes,
-            comm_buffer_peak=self.comm.stats.peak_buffer_bytes,
-        )
+        return full_values(self.units, self.module) | self._buffers.rank0_values()
 
     def accounting(self) -> Accounting:
         """What this rank holds and has sent, for the memory and communication reports."""
@@ -476,7 +385,7 @@ class ZeroEngine:
             self.device,
             self.units,
             self.optimizer,
-            self._buffer_bytes(),
+            held_buffer_bytes(self._ctx, self._unsharded_gradients, self._activations, self.comm.stats),
             self.comm.stats,
             self._prefetcher.prefetches,
             self._unit_in_progress,

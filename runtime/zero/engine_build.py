@@ -4,24 +4,59 @@ with their starting values, the optimizer over the shards, and the modules' comp
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from zerotrain.runtime.zero import optimizer as opt_mod
 from zerotrain.runtime.zero.activations import apply_checkpointing
 from zerotrain.runtime.zero.buckets import BucketPool
+from zerotrain.runtime.zero.buffers import move_buffers
 from zerotrain.runtime.zero.collectives import Comm
 from zerotrain.runtime.zero.compiled import compile_units
 from zerotrain.runtime.zero.grad_arena import GradArenas
 from zerotrain.runtime.zero.param_source import ParameterSource
-from zerotrain.runtime.zero.partition import UnitLayout
-from zerotrain.runtime.zero.process_group import hybrid_groups
+from zerotrain.runtime.zero.partition import UnitLayout, build_units
+from zerotrain.runtime.zero.process_group import check_backend_serves, control_device, hybrid_groups, init_from_env
+from zerotrain.runtime.zero.setup_checks import check_buckets, model_device, sharded_over, world_size_before_init
 from zerotrain.runtime.zero.streams import streams_for
 from zerotrain.runtime.zero.unit import Unit
 from zerotrain.runtime.zero.unit_build import build_unit, kept_range
 from zerotrain.runtime.zero.unit_context import Dtypes, ShardPolicy, UnitContext
 from zerotrain.zero_config import ZeroConfig
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the engine trains and over how many ranks a copy of the states is sharded (checked before any
+    collective)."""
+
+    shard_ranks: int
+    """S: the ranks each copy of the model states is sharded over (the world, unless hybrid sharding)."""
+    layouts: list[UnitLayout]
+    """The model's units, partitioned over S."""
+    device: torch.device
+    """Where the units' buffers and the model's buffers live."""
+    control: torch.device
+    """Where the step's control all-reduce and the order check run (the backend's device)."""
+
+
+def placement(model: nn.Module, config: ZeroConfig, device: torch.device | None) -> Placement:
+    """Everything that can be wrong with the input, checked; the model's buffers moved and the process group up."""
+    shard_ranks = sharded_over(config, world_size_before_init())
+    check_buckets(config, shard_ranks)
+    layouts = build_units(model, config.unit_modules, config.no_weight_decay, shard_ranks)
+    device = model_device(model, config, device)
+    move_buffers(model, device)
+    init_from_env(config.collective_timeout_seconds, device)
+    control = device
+    if dist.is_initialized():
+        backend = str(dist.get_backend())
+        check_backend_serves(backend, device)
+        control = control_device(backend, device)
+    return Placement(shard_ranks, layouts, device, control)
 
 
 def groups(comm: Comm, shard_ranks: int, timeout: float) -> tuple[Comm, Comm | None]:

@@ -17,15 +17,18 @@ a state loaded into one engine is that engine's from then on.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
 
-from zerotrain.runtime.zero.buffers import BufferSlot
+from zerotrain.runtime.zero.buffers import BufferSlot, ModelBuffers
 from zerotrain.runtime.zero.collectives import Comm
 from zerotrain.runtime.zero.partition import ParamSlot
-from zerotrain.zero_config import Precision, Stage
+from zerotrain.zero_config import Precision, Stage, ZeroConfig
+
+if TYPE_CHECKING:
+    from zerotrain.runtime.zero.unit import Unit
 
 
 @dataclass(frozen=True)
@@ -223,3 +226,47 @@ class StepResult:
     """How many ranks passed `vote=True` to this step."""
     written: int = 0
     """How many ranks passed `written=True` (their checkpoint write in flight is on disk)."""
+
+
+def shard_layout(
+    units: list[Unit],
+    where: tuple[int, int, int, int],
+    config: ZeroConfig,
+    optimizer_segments: list[tuple[int, int, int]],
+    buffers: ModelBuffers,
+    module: nn.Module,
+) -> ShardLayout:
+    """The engine's layout: `where` is (rank, world size, shard group size, replica)."""
+    rank, world_size, shard_ranks, replica = where
+    shards = tuple(
+        UnitShard(u.name, u.layout.numel, u.layout.extent, tuple(u.layout.slots), u.master_range) for u in units
+    )
+    saved = {s.name for u in units for s in u.layout.slots}
+    return ShardLayout(
+        rank=rank,
+        world_size=world_size,
+        shard_group_size=shard_ranks,
+        replica=replica,
+        stage=config.fixed_stage,
+        precision=config.precision,
+        units=shards,
+        optimizer_segments=tuple(optimizer_segments),
+        buffers=tuple(buffers.slots),
+        broadcast_buffers=buffers.broadcast,
+        aliases=tied_names(module, saved),
+    )
+
+
+def full_values(units: list[Unit], module: nn.Module) -> dict[str, torch.Tensor]:
+    """Unsharded fp32 parameters by name, tied parameters under every name (a collective on every rank when the
+    optimizer state is sharded)."""
+    out: dict[str, torch.Tensor] = {}
+    for u in units:
+        full = u.full_master()
+        for s in u.layout.slots:
+            out[s.name] = full[s.offset : s.offset + s.numel].view(s.shape).clone()
+    for name, p in module.named_parameters(remove_duplicate=False):
+        if name not in out:
+            owner = next(n for n, q in module.named_parameters() if q is p)
+            out[name] = out[owner]
+    return out

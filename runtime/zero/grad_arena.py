@@ -51,10 +51,11 @@ class GradArenas:
             [(self._new(), None) for _ in range(depth)] if self.block_elements else []
         )
 
-    def serves(self, u: Unit) -> bool:
-        """Whether the unit's gradients land in an arena: at most `limit` (reduceBucketElements) elements, so what
-        the arenas keep for the whole run is bounded by the configuration, not by the model."""
-        return u.layout.padded <= self.limit and not u.layout.frozen
+    def serves(self, layout: UnitLayout) -> bool:
+        """Whether a unit's gradients land in an arena: at most `limit` (reduceBucketElements) elements, so what
+        the arenas keep for the whole run is bounded by the configuration, not by the model (read once, when the
+        unit chooses its paths: `unit_paths`)."""
+        return layout.padded <= self.limit and not layout.frozen
 
     def _new(self) -> torch.Tensor:
         arena = torch.zeros(self.block_elements, dtype=self.dtype, device=self.device)
@@ -69,7 +70,7 @@ class GradArenas:
     def bind(self, u: Unit) -> None:
         """Point the unit's trainable parameters' `.grad` at a zeroed arena (once per backward; never for a unit the
         arenas do not serve, whose gradients stay autograd's)."""
-        if u.arena is not None or not self.serves(u):
+        if u.arena is not None or not self.serves(u.layout):
             return
         if u.layout.module is None:
             assert self._root is not None

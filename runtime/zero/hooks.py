@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from zerotrain.runtime.zero.grad_arena import GradArenas
 from zerotrain.runtime.zero.unit import GradState, ParamState, Unit
 
 
@@ -98,6 +99,18 @@ def on_output_grad(output: Any, hook: Callable[[], None]) -> None:
     leaves = [t for t in pytree.tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad]
     if leaves:
         torch.autograd.graph.register_multi_grad_hook(leaves, lambda _grads: hook(), mode="any")
+
+
+def install_unit_hooks(units: list[Unit], arenas: GradArenas | None, on_forward: Callable[[int], None]) -> None:
+    """The engine's per-module hooks: `on_forward(index)` before each unit module runs, and with gradient arenas
+    the unit's arena bound when backward reaches its output, before its backward."""
+    for u in units:
+        module = u.layout.module
+        if module is None:
+            continue
+        if arenas is not None and not u.layout.frozen:
+            module.register_forward_hook(lambda _m, _i, out, u=u: on_output_grad(out, lambda: arenas.bind(u)))
+        module.register_forward_pre_hook(lambda *_, i=u.index: on_forward(i))
 
 
 class Prefetcher:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -38,6 +38,10 @@ from zerotrain.runtime.zero import optimizer as opt_mod
 from zerotrain.runtime.zero.collectives import CommStats
 from zerotrain.runtime.zero.partition import UnitLayout
 from zerotrain.zero_config import Stage, ZeroConfig
+
+if TYPE_CHECKING:
+    from zerotrain.runtime.zero.activation_meter import SavedActivations
+    from zerotrain.runtime.zero.unit_context import UnitContext
 
 
 class MemoryReport(SpecModel):
@@ -138,6 +142,21 @@ class BufferBytes:
     """Communication buffers held now."""
     comm_buffer_peak: int
     """The most communication buffers held at once."""
+
+
+def held_buffer_bytes(
+    ctx: UnitContext, unsharded: UnshardedGradients, activations: SavedActivations, stats: CommStats
+) -> BufferBytes:
+    """What the engine's buffers beyond the model states hold, and held at most, each counted by its owner."""
+    return BufferBytes(
+        gathered_peak=ctx.gathered_peak_bytes,
+        gradient_arenas=ctx.arenas.nbytes if ctx.arenas is not None else 0,
+        unsharded_gradient_peak=unsharded.peak_bytes,
+        activations=activations.last_bytes,
+        activation_peak=activations.peak_bytes,
+        comm_buffers=stats.buffer_bytes,
+        comm_buffer_peak=stats.peak_buffer_bytes,
+    )
 
 
 class StorageCounter:

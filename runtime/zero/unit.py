@@ -1,7 +1,7 @@
 """One partition unit: its buffers, its two lifecycles, and every operation that moves them.
 
 A `Unit` is the one owner of its parameters' and gradients' lifecycle, as FSDP2's `FSDPParamGroup` is: it gathers,
-frees, reduces and brings the step's result back, reading the stage from the shared `ShardPolicy` (`unit_context`).
+frees, reduces and brings the step's result back, each by the path it chose once when built (`unit_paths`).
 Hooks (`hooks`) decide *when*; the engine sequences the step; nothing else writes a unit's state.
 
 Two explicit states, each changed only through `move_*`, which refuses a transition the lifecycle does not have
@@ -16,13 +16,9 @@ Two explicit states, each changed only through `move_*`, which refuses a transit
 
 Whether a unit is gathered is read from this state, never inferred from a storage's size.
 
-Stages 0 and 1 let autograd accumulate straight into a flat gradient buffer (`.grad` are views) and communicate
-once per optimizer step; stages 2 and 3 cannot hold full gradients, so every micro-batch is reduce-scattered into
-the fp32 gradient shard and the unsharded gradients are dropped. With fp32 compute the fp32 master is the
-parameter storage itself (no second copy is held). A unit of frozen parameters (`UnitLayout.frozen`) holds its
-values only, in the compute dtype: its `master` is that range itself, it has no gradients, is never reduced, and
-is gathered after construction (and a checkpoint load), never after a step. The chunked collectives are in
-`unit_comm`.
+Which buffers exist follows from the paths: a flat full gradient buffer at stages 0/1, an fp32 master of its own
+in mixed precision or offload, a shard at stage 3; a frozen unit holds its values only and is never reduced. The
+chunked collectives are in `unit_comm`.
 """
 
 from __future__ import annotations
@@ -34,11 +30,11 @@ import torch
 from torch import nn
 
 from zerotrain.runtime.zero import unit_comm
-from zerotrain.runtime.zero.buckets import chunks
 from zerotrain.runtime.zero.collectives import Pending
 from zerotrain.runtime.zero.flat_buffer import FlatBuffer, fill_rows
 from zerotrain.runtime.zero.partition import ParamClass, Segment, UnitLayout
 from zerotrain.runtime.zero.unit_context import UnitContext
+from zerotrain.runtime.zero.unit_paths import MasterPath, ReducePath, RefreshPath, UnitPaths
 
 
 class ParamState(str, Enum):
@@ -97,6 +93,8 @@ class Unit:
     layout: UnitLayout
     params: list[nn.Parameter]
     ctx: UnitContext
+    paths: UnitPaths
+    """Where the master lives, how gradients are reduced and parameters refreshed: chosen once (`unit_paths`)."""
     full: FlatBuffer
     """The full parameters in the compute dtype (allocated only while GATHERED or GATHERING in stage 3)."""
     master: torch.Tensor
@@ -220,33 +218,33 @@ class Unit:
             self.wait_for_unshard()
 
     def after_step(self, async_op: bool = False) -> None:
-        """Bring the updated master values back into the compute parameters: stage 0 copies (mixed precision);
-        stages 1/2 all-gather the shards, a unit within `allgather_bucket` elements in place (its shard is already
-        its slot of the full buffer) and asynchronously when asked (the next forward waits for it), a larger one
-        in chunks through the pool; stage 3 updates the shard, and gathers a resident unit that is gathered."""
-        policy, offload = self.ctx.policy, self.ctx.offload
-        # A frozen unit's `master` is its compute-dtype values themselves: nothing to copy.
-        copy = self.ctx.own_master and not self.layout.frozen
-        if not policy.optimizer:
-            if copy:
+        """Bring the updated master values back into the compute parameters, by the unit's refresh path: stage 0
+        copies (a master of its own); stages 1/2 all-gather the shards, a unit within `allgather_bucket` elements in
+        place (its shard is already its slot of the full buffer) and asynchronously when asked (the next forward
+        waits for it), a larger one in chunks through the pool; stage 3 updates the shard, and gathers a resident
+        unit that is gathered."""
+        copy, offload = self.paths.master.copied, self.ctx.offload
+        match self.paths.refresh:
+            case RefreshPath.NONE:
+                pass
+            case RefreshPath.COPY:
                 self.full.data.copy_(self.master, non_blocking=offload)
-            return
-        if self.shard is not None:
-            if copy and self.shard is not self.master:  # offloaded fp32 parameters are the master itself
-                self.shard.copy_(self.master, non_blocking=offload)  # from pinned host memory: queued on CUDA
-            if self.resident and self.gathered:
+            case RefreshPath.SHARD:
+                assert self.shard is not None
+                if copy:
+                    self.shard.copy_(self.master, non_blocking=offload)  # from pinned host memory: queued on CUDA
+                if self.resident and self.gathered:
+                    self.move_params(ParamState.STALE)
+                    self._issue_gather(self._device_shard(), async_op)
+            case RefreshPath.GATHER_CHUNKS:
+                unit_comm.gather_in_chunks(self)
+            case RefreshPath.GATHER_SLOT:
+                lo, hi = self.master_range
+                mine = self.full.data[lo:hi]
+                if copy:
+                    mine.copy_(self.master, non_blocking=offload)
                 self.move_params(ParamState.STALE)
-                self._issue_gather(self._device_shard(), async_op)
-            return
-        if len(chunks(self.layout.shard_numel, self.ctx.n, self.ctx.allgather_bucket)) > 1:
-            unit_comm.gather_in_chunks(self)
-            return
-        lo, hi = self.master_range
-        mine = self.full.data[lo:hi]
-        if copy:
-            mine.copy_(self.master, non_blocking=offload)
-        self.move_params(ParamState.STALE)
-        self._issue_gather(mine, async_op)
+                self._issue_gather(mine, async_op)
 
     def full_master(self) -> torch.Tensor:
         """The unit's whole fp32 master, a frozen unit's values in fp32 (a collective on every rank when the
@@ -277,29 +275,36 @@ class Unit:
     def prepare_backward(self) -> None:
         """Stages 0/1: re-point `.grad` at the flat buffer if something (`model.zero_grad()`) dropped it. With
         arenas, the root unit's gradients accumulate over the whole backward: its arena is bound from the start."""
-        if self.grad_full is not None:
+        if self.paths.reduce.full_buffer:
             if any(p.requires_grad and p.grad is None for p in self.params):
-                self.grad_full.bind_grads(self.params)
-        elif self.ctx.arenas is not None and self.layout.module is None:
+                self._grad_full.bind_grads(self.params)
+        elif self.paths.reduce is ReducePath.SCATTER_ARENA and self.layout.module is None:
+            assert self.ctx.arenas is not None
             self.ctx.arenas.bind(self)
 
     def unsharded_grad_bytes(self) -> int:
         """Bytes of the unit's unsharded gradients as they are once its backward is done."""
         if self.arena is not None:
             return self.arena.numel() * self.arena.element_size()
-        if self.grad_full is not None:
-            return self.grad_full.nbytes()
+        if self.paths.reduce.full_buffer:
+            return self._grad_full.nbytes()
         return sum(p.grad.numel() * p.grad.element_size() for p in self.params if p.grad is not None)
 
     def fold_into_fp32(self) -> torch.Tensor:
         """Add this micro-batch's compute-dtype gradients into the fp32 accumulator and clear them; returns the
         accumulator (stage 0: the fp32 gradient buffer itself, reduced in place at the boundary; stage 1: a
         full-size fp32 buffer held from the first micro-batch to the step)."""
-        assert self.grad_full is not None
-        acc = self.fp32_grads() if not self.ctx.policy.optimizer else self._full_accumulator()
-        acc.add_(self.grad_full.data)
-        self.grad_full.data.zero_()
+        stage0 = self.paths.reduce is ReducePath.ALL_REDUCE_FULL
+        acc = self.fp32_grads() if stage0 else self._full_accumulator()
+        acc.add_(self._grad_full.data)
+        self._grad_full.data.zero_()
         return acc
+
+    @property
+    def _grad_full(self) -> FlatBuffer:
+        """The flat full gradients of a unit whose reduce path keeps them (stages 0/1)."""
+        assert self.grad_full is not None, f"unit {self.name!r} reduces by {self.paths.reduce.value}: no full buffer"
+        return self.grad_full
 
     def _full_accumulator(self) -> torch.Tensor:
         if self.accum is None:
@@ -312,36 +317,31 @@ class Unit:
     def end_backward(self, boundary: bool) -> None:
         """Between accumulation boundaries in mixed precision, full gradients are summed in fp32 (as the shards of
         stages 2/3 are), so micro-batches do not round in the compute dtype."""
-        if self.grad_full is not None and self.ctx.accumulate_fp32 and not boundary:
+        if self.paths.reduce.full_buffer and self.ctx.accumulate_fp32 and not boundary:
             self.fold_into_fp32()
 
     def reduce(self, async_op: bool, boundary: bool = True) -> int:
-        """Launch the unit's gradient reduction; returns the bytes of unsharded gradients it dropped (stages 2/3).
+        """Launch the unit's gradient reduction by its reduce path; returns the bytes of unsharded gradients it
+        dropped (stages 2/3).
 
         Stage 0 all-reduces and stage 1 reduce-scatters the full gradients (or their fp32 sum) at the boundary;
         stages 2/3 reduce-scatter this micro-batch's gradients, from the arena or from `.grad`, into the shard. With
         hybrid sharding the shard is averaged across the groups once, at the accumulation `boundary`."""
-        assert not self.layout.frozen, f"unit {self.name!r} is frozen: it has no gradients to reduce"
+        path = self.paths.reduce
+        if path is ReducePath.NONE:
+            raise LifecycleError(f"unit {self.name!r} is frozen: it has no gradients to reduce")
         self.move_grads(GradState.REDUCING)
-        if self.grad_full is not None:
-            src = self.fold_into_fp32() if self.ctx.accumulate_fp32 else self.grad_full.data
-            if self.ctx.policy.optimizer:
-                rows_of = src.view(self.ctx.n, -1)
-
-                def fill_full(rows: torch.Tensor, a: int, b: int) -> None:
-                    rows.copy_(rows_of[:, a:b])
-
-                direct = src if src.dtype == self.ctx.dtypes.reduce else None
-                unit_comm.reduce_scatter(
-                    self, fill_full, direct, accumulate=False, async_op=async_op, boundary=boundary
-                )
-            else:
+        if path.full_buffer:
+            src = self.fold_into_fp32() if self.ctx.accumulate_fp32 else self._grad_full.data
+            if path is ReducePath.ALL_REDUCE_FULL:
                 unit_comm.all_reduce(self, src, async_op)
+            else:
+                unit_comm.reduce_scatter_full(self, src, async_op, boundary)
             return 0
         dropped, self.unsharded_bytes = self.unsharded_bytes, 0
-        arenas = self.ctx.arenas
-        if arenas is not None and arenas.serves(self):
-            unit_comm.reduce_arena(self, arenas, async_op, boundary)
+        if path is ReducePath.SCATTER_ARENA:
+            assert self.ctx.arenas is not None
+            unit_comm.reduce_arena(self, self.ctx.arenas, async_op, boundary)
             return dropped
         pairs = zip(self.layout.slots, self.params, strict=True)
         grads = [(slot, p.grad.reshape(-1)) for slot, p in pairs if p.grad is not None]
@@ -359,8 +359,8 @@ class Unit:
     def zero_grads(self) -> None:
         """The step consumed the gradients. Mixed precision keeps the full gradients in the compute dtype; the fp32
         copy the optimizer reads exists only from the reduction to the end of the step (as in DeepSpeed)."""
-        if self.grad_full is not None:
-            self.grad_full.data.zero_()
+        if self.paths.reduce.full_buffer:
+            self._grad_full.data.zero_()
             if self.accum is not None:
                 self.accum.untyped_storage().resize_(0)
             if self.ctx.mixed:
@@ -384,10 +384,10 @@ class Unit:
 
     def gradient_tensors(self) -> list[torch.Tensor | None]:
         """The flat full gradients (stages 0/1), the fp32 shard, and any `.grad` still alive."""
-        held: list[torch.Tensor | None] = [self.grad_full.data] if self.grad_full is not None else []
+        held: list[torch.Tensor | None] = [self._grad_full.data] if self.paths.reduce.full_buffer else []
         return [*held, self.grad_shard, *(p.grad for p in self.params)]
 
     def master_tensors(self) -> list[torch.Tensor]:
         """The fp32 master (the parameters themselves under fp32 compute: then counted there, first); a frozen unit
         has none (its `master` is its parameters)."""
-        return [] if self.layout.frozen else [self.master]
+        return [] if self.paths.master is MasterPath.FROZEN else [self.master]

@@ -124,6 +124,18 @@ def reduce_scatter(
     return last
 
 
+def reduce_scatter_full(u: Unit, src: torch.Tensor, async_op: bool, boundary: bool) -> None:
+    """Stage 1 at the accumulation boundary: the flat full gradients (or their fp32 sum) reduce-scattered into the
+    shard, straight from `src` when it has the reduce dtype."""
+    rows_of = src.view(u.ctx.n, -1)
+
+    def fill_full(rows: torch.Tensor, a: int, b: int) -> None:
+        rows.copy_(rows_of[:, a:b])
+
+    direct = src if src.dtype == u.ctx.dtypes.reduce else None
+    reduce_scatter(u, fill_full, direct, accumulate=False, async_op=async_op, boundary=boundary)
+
+
 def _apply_scattered(u: Unit, out: torch.Tensor, a: int, b: int, accumulate: bool, last: bool) -> Callable[[], None]:
     """Put the chunk's reduce-scatter into the fp32 shard; when it is the step's `last` write to those columns,
     an offloaded optimizer's copy of them starts now."""

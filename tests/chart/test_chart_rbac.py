@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from chart_util import NAMESPACE, Obj, by_kind, one, render
 
-from zerotrain.operator.children import builders
+from zerotrain.operator.children import builders, supporting
 from zerotrain.operator.client.api_calls import API_CALLS, LEADER_CALLS, PLURALS, ApiCall
 from zerotrain.spec import KIND, PLURAL, ZeroTrainingJobSpec
 
@@ -96,7 +96,7 @@ def _every_child() -> list[Obj]:
                     "checkpoint": {"claimName": claim} if claim else {},
                 }
             )
-            out += builders.build_supporting(job, spec) + builders.build_gang(job, spec, gang=0)
+            out += supporting.build_supporting(job, spec) + builders.build_gang(job, spec, gang=0)
     out.append(builders.build_event(job, "Normal", "Test", "m", datetime.now(timezone.utc)))
     return out
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from budget import budget
 
-from zerotrain.operator.children import builders, naming
+from zerotrain.operator.children import builders, naming, supporting
 from zerotrain.operator.client.kube import FIELD_MANAGER, Kube, path_of
 from zerotrain.spec import PLURAL
 
@@ -40,7 +40,7 @@ def with_older_fields(obj: dict[str, Any]) -> dict[str, Any]:
 def unowned_service(ns: str, name: str) -> dict[str, Any]:
     """The Service the builders make for job `name`, with no owner (one that does not exist would have the garbage
     collector delete it)."""
-    svc = builders.build_service(builders.JobRef(name, ns, "uid-none"))
+    svc = supporting.build_service(builders.JobRef(name, ns, "uid-none"))
     del svc["metadata"]["ownerReferences"]
     return svc
 
@@ -93,7 +93,7 @@ async def test_a_field_an_older_build_applied_goes_at_the_next_apply(
     await start_job(kube, ns, "applied", replicas=1)
     job = await call(get_job, kube, ns, "applied")
     assert job is not None
-    older = with_older_fields(builders.build_service(builders.JobRef.from_body(job)))
+    older = with_older_fields(supporting.build_service(builders.JobRef.from_body(job)))
     await call(kube.apply, older)  # what an older operator build applied, as the same field manager
     live = await call(service, kube, ns, "applied")
     assert live["metadata"]["labels"][OLD] == "yes" and live["spec"]["sessionAffinity"] == "ClientIP"

@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from zerotrain.manifest import parse_spec
-from zerotrain.operator.children import builders, naming
-from zerotrain.operator.children.builders import JobRef
+from zerotrain.operator.children import builders, job_ref, naming, supporting
+from zerotrain.operator.children.job_ref import JobRef
 
 JOB = JobRef("llm", "team-a", "uid-1")
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -41,7 +41,7 @@ def test_pods_rendezvous_env_and_identity(replicas: int, nproc: int, gpu: int) -
         assert (e["ZEROTRAIN_JOB_NAME"], e["ZEROTRAIN_NAMESPACE"], e["HF_HOME"]) == ("llm", "team-a", "/x")
         assert e["POD_NAME"] == "<ref>" and not any(k.startswith("ZEROTRAIN_CHECKPOINT") for k in e)
         assert pod["metadata"]["labels"][naming.LABEL_GANG] == "3"
-        assert pod["metadata"]["ownerReferences"] == [builders.owner_reference(JOB)]
+        assert pod["metadata"]["ownerReferences"] == [job_ref.owner_reference(JOB)]
         assert pod["spec"]["hostname"] == f"llm-worker-{rank}" and pod["spec"]["subdomain"] == "llm"
         c = pod["spec"]["containers"][0]
         assert c["command"] == ["python", "-m", "zerotrain.runtime", "--config", "/etc/zerotrain/job.yaml"]
@@ -122,7 +122,7 @@ def test_the_ranks_read_their_checkpoint_root_from_the_spec_where_the_volume_is_
     s = spec(checkpoint={"path": path} if path else {})
     pod = builders.build_pod(JOB, s, 0, 0)
     mounts = {m["name"]: m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
-    config = yaml.safe_load(builders.build_config_map(JOB, s, 0)["data"][naming.CONFIG_KEY])
+    config = yaml.safe_load(supporting.build_config_map(JOB, s, 0)["data"][naming.CONFIG_KEY])
     assert mounts[builders.CHECKPOINT_VOLUME] == config["spec"]["checkpoint"]["path"] == mounted
 
 
@@ -143,7 +143,7 @@ def test_pods_get_shared_memory_and_a_writable_checkpoint_group() -> None:
 )
 def test_gang_scheduling(gang: str, api: str | None, scheduler: str | None) -> None:
     s = spec(replicas=64, scheduling={"gang": gang})
-    group = builders.build_pod_group(JOB, s)
+    group = supporting.build_pod_group(JOB, s)
     pod = builders.build_pod(JOB, s, 5, 0)
     assert pod["spec"].get("schedulerName") == scheduler
     if api is None:
@@ -156,7 +156,7 @@ def test_gang_scheduling(gang: str, api: str | None, scheduler: str | None) -> N
 
 
 def test_supporting_objects_are_owned_and_rbac_is_narrow() -> None:
-    objs = builders.build_supporting(JOB, spec())
+    objs = supporting.build_supporting(JOB, spec())
     assert [o["kind"] for o in objs] == ["ServiceAccount", "Role", "RoleBinding", "Service"]
     assert all(o["metadata"]["ownerReferences"][0]["uid"] == "uid-1" for o in objs)
     role = objs[1]
@@ -185,7 +185,7 @@ def test_each_gang_reads_its_own_immutable_config() -> None:
 def test_builders_are_deterministic() -> None:
     s = spec(replicas=4)
     assert builders.build_pods(JOB, s, 0) == builders.build_pods(JOB, s, 0)
-    assert builders.build_supporting(JOB, s) == builders.build_supporting(JOB, s)
+    assert supporting.build_supporting(JOB, s) == supporting.build_supporting(JOB, s)
 
 
 @pytest.mark.parametrize(
@@ -211,7 +211,7 @@ def test_built_objects_validate_against_the_kubernetes_schema(gang: str) -> None
         volumes=[{"name": "data", "emptyDir": {}}],
         volumeMounts=[{"name": "data", "mountPath": "/data"}],
     )
-    objs = [o for o in builders.build_supporting(JOB, s) if o["kind"] != "PodGroup"]
+    objs = [o for o in supporting.build_supporting(JOB, s) if o["kind"] != "PodGroup"]
     objs += builders.build_pods(JOB, s, 0)
     objs.append(builders.build_event(JOB, "Warning", "RankFailed", "pod llm-worker-1 exited with code 1", NOW))
     version = kubernetes_validate.latest_version()
@@ -253,8 +253,8 @@ def test_the_gang_config_reads_back_as_the_python_emitter_writes_it() -> None:
     # emitter would have written, long lines, quoting and non-ASCII text included.
     args = ["--note", "héllo: wörld # ünïcode", "x" * 300, "yes", "0o17", ""]
     s = spec(args=args, env=[{"name": "PROMPT", "value": "a\nb"}])
-    text = builders.build_config_map(JOB, s, 0)["data"][naming.CONFIG_KEY]
-    assert builders._DUMPER is yaml.CSafeDumper  # PyYAML's wheels bring libyaml: the test checks the C emitter
+    text = supporting.build_config_map(JOB, s, 0)["data"][naming.CONFIG_KEY]
+    assert supporting._DUMPER is yaml.CSafeDumper  # PyYAML's wheels bring libyaml: the test checks the C emitter
     manifest = yaml.safe_load(text)
     assert text == yaml.safe_dump(manifest, sort_keys=False)
     assert manifest["spec"]["args"] == args

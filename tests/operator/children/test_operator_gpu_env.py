@@ -17,7 +17,7 @@ from pod_security import baseline_violations, level
 from zerotrain import gpu_env
 from zerotrain.manifest import parse_job, parse_spec
 from zerotrain.operator.children import builders, pod_template
-from zerotrain.operator.children.builders import JobRef
+from zerotrain.operator.children.job_ref import JobRef
 from zerotrain.operator.controller.admission import admit
 
 ROOT = Path(__file__).resolve().parents[3]

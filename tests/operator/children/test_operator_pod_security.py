@@ -9,7 +9,7 @@ from pod_security import violations
 
 from zerotrain.manifest import parse_spec
 from zerotrain.operator.children import builders
-from zerotrain.operator.children.builders import JobRef
+from zerotrain.operator.children.job_ref import JobRef
 
 JOB = JobRef("llm", "team-a", "uid-1")
 

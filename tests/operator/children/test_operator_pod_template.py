@@ -10,8 +10,8 @@ import pytest
 from pod_security import violations
 
 from zerotrain.manifest import parse_spec
-from zerotrain.operator.children import builders
-from zerotrain.operator.children.builders import JobRef
+from zerotrain.operator.children import builders, supporting
+from zerotrain.operator.children.job_ref import JobRef
 from zerotrain.operator.controller.admission import admit
 
 JOB = JobRef("llm", "team-a", "uid-1")
@@ -94,7 +94,7 @@ def test_the_template_passes_through_under_the_operators_fields() -> None:
 
 
 def test_status_reports_run_as_the_templates_service_account() -> None:
-    objs = builders.build_supporting(JOB, spec(podTemplate=TEMPLATE))
+    objs = supporting.build_supporting(JOB, spec(podTemplate=TEMPLATE))
     (binding,) = [o for o in objs if o["kind"] == "RoleBinding"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "trainer-sa", "namespace": "team-a"}]
 

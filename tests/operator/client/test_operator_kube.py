@@ -12,8 +12,8 @@ import kubernetes
 import pytest
 
 from zerotrain.manifest import parse_spec
-from zerotrain.operator.children import builders
-from zerotrain.operator.children.builders import JobRef
+from zerotrain.operator.children import builders, supporting
+from zerotrain.operator.children.job_ref import JobRef
 from zerotrain.operator.client.api_calls import API_CALLS, PLURALS, ApiCall
 from zerotrain.operator.client.cached_client import CachedClient
 from zerotrain.operator.client.kube import APPLIED_ANNOTATION, Kube, KubeError, applied, is_subset, resource_of
@@ -87,7 +87,7 @@ def test_create_conflict_is_an_answer_not_retried(server: tuple[Script, Kube]) -
 
 def test_apply_is_a_server_side_apply_with_the_operators_field_manager(server: tuple[Script, Kube]) -> None:
     script, kube = server
-    svc = builders.build_service(JobRef("j", "n", "u"))
+    svc = supporting.build_service(JobRef("j", "n", "u"))
     stored = {**applied(svc), "spec": {**svc["spec"], "sessionAffinity": "None"}}  # with the server's defaults
     script.answers = [(201, stored, {})]
     assert kube.apply(svc) == stored
@@ -99,7 +99,7 @@ def test_apply_is_a_server_side_apply_with_the_operators_field_manager(server: t
 
 def test_apply_from_a_cached_copy_sends_nothing_only_while_this_build_is_in_place(server: tuple[Script, Kube]) -> None:
     script, kube = server
-    svc = builders.build_service(JobRef("j", "n", "u"))
+    svc = supporting.build_service(JobRef("j", "n", "u"))
     cached = {**applied(svc), "spec": {**svc["spec"], "sessionAffinity": "None"}}
     assert kube.apply(svc, known=cached) is None and script.seen == []  # server defaults are no drift
     drifted = {**cached, "metadata": {**cached["metadata"], "labels": {}}}  # someone else's edit
@@ -118,8 +118,8 @@ def test_every_kind_the_builders_make_is_declared() -> None:
     cos = parse_spec({"image": "i", "entrypoint": "m:f", "scheduling": {"gang": "coscheduling"}})
     job = JobRef("j", "n", "u")
     objs = [
-        *builders.build_supporting(job, spec),
-        *builders.build_supporting(job, cos),
+        *supporting.build_supporting(job, spec),
+        *supporting.build_supporting(job, cos),
         builders.build_pod(job, spec, 0, 0),
     ]
     for obj in objs:

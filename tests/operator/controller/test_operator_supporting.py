@@ -13,6 +13,7 @@ import pytest
 from zerotrain.job_status import Phase, ZeroTrainingJobStatus
 from zerotrain.manifest import parse_spec
 from zerotrain.operator.children import builders
+from zerotrain.operator.children import supporting as supporting_objects
 from zerotrain.operator.client.kube import Kube, KubeError
 from zerotrain.operator.controller.api_failure import ChildWriteError
 from zerotrain.operator.controller.reconcile import Reconciler
@@ -23,7 +24,7 @@ JOB = builders.JobRef("llm", "team-a", "uid-1")
 
 
 def supporting() -> list[dict[str, Any]]:
-    return builders.build_supporting(JOB, parse_spec({"image": "img:1", "entrypoint": "pkg.mod:build"}))
+    return supporting_objects.build_supporting(JOB, parse_spec({"image": "img:1", "entrypoint": "pkg.mod:build"}))
 
 
 def reconciler() -> Reconciler:

@@ -66,7 +66,7 @@ def test_arenas_are_sized_by_the_largest_served_block_and_the_root_gets_its_own(
     arenas = arenas_for(ctx, trainable, limit=100)
     assert arenas.block_elements == 64
     assert arenas.nbytes == (2 * 64 + 32) * 4  # two block arenas (depth 2) and the root's
-    assert [arenas.serves(u) for u in units] == [True, True, False, False, True]
+    assert [arenas.serves(u.layout) for u in units] == [True, True, False, False, True]
     big = units[3]
     arenas.bind(big)  # a unit over the limit keeps autograd's gradients
     assert big.arena is None and all(p.grad is None for p in big.params)
