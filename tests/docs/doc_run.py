@@ -66,6 +66,36 @@ def cli(args: list[str], cwd: Path, timeout: float = 240) -> Ran:
     return Ran(["zerotrain", *args], cwd, p.returncode, p.stdout, p.stderr)
 
 
+def cli_in_process(args: list[str], cwd: Path) -> Ran:
+    """`zerotrain ARGS` run by this process's own `zerotrain.cli.main`, in `cwd`, as `cli` runs it: for commands
+    that start no rank (validate), whose cost as a new process is mostly importing torch again."""
+    import contextlib
+    import io
+
+    from zerotrain.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    saved_env = {k: os.environ.get(k) for k in ("COLUMNS", "NO_COLOR", "ZEROTRAIN_DEBUG")}
+    os.environ.update({"COLUMNS": "160", "NO_COLOR": "1"})
+    os.environ.pop("ZEROTRAIN_DEBUG", None)
+    here = Path.cwd()
+    try:
+        os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(args)
+            except SystemExit as e:  # argparse's own refusals
+                code = e.code if isinstance(e.code, int) else 2
+    finally:
+        os.chdir(here)
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return Ran(["zerotrain", *args], cwd, code, out.getvalue(), err.getvalue())
+
+
 def free_port() -> int:
     """A port nobody listens on now, from the OS."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -205,7 +235,7 @@ def validate(manifest: Obj | str, scratch: Path, no_import: bool = False) -> Ran
         d = scratch / f"validate-{len(_validated)}"
         d.mkdir(parents=True)
         (d / "job.yaml").write_text(text)
-        _validated[key] = cli(["validate", "job.yaml", *(["--no-import"] if no_import else [])], d)
+        _validated[key] = cli_in_process(["validate", "job.yaml", *(["--no-import"] if no_import else [])], d)
     return _validated[key]
 
 

@@ -23,14 +23,14 @@ from budget import budget
 from safetensors.torch import load_file
 from test_run_resume import by_step, tiny_job
 
-STEPS = 300
+STEPS = 60  # long enough that a stop lands mid-run (it does within a few steps of the signal)
 
 
 def job(tmp_path: Path) -> Path:
     path = tiny_job(tmp_path, STEPS)
     doc = yaml.safe_load(path.read_text())
     doc["spec"]["checkpoint"] = {"intervalSteps": 1000, "keepLast": 2, "terminationBudgetSeconds": 60}
-    doc["spec"]["training"]["logEvery"] = 50
+    doc["spec"]["training"]["logEvery"] = 20
     path.write_text(yaml.safe_dump(doc))
     return path
 
