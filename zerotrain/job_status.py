@@ -118,6 +118,32 @@ class EvaluationStatus(SpecModel):
     """When rank 0 reported it."""
 
 
+class StragglerCause(str, Enum):
+    """What holds a straggling rank back."""
+
+    INPUT = "input"
+    """Its data wait: the task's batches reach it later than the other ranks'."""
+    COMPUTE = "compute"
+    """Its forward, backward and optimizer step."""
+
+
+class StragglerStatus(SpecModel):
+    """A rank rank 0 named as holding the gang back, at the end of a window of steps (docs/monitoring.md)."""
+
+    rank: int = Field(ge=0)
+    """The straggling rank."""
+    cause: StragglerCause
+    """Input (its data wait) or compute."""
+    seconds_per_step: float = Field(ge=0)
+    """Its data wait or compute per step over the window."""
+    others_seconds_per_step: float = Field(ge=0)
+    """The median of the other ranks' over the same window."""
+    window_steps: int = Field(ge=1)
+    """Steps in the window."""
+    step: int = Field(ge=0)
+    """The step the window ended at."""
+
+
 class ZeroTrainingJobStatus(SpecModel):
     """Observed state of a ZeRO training job."""
 
@@ -139,6 +165,9 @@ class ZeroTrainingJobStatus(SpecModel):
     """Newest committed checkpoint; a restarted gang resumes from it."""
     last_evaluation: EvaluationStatus | None = None
     """Newest evaluation loss and its step, reported by rank 0."""
+    stragglers: list[StragglerStatus] = Field(default_factory=list, max_length=64)
+    """The ranks the last window named as holding the gang back, reported by rank 0 (empty: the gang keeps pace);
+    condition Straggler names their pods and nodes."""
     memory_plan: MemoryPlan | None = None
     """Per-rank model-state memory by ZeRO stage for this job."""
     stage: Stage | None = None

@@ -28,6 +28,7 @@ from zerotrain.training_spec import (
     MetricsSpec,
     OptimizerName,
     OptimizerSpec,
+    StragglerSpec,
     TrainingSpec,
 )
 from zerotrain.zero_config import AutoStage, ZeroConfig, shard_group_ranks
@@ -62,6 +63,7 @@ __all__ = [
     "OptimizerName",
     "OptimizerSpec",
     "PretrainedSpec",
+    "StragglerSpec",
     "TrainingSpec",
     "ZeroTrainingJob",
     "ZeroTrainingJobSpec",
@@ -219,6 +221,8 @@ class ZeroTrainingJobSpec(SpecModel):
     """Sharded checkpoints."""
     metrics: MetricsSpec = Field(default_factory=MetricsSpec)
     """Prometheus metrics of each rank."""
+    stragglers: StragglerSpec = Field(default_factory=StragglerSpec)
+    """Name the rank that holds the gang back, and whether its input or its compute does."""
     failure_policy: FailurePolicy = Field(default_factory=FailurePolicy)
     """Restarts and permanent failures."""
     active_deadline_seconds: int | None = Field(default=None, ge=1)

@@ -146,6 +146,18 @@ class MetricsSpec(SpecModel):
     """Port of local rank 0; local rank r serves on port + r."""
 
 
+class StragglerSpec(SpecModel):
+    """Naming the rank that holds the gang back, and why (docs/monitoring.md, "Stragglers")."""
+
+    enabled: bool = True
+    """Compare the ranks' step splits every `windowSteps` steps (one small all-reduce per window)."""
+    threshold: float = Field(default=1.3, ge=1.05, le=10.0)
+    """A rank is named when its data wait or compute per step is at least this many times the other ranks' median
+    (and the excess at least 5% of the median step)."""
+    window_steps: int = Field(default=10, ge=2, le=10_000)
+    """Steps each comparison sums over; a rank is named (or cleared) at the end of a window."""
+
+
 class FailurePolicy(SpecModel):
     """What a failed rank does to the job."""
 

@@ -3,8 +3,10 @@ against metrics off, in the same process tree, alternating on and off so drift o
 With metrics on, a thread in each rank scrapes it every --scrape-interval seconds (1 by default: 15 times as often
 as the chart's PodMonitor).
 
-Printed: median step time with metrics on over off, and the time `observe_step` itself takes per step (the whole
-hot-path cost: a memory report, a copy of the collective counters, an RSS read), as a share of the step.
+Printed: median step time with metrics on over off, the time `observe_step` itself takes per step (the whole
+hot-path cost: a memory report, a copy of the collective counters, an RSS read), and the time the step watch takes
+per step (the step split's clock reads around data, checkpoint and evaluation, and every window the straggler
+all-reduce: `runtime/job/step_watch.py`), each as a share of the step.
 
     python bench/runtime/bench_metrics.py --world 2 --steps 60 --repeats 5
 """
@@ -71,6 +73,7 @@ def _rank_main(rank: int, world: int, port: int, on: bool, args: argparse.Namesp
     engine = make_engine(task, spec, device, ZeroEngine)
     metrics = RankMetrics("bench", rank, rank, world, args.stage, args.steps, enabled=on)
     observe_s: list[float] = []
+    watch_s = _time_the_watch()
     if on:
         metrics_port = metrics.serve(Endpoint("127.0.0.1", 0, 0, "bench"))
         inner = metrics.observe_step
@@ -94,14 +97,52 @@ def _rank_main(rank: int, world: int, port: int, on: bool, args: argparse.Namesp
     metrics.stop()
     if rank == 0:
         per_step = result.elapsed_s / args.steps
-        out.put(
-            {"step_s": per_step, "observe_s": statistics.median(observe_s) if observe_s else 0.0, "scrapes": scrapes[0]}
-        )
+        observed = statistics.median(observe_s) if observe_s else 0.0
+        out.put({"step_s": per_step, "observe_s": observed, "watch_s": watch_s[0] / args.steps, "scrapes": scrapes[0]})
     del engine
     import gc
 
     gc.collect()
     dist.destroy_process_group()
+
+
+def _time_the_watch() -> list[float]:
+    """Wrap the step watch's calls so their time adds up in the returned cell (run in every mode: the watch runs
+    whether metrics are on or off)."""
+    from contextlib import contextmanager
+
+    from zerotrain.runtime.job.step_watch import StepWatch
+
+    spent = [0.0]
+    begin, end, timing = StepWatch.begin, StepWatch.end, StepWatch.timing
+
+    def timed_begin(self: StepWatch) -> None:
+        t0 = time.perf_counter()
+        begin(self)
+        spent[0] += time.perf_counter() - t0
+
+    def timed_end(self: StepWatch, step: int) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return end(self, step)
+        finally:
+            spent[0] += time.perf_counter() - t0
+
+    @contextmanager
+    def timed_timing(self: StepWatch, phase: Any) -> Any:
+        t0 = time.perf_counter()
+        inner = timing(self, phase)
+        inner.__enter__()
+        spent[0] += time.perf_counter() - t0
+        try:
+            yield
+        finally:
+            t1 = time.perf_counter()
+            inner.__exit__(None, None, None)
+            spent[0] += time.perf_counter() - t1
+
+    StepWatch.begin, StepWatch.end, StepWatch.timing = timed_begin, timed_end, timed_timing  # type: ignore[method-assign]
+    return spent
 
 
 def main() -> None:
@@ -125,6 +166,7 @@ def main() -> None:
     off = statistics.median(r["step_s"] for r in runs[False])
     with_metrics = statistics.median(r["step_s"] for r in runs[True])
     observe = statistics.median(r["observe_s"] for r in runs[True])
+    watch = statistics.median(r["watch_s"] for r in (*runs[True], *runs[False]))
     table = Table(
         title=f"metrics overhead: GPT d={args.d_model} L={args.layers}, stage {args.stage}, "
         f"N={args.world} gloo, {args.steps} steps × {args.repeats} runs each"
@@ -132,6 +174,7 @@ def main() -> None:
     for col in ("", "median step", "on / off", "observe_step per step", "share of step", "scrapes per run"):
         table.add_column(col, justify="right")
     table.add_row("metrics off", f"{off * 1e3:.1f} ms", "1.000", "-", "-", "-")
+    table.add_row("step watch (both)", "-", "-", f"{watch * 1e6:.0f} µs", f"{watch / off:.2%}", "-")
     table.add_row(
         "metrics on",
         f"{with_metrics * 1e3:.1f} ms",

@@ -25,6 +25,7 @@ class ConditionType(str, Enum):
     QUEUE_UNAVAILABLE = "QueueUnavailable"
     STAGE_CHOSEN = "StageChosen"
     OUT_OF_MEMORY = "OutOfMemory"
+    STRAGGLER = "Straggler"
 
 
 class Reason:
@@ -58,6 +59,9 @@ class Reason:
     ELASTIC_IN_QUEUE = "ElasticInQueue"
     MEMORY_PLAN_DOES_NOT_FIT = "MemoryPlanDoesNotFit"
     SPEC_VALID = "SpecValid"
+    SLOW_INPUT = "SlowInput"
+    SLOW_COMPUTE = "SlowCompute"
+    GANG_KEEPS_PACE = "GangKeepsPace"
     LOWEST_STAGE_THAT_FITS = "LowestStageThatFits"
     OUT_OF_MEMORY = "OutOfMemory"
     INVALID_CONFIG = "InvalidConfig"

@@ -15,6 +15,7 @@ _WARNING_WHEN_TRUE = {
     ConditionType.CHILD_WRITE_FAILED,
     ConditionType.CONTAINERS_WAITING,
     ConditionType.QUEUE_UNAVAILABLE,
+    ConditionType.STRAGGLER,
 }
 
 

@@ -93,6 +93,8 @@ class ObservedPod:
     """The scheduler's message when it found no node (PodScheduled=False, reason Unschedulable)."""
     probe: int | None = None
     """A capacity probe of an elastic job (its index, `naming.LABEL_PROBE`), not a rank pod."""
+    node: str = ""
+    """The node it was bound to (spec.nodeName), once scheduled."""
 
 
 def _time(value: Any) -> datetime | None:
@@ -194,6 +196,7 @@ def observe_pod(pod: dict[str, Any]) -> ObservedPod:
         or phase != PodPhase.PENDING,
         unschedulable=str(placed.get("message") or "no node fits it") if refused else "",
         probe=_int(labels.get(naming.LABEL_PROBE)),
+        node=str((pod.get("spec") or {}).get("nodeName") or ""),
     )
 
 

@@ -18,6 +18,7 @@ from zerotrain.operator.controller.conditions import (
     set_condition,
 )
 from zerotrain.operator.controller.observe import Disruption, ObservedPod, PodPhase
+from zerotrain.operator.controller.straggler_condition import set_straggler
 from zerotrain.plan.model_states import MemoryPlan, format_bytes
 from zerotrain.spec import ZeroTrainingJobSpec
 from zerotrain.zero_config import Stage
@@ -86,6 +87,8 @@ def compute_status(
     rank out of memory moves the job to the next stage instead of failing it. `sizing`: the job is elastic.
     `facts`: what admission decided (plan, stage, generation...), recorded in the same status."""
     d = _lifecycle(spec, observed, previous, now, backoff, replan, sizing)
+    gang = [p for p in observed if p.gang == d.status.restarts.total and p.probe is None and not p.terminating]
+    set_straggler(d.status, gang, spec.nproc_per_node, now)
     if facts is not None:
         # A resize's next gang runs at the plan admission gave its size when the resize was decided.
         moved = pass_facts.Moved(d.resize_plan, d.resize.stage) if d.resize is not None else None

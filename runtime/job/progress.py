@@ -7,7 +7,14 @@ import math
 import sys
 import threading
 import time
-from typing import Any, Protocol, TextIO
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
+
+if TYPE_CHECKING:
+    from zerotrain.runtime.job.stragglers import Straggler
+
+
+MAX_REPORTED = 64
+"""Stragglers a report carries at most (status.stragglers' bound), in rank order."""
 
 
 class StepReporter:
@@ -28,17 +35,19 @@ class StepReporter:
         final: bool = False,
         checkpoint: tuple[int, str] | None = None,
         evaluation: tuple[int, float] | None = None,
+        stragglers: list[dict[str, object]] | None = None,
     ) -> None:
-        """Send `step` (and a newly committed checkpoint or a new evaluation, neither ever throttled away)."""
+        """Send `step` (and a newly committed checkpoint, a new evaluation or a new straggler verdict, none ever
+        throttled away)."""
         from zerotrain.runtime.job.status_report import Progress, report_progress
 
         busy = self._thread is not None and self._thread.is_alive()
-        news = checkpoint is not None or evaluation is not None
+        news = checkpoint is not None or evaluation is not None or stragglers is not None
         if not final and not news and (busy or time.monotonic() - self._last < self.interval_s):
             return
         self.close()
         self._last = time.monotonic()
-        progress = Progress(step, checkpoint, evaluation)
+        progress = Progress(step, checkpoint, evaluation, stragglers)
         self._thread = threading.Thread(target=report_progress, args=(progress,), daemon=True)
         self._thread.start()
 
@@ -55,6 +64,7 @@ class ProgressSink(Protocol):
     def evaluation(self, step: int, loss: float, seconds: float) -> None: ...
     def resumed(self, step: int, path: str) -> None: ...
     def note(self, text: str) -> None: ...
+    def stragglers(self, step: int, named: list[Straggler]) -> None: ...
     def stopped(self, step: int, saved: str | None, cause: str) -> None: ...
     def close(self) -> None: ...
 
@@ -75,6 +85,9 @@ class NoProgress:
         pass
 
     def note(self, text: str) -> None:
+        pass
+
+    def stragglers(self, step: int, named: list[Straggler]) -> None:
         pass
 
     def stopped(self, step: int, saved: str | None, cause: str) -> None:
@@ -116,6 +129,14 @@ class ProgressLog:
         """One line about how the run starts (how the model was built, where its weights came from)."""
         self._out.write(json.dumps({"note": text}) + "\n")
         self._out.flush()
+
+    def stragglers(self, step: int, named: list[Straggler]) -> None:
+        """A new verdict at the end of the window ending at `step`: the ranks that hold the gang back, or none
+        (cleared). `zerotrain run` prints it; the job's status keeps it."""
+        record = {"stragglers": [s.message() for s in named], "stragglers_step": step}
+        self._out.write(json.dumps(record) + "\n")
+        self._out.flush()
+        self._reporter.report(step, stragglers=[s.status(step) for s in named[:MAX_REPORTED]])
 
     def stopped(self, step: int, saved: str | None, cause: str) -> None:
         """Every rank stopped after `step` on `cause` (a signal's name), having committed `saved` if not None."""

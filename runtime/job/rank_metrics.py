@@ -26,6 +26,9 @@ from prometheus_client.registry import Collector
 from zerotrain.runtime.job.device_memory import DeviceMemory, DeviceProbe
 from zerotrain.runtime.job.metrics_endpoint import Endpoint, report_port
 from zerotrain.runtime.job.metrics_sink import MetricsSink, NoMetrics, StepValues
+from zerotrain.runtime.job.split_metrics import SplitMetrics
+from zerotrain.runtime.job.step_split import StepSplit
+from zerotrain.runtime.job.stragglers import Straggler
 from zerotrain.runtime.rank_phase import RankPhase
 from zerotrain.runtime.zero.memory import MemoryReport
 
@@ -287,6 +290,9 @@ class RankMetrics:
         self.heartbeat = time.time()
         self.registry = CollectorRegistry()
         self.registry.register(SnapshotCollector(self))
+        self.split = SplitMetrics(self.labels, rank)
+        """The step split by phase and this rank's straggler verdict (`split_metrics`)."""
+        self.registry.register(self.split)
         self.step_seconds = Histogram(
             "zerotrain_step_duration_seconds",
             "Wall time of one optimizer step (all micro-batches, the update, any checkpoint).",
@@ -360,6 +366,12 @@ class RankMetrics:
         )
         self.step_seconds.observe(values.seconds)
         self.heartbeat = time.time()
+
+    def observe_split(self, split: StepSplit) -> None:
+        self.split.observe_split(split)
+
+    def observe_stragglers(self, named: list[Straggler]) -> None:
+        self.split.observe_stragglers(named)
 
     def observe_save(self, step: int, seconds: float, nbytes: int) -> None:
         s = self.snapshot

@@ -1,8 +1,9 @@
 """Progress reports from the runtime's rank 0 into its ZeroTrainingJob's status, through the kubernetes client.
 
 The operator gives every job's pods a ServiceAccount whose Role allows exactly one thing: `patch` on
-`zerotrainingjobs/status` for this job's name. Rank 0 merge-patches `status.step`, `status.lastCheckpoint` and
-`status.lastEvaluation`; the operator never writes those fields, so neither side overwrites the other.
+`zerotrainingjobs/status` for this job's name. Rank 0 merge-patches `status.step`, `status.lastCheckpoint`,
+`status.lastEvaluation` and `status.stragglers`; the operator never writes those fields, so neither side overwrites
+the other.
 
 `report_progress` is a no-op outside a job (ZEROTRAIN_JOB_NAME unset, e.g. `zerotrain run`) and never
 raises into training: a failed report is logged and training goes on.
@@ -52,6 +53,8 @@ class Progress:
     """A newly committed checkpoint: (its step, its path)."""
     evaluation: tuple[int, float] | None = None
     """A new evaluation: (the step it followed, its loss)."""
+    stragglers: list[dict[str, object]] | None = None
+    """A new straggler verdict (`Straggler.status` of each rank named; empty: cleared)."""
 
 
 def _now() -> str:
@@ -67,6 +70,8 @@ def status_body(progress: Progress) -> dict[str, object]:
     if progress.evaluation is not None:
         step, loss = progress.evaluation
         status["lastEvaluation"] = {"step": int(step), "loss": float(loss), "time": _now()}
+    if progress.stragglers is not None:
+        status["stragglers"] = progress.stragglers  # a merge patch replaces a list whole: [] clears it
     return {"status": status}
 
 

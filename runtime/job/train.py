@@ -37,6 +37,8 @@ from zerotrain.runtime.job.progress import NoProgress, ProgressLog, ProgressSink
 from zerotrain.runtime.job.rank_metrics import MetricsSink, NoMetrics, RankMetrics, StepValues
 from zerotrain.runtime.job.reports import gather_reports, summary_record
 from zerotrain.runtime.job.spec_bindings import device_for
+from zerotrain.runtime.job.step_split import Phase
+from zerotrain.runtime.job.step_watch import StepWatch
 from zerotrain.runtime.job.task import ConfigError, LossSum, TrainingTask, call_model, is_script
 from zerotrain.runtime.rank_phase import RankPhase
 from zerotrain.runtime.zero.process_group import init_from_env
@@ -134,6 +136,8 @@ class Trainer:
     """Resumes and saves (None: one under no policy, which saves nothing: spec.checkpoint.path unset)."""
     metrics: MetricsSink = field(default_factory=NoMetrics)
     preemption: StopRequests = field(default_factory=NoPreemption)
+    watch: StepWatch = field(init=False)
+    """Each step's split by phase, and the gang's stragglers (made by `run`)."""
 
     def run(self, first_step: int = 1) -> TrainResult:
         """The loop from `first_step`: accumulate micro-batches, step, checkpoint, log from rank 0, metrics.
@@ -144,9 +148,11 @@ class Trainer:
         checkpointer = self.checkpointer or Checkpointer(engine, None, self.metrics)
         steps = spec.training.steps
         result = TrainResult(first_step=first_step)
+        self.watch = StepWatch(engine, spec.stragglers, self.device, self.metrics, self.log)
         start = time.perf_counter()
         for step in range(first_step, steps + 1):
             step_start = time.perf_counter()
+            self.watch.begin()
             set_learning_rate(engine, spec, step)
             self.micro_batches(step)
             self.metrics.phase(RankPhase.OPTIMIZER)
@@ -158,7 +164,9 @@ class Trainer:
             stepped(outcome, step, spec.zero.gradient_accumulation_steps)
             stop = outcome.votes > 0
             saved = None
-            for at, path in checkpointer.after_step(step, steps, outcome.written, stop):
+            with self.watch.timing(Phase.CHECKPOINT):
+                committed = checkpointer.after_step(step, steps, outcome.written, stop)
+            for at, path in committed:
                 self.log.checkpoint(at, str(path))
                 saved = path if at == step else saved
             self.record(result, step, outcome, time.perf_counter() - step_start)
@@ -169,7 +177,9 @@ class Trainer:
                 so_far = throughput(result.tokens, result.samples, result.steps, result.train_seconds)
                 self.log.write({**result.last_log, "elapsed_s": elapsed, **so_far})
             if not stop and evaluation.due(spec.training.evaluation, step, steps):
-                self.evaluate(result, step)
+                with self.watch.timing(Phase.EVALUATION):
+                    self.evaluate(result, step)
+            self.watch.end(step)
             if stop:
                 result.elapsed_s = time.perf_counter() - start
                 where = None if saved is None else str(saved)
@@ -185,7 +195,8 @@ class Trainer:
         for _ in range(self.spec.zero.gradient_accumulation_steps):
             self.metrics.phase(RankPhase.FORWARD)
             try:
-                batch = to_device(next(self.task.batches), self.device)
+                with self.watch.timing(Phase.DATA_WAIT):
+                    batch = to_device(next(self.task.batches), self.device)
             except StopIteration:
                 raise ConfigError(
                     f"spec.training.steps: got {self.spec.training.steps}, but the entry point's batches ran out at "

@@ -102,9 +102,8 @@ def by_step(root: Path) -> dict[int, Path]:
 
 @pytest.mark.slow
 def test_reported_loss_is_the_global_batch_mean_at_any_world_size(tmp_path: Path) -> None:
-    """Rank r trains on its slice of the same global batch; the reported loss averages over ranks, so 1, 2 and
-    4 ranks report the same numbers (up to fp32 summation order)."""
+    """Rank r trains on its slice of the same global batch; the reported loss averages over ranks, so 1 and 4
+    ranks report the same numbers (up to fp32 summation order; 2 ranks against 1: test_run_schedule_evaluation)."""
     job = tiny_job(tmp_path, 3)
-    losses = {n: run(tmp_path, job, f"n{n}", None, "--nproc", str(n))[0]["losses"] for n in (1, 2, 4)}
-    assert losses[2] == pytest.approx(losses[1], rel=1e-5)
+    losses = {n: run(tmp_path, job, f"n{n}", None, "--nproc", str(n))[0]["losses"] for n in (1, 4)}
     assert losses[4] == pytest.approx(losses[1], rel=1e-5)

@@ -118,13 +118,13 @@ CASES: list[tuple[str, list[dict[str, str]], str, list[dict[str, Any]]]] = [
     (
         "ZeroTrainStragglingRank",
         [
-            *(series("zerotrain_step_duration_seconds_count", "0+1x30", **rank(r)) for r in range(3)),
-            series("zerotrain_step_duration_seconds_sum", "0+1x30", **rank(0)),
-            series("zerotrain_step_duration_seconds_sum", "0+1x30", **rank(1)),
-            series("zerotrain_step_duration_seconds_sum", "0+3x30", **rank(2)),  # three times the median
+            *(series("zerotrain_straggler", "0x30", **rank(r), cause=c) for r in range(3) for c in ("compute",)),
+            series("zerotrain_straggler", "0x30", **rank(0), cause="input"),
+            series("zerotrain_straggler", "0x30", **rank(1), cause="input"),
+            series("zerotrain_straggler", "0x5 1x25", **rank(2), cause="input"),  # named from the 5th minute
         ],
         "25m",
-        [firing("ZeroTrainStragglingRank", **rank(2))],
+        [firing("ZeroTrainStragglingRank", **rank(2), cause="input")],
     ),
     (
         "ZeroTrainTargetDown",

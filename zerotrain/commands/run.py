@@ -170,6 +170,7 @@ class ProgressTail(threading.Thread):
         self.path, self.progress, self.task = path, progress, task
         self.stop = threading.Event()
         self.stopped: dict[str, Any] | None = None
+        self.straggling = False
         self._offset = 0
         self._partial = ""
 
@@ -196,6 +197,12 @@ class ProgressTail(threading.Thread):
             self.progress.update(self.task, completed=rec["resumed_step"])
         elif "eval_loss" in rec:
             say(Text(f"evaluation after step {rec['eval_step']}: loss {rec['eval_loss']:.4f} ({rec['eval_s']:.1f} s)"))
+        elif "stragglers" in rec:
+            for message in rec["stragglers"]:
+                say(Text(f"straggler after step {rec['stragglers_step']}: {message}"), soft_wrap=True)
+            if not rec["stragglers"] and self.straggling:
+                say(Text(f"after step {rec['stragglers_step']} every rank keeps pace again"), soft_wrap=True)
+            self.straggling = bool(rec["stragglers"])
         elif "stopped" in rec:
             self.stopped = rec
             self.progress.update(self.task, completed=rec["stopped"])

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from zerotrain.monitoring.queries import JOB_KEY, Scope, straggler_ratio
+from zerotrain.monitoring.queries import JOB_KEY, Scope, straggler
 
 RANK_LABELS = 'zerotrain_job!=""'
 
@@ -91,14 +91,16 @@ ALERTS: tuple[Alert, ...] = (
     ),
     Alert(
         "ZeroTrainStragglingRank",
-        straggler_ratio(RANK_LABELS).replace("$__rate_interval", "5m"),
-        "> 1.5",
+        straggler(RANK_LABELS),
+        "> 0",
         "10m",
         "warning",
-        "Rank {{ $labels.rank }} of {{ $labels.namespace }}/{{ $labels.zerotrain_job }} steps "
-        "{{ $value | humanize }}x slower than its job's median",
-        "Synchronous data parallelism runs at the pace of its slowest rank: one rank's steps take 1.5x the median "
-        "for 10 minutes. Look for a throttled CPU, a slow or shared GPU, or a bad network path on its node.",
+        "Rank {{ $labels.rank }} of {{ $labels.namespace }}/{{ $labels.zerotrain_job }} holds its gang back "
+        "({{ $labels.cause }})",
+        "Synchronous data parallelism runs at the pace of its slowest rank, and this one has been named for 10 "
+        "minutes: its data wait (cause input) or its compute (cause compute) stands above the other ranks' by "
+        "spec.stragglers.threshold. `kubectl describe ztj` names its pod and node. Input: a slow loader or storage "
+        "path; compute: a throttled CPU, a slow or shared GPU.",
         Scope.RANK,
     ),
     Alert(

@@ -270,10 +270,21 @@ def training_rows(d: db.Dashboard) -> db.Dashboard:
         )
         .with_panel(
             series(
-                "Straggler: step time over the job's median",
-                "1 for every rank of a healthy gang; the straggler alert fires above 1.5.",
+                "Stragglers: the rank holding the gang back",
+                "1 while a rank is named, by cause: its data wait (input) or compute at least "
+                "spec.stragglers.threshold times the other ranks' median over a window. 0 for every rank of a gang "
+                "that keeps pace; the straggler alert fires after 10 minutes named.",
                 "none",
                 q.STRAGGLER,
+            )
+        )
+        .with_panel(
+            series(
+                "Step split per rank",
+                "Seconds per second of each rank's steps by phase: data wait, compute, collective wait, checkpoint, "
+                "evaluation. The rank that waits least in collectives is the one the others wait for.",
+                "percentunit",
+                q.STEP_PHASES,
             )
         )
         .with_panel(

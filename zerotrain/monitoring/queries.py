@@ -58,10 +58,11 @@ def step_seconds(sel: str = RANK_SEL) -> str:
     )
 
 
-def straggler_ratio(sel: str = RANK_SEL) -> str:
-    """Each rank's step time over its job's median: 1 for everyone in a healthy gang, >1 for a straggler."""
-    per_rank = step_seconds(sel)
-    return f"({per_rank}) / on({JOB_KEY}) group_left() quantile by ({JOB_KEY}) (0.5, {per_rank})"
+def straggler(sel: str = RANK_SEL) -> str:
+    """1 for each rank (and cause) the runtime names as holding its gang back: its data wait or compute against the
+    other ranks' (`runtime/job/stragglers.py`). Not the step time: every rank of a synchronous gang steps at the
+    slowest one's pace, so step times name no one."""
+    return f"max by ({JOB_KEY}, rank, pod, cause) (zerotrain_straggler{{{sel}}})"
 
 
 # Memory by category for the ranks selected: each category's largest rank (with one rank selected, that rank),
@@ -160,7 +161,12 @@ STEP_P90 = Query(
     "rank {{rank}} p90",
     Scope.RANK,
 )
-STRAGGLER = Query(straggler_ratio(), "rank {{rank}}", Scope.RANK)
+STRAGGLER = Query(straggler(), "rank {{rank}} ({{cause}})", Scope.RANK)
+STEP_PHASES = Query(
+    f"sum by (rank, phase) (rate(zerotrain_step_phase_seconds_total{{{RANK_SEL}}}[{RATE}]))",
+    "rank {{rank}} {{phase}}",
+    Scope.RANK,
+)
 TOKENS_PER_S = Query(
     f"sum by ({JOB_KEY}) (rate(zerotrain_tokens_total{{{RANK_SEL}}}[{RATE}]))", "{{zerotrain_job}}", Scope.JOB
 )

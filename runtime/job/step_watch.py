@@ -1,0 +1,67 @@
+"""One rank's steps as the loop watches them: each step split by phase (`step_split`) into the metrics, and every
+window the gang's stragglers (`stragglers`) into the metrics, rank 0's progress and the job's status, when the
+verdict changes."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING
+
+import torch
+
+from zerotrain.runtime.job.metrics_sink import MetricsSink
+from zerotrain.runtime.job.progress import ProgressSink
+from zerotrain.runtime.job.step_split import Phase, StepClock, StepSplit
+from zerotrain.runtime.job.stragglers import Straggler, StragglerWatch
+from zerotrain.spec import StragglerSpec
+
+if TYPE_CHECKING:
+    from zerotrain.runtime.zero.engine import ZeroEngine
+
+
+def collective_seconds(engine: ZeroEngine) -> float:
+    """Host seconds this rank has spent inside collectives so far (every op the engine's `Comm` counted)."""
+    return sum(op.seconds for op in engine.comm.stats.ops.values())
+
+
+class StepWatch:
+    """The clock of every step and, with more than one rank, the straggler watch."""
+
+    def __init__(
+        self,
+        engine: ZeroEngine,
+        spec: StragglerSpec,
+        device: torch.device,
+        metrics: MetricsSink,
+        log: ProgressSink,
+    ) -> None:
+        self.clock = StepClock(lambda: collective_seconds(engine))
+        self.metrics, self.log = metrics, log
+        self.watch: StragglerWatch | None = None
+        if spec.enabled and engine.comm.world_size > 1:
+            self.watch = StragglerWatch(engine.comm, device, spec.threshold, spec.window_steps)
+        self.named: list[Straggler] | None = None
+        """The last verdict: the ranks named at the end of the last window (empty: the gang keeps pace; None:
+        no window ended yet, so the first verdict is always reported and clears one a previous gang left)."""
+
+    def begin(self) -> None:
+        self.clock.begin()
+
+    def timing(self, phase: Phase) -> AbstractContextManager[None]:
+        return self.clock.timing(phase)
+
+    def end(self, step: int) -> StepSplit:
+        """The step's split, reported; at a window's end (a collective on every rank) the verdict, when it
+        changed."""
+        split = self.clock.end()
+        self.metrics.observe_split(split)
+        verdict = self.watch.observe(split) if self.watch is not None else None
+        if verdict is not None and (self.named is None or _key(verdict) != _key(self.named)):
+            self.named = verdict
+            self.metrics.observe_stragglers(verdict)
+            self.log.stragglers(step, verdict)
+        return split
+
+
+def _key(named: list[Straggler]) -> list[tuple[int, str]]:
+    return [(s.rank, s.cause.value) for s in named]

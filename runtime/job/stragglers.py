@@ -1,0 +1,135 @@
+"""Stragglers named with their cause: the rank whose data wait or compute stands out from the others' over a window
+of steps.
+
+Every rank's step ends at the same collective, so every rank's step time is the slowest rank's and comparing step
+times names no one (on main the quickstart with one rank's batches 150 ms late showed a step-time ratio of 1.005).
+The step's split (`step_split`) does name it: the slow rank waits longest for its data, or computes longest, while
+the others wait for it in collectives. Every `window` steps each rank's summed data wait, compute and step time go
+to every rank in one small all-reduce (each rank fills its own row), and each rank applies the same rule:
+
+    rank r straggles on cause c (input: data wait; compute) when, per step over the window,
+        c_r ≥ threshold × median(c of the other ranks)   and   c_r − that median ≥ FLOOR × the median step time
+
+The median of the *other* ranks, not of all: with two ranks the median of all is the mean of the slow and the fast,
+and a rank 1.5× slower would stand only 1.2× above it. The floor keeps noise in phases that take nearly nothing (a
+data wait of microseconds that doubles) from naming anyone. A rank slow on both counts is named with the cause that
+costs the gang more. A window with no straggler clears the last verdict.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING
+
+import torch
+
+from zerotrain.runtime.job.step_split import Phase, StepSplit
+
+if TYPE_CHECKING:
+    from zerotrain.runtime.zero.collectives import Comm
+
+FLOOR = 0.05
+"""A straggler's excess must be at least this share of the gang's median step time (and the threshold's ratio)."""
+
+
+class Cause(str, Enum):
+    """Why a rank holds the gang back."""
+
+    INPUT = "input"
+    """Its data: the task's batches reach it later than the others'."""
+    COMPUTE = "compute"
+    """Its forward, backward or optimizer step: a slower device, a throttled CPU, a noisy neighbour."""
+
+
+PHASE_OF = {Cause.INPUT: Phase.DATA_WAIT, Cause.COMPUTE: Phase.COMPUTE}
+
+
+@dataclass(frozen=True)
+class RankWindow:
+    """One rank's window, per step."""
+
+    data_wait: float
+    compute: float
+    wall: float
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """A rank named, with what it was measured at."""
+
+    rank: int
+    cause: Cause
+    seconds_per_step: float
+    """Its data wait (input) or compute per step over the window."""
+    others_per_step: float
+    """The median of the other ranks' over the same window."""
+    window: int
+    """Steps in the window."""
+
+    @property
+    def ratio(self) -> float:
+        return self.seconds_per_step / self.others_per_step if self.others_per_step > 0 else float("inf")
+
+    def status(self, step: int) -> dict[str, object]:
+        """The entry of the job's `status.stragglers` (camelCase, as the CRD names it) for a verdict at `step`."""
+        return {
+            "rank": self.rank,
+            "cause": self.cause.value,
+            "secondsPerStep": round(self.seconds_per_step, 6),
+            "othersSecondsPerStep": round(self.others_per_step, 6),
+            "windowSteps": self.window,
+            "step": step,
+        }
+
+    def message(self) -> str:
+        what = "data wait" if self.cause is Cause.INPUT else "compute"
+        times = f"{self.ratio:.2f}×" if self.others_per_step > 0 else "the others near 0"
+        return (
+            f"rank {self.rank} holds the gang back ({self.cause.value}): {what} {self.seconds_per_step:.3f} s/step "
+            f"against the other ranks' median {self.others_per_step:.3f} s/step ({times}) over the last "
+            f"{self.window} steps"
+        )
+
+
+def find_stragglers(table: list[RankWindow], threshold: float, window: int) -> list[Straggler]:
+    """The ranks `table` (per-step figures of every rank, by rank) names, at most one cause each."""
+    if len(table) < 2:
+        return []
+    step = statistics.median(r.wall for r in table)
+    found = []
+    for rank, mine in enumerate(table):
+        others = [r for i, r in enumerate(table) if i != rank]
+        named = []
+        for cause, value in ((Cause.INPUT, mine.data_wait), (Cause.COMPUTE, mine.compute)):
+            median = statistics.median(r.data_wait if cause is Cause.INPUT else r.compute for r in others)
+            if value >= threshold * median and value - median >= FLOOR * step:
+                named.append((value - median, Straggler(rank, cause, value, median, window)))
+        if named:
+            found.append(max(named, key=lambda n: n[0])[1])
+    return found
+
+
+class StragglerWatch:
+    """Sums one rank's splits over the window and, at its end, exchanges them with every rank and judges."""
+
+    def __init__(self, comm: Comm, device: torch.device, threshold: float, window: int) -> None:
+        self.comm, self.device, self.threshold, self.window = comm, device, threshold, window
+        self._sums = [0.0, 0.0, 0.0]
+        self._steps = 0
+
+    def observe(self, split: StepSplit) -> list[Straggler] | None:
+        """Add a step; at the window's end (a collective on every rank) the stragglers, else None."""
+        self._sums[0] += split[Phase.DATA_WAIT]
+        self._sums[1] += split[Phase.COMPUTE]
+        self._sums[2] += split.wall
+        self._steps += 1
+        if self._steps < self.window:
+            return None
+        table = torch.zeros(self.comm.world_size, 3, dtype=torch.float64, device=self.device)
+        table[self.comm.rank] = torch.tensor(self._sums, dtype=torch.float64) / self._steps
+        self.comm.all_reduce(table, "<stragglers>", label="stragglers")
+        rows = [RankWindow(*map(float, row)) for row in table.tolist()]
+        steps, self._sums, self._steps = self._steps, [0.0, 0.0, 0.0], 0
+        return find_stragglers(rows, self.threshold, steps)
