@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
+
+from zerotrain.pod_contract import JOB_NAME_ENV
 
 if TYPE_CHECKING:
     from zerotrain.runtime.job.stragglers import Straggler
@@ -28,6 +31,11 @@ class StepReporter:
         self.interval_s = interval_s
         self._last = -math.inf
         self._thread: threading.Thread | None = None
+        # Outside a job nothing is reported; inside one the client (kubernetes) is imported now, while the rank
+        # starts, not inside the first step, where its half second would read as rank 0 straggling.
+        self.enabled = bool(os.environ.get(JOB_NAME_ENV))
+        if self.enabled:
+            import zerotrain.runtime.job.status_report  # noqa: F401
 
     def report(
         self,
@@ -39,6 +47,8 @@ class StepReporter:
     ) -> None:
         """Send `step` (and a newly committed checkpoint, a new evaluation or a new straggler verdict, none ever
         throttled away)."""
+        if not self.enabled:
+            return
         from zerotrain.runtime.job.status_report import Progress, report_progress
 
         busy = self._thread is not None and self._thread.is_alive()

@@ -7,10 +7,12 @@ The step's split (`step_split`) does name it: the slow rank waits longest for it
 the others wait for it in collectives. Every `window` steps each rank's summed data wait, compute and step time go
 to every rank in one small all-reduce (each rank fills its own row), and each rank applies the same rule:
 
-    rank r straggles on cause c (input: data wait; compute) when, per step over the window,
+    rank r straggles on cause c (input: data wait; compute) when, by its median step of the window,
         c_r ≥ threshold × median(c of the other ranks)   and   c_r − that median ≥ FLOOR × the median step time
 
-The median of the *other* ranks, not of all: with two ranks the median of all is the mean of the slow and the fast,
+Each rank's median step, not its mean: a one-off pause (an import on a thread, the scheduler of a shared host) is
+not a pace, and a rank slowed for good is slow in most of its steps. The median of the *other* ranks, not of all:
+with two ranks the median of all is the mean of the slow and the fast,
 and a rank 1.5× slower would stand only 1.2× above it. The floor keeps noise in phases that take nearly nothing (a
 data wait of microseconds that doubles) from naming anyone. A rank slow on both counts is named with the cause that
 costs the gang more. A window with no straggler clears the last verdict.
@@ -48,7 +50,7 @@ PHASE_OF = {Cause.INPUT: Phase.DATA_WAIT, Cause.COMPUTE: Phase.COMPUTE}
 
 @dataclass(frozen=True)
 class RankWindow:
-    """One rank's window, per step."""
+    """One rank's window: the median of its steps' data wait, compute and wall time."""
 
     data_wait: float
     compute: float
@@ -62,9 +64,9 @@ class Straggler:
     rank: int
     cause: Cause
     seconds_per_step: float
-    """Its data wait (input) or compute per step over the window."""
+    """Its data wait (input) or compute in its median step of the window."""
     others_per_step: float
-    """The median of the other ranks' over the same window."""
+    """The median of the other ranks' figures over the same window."""
     window: int
     """Steps in the window."""
 
@@ -88,7 +90,7 @@ class Straggler:
         times = f"{self.ratio:.2f}×" if self.others_per_step > 0 else "the others near 0"
         return (
             f"rank {self.rank} holds the gang back ({self.cause.value}): {what} {self.seconds_per_step:.3f} s/step "
-            f"against the other ranks' median {self.others_per_step:.3f} s/step ({times}) over the last "
+            f"against the other ranks' {self.others_per_step:.3f} s/step ({times}), medians of the last "
             f"{self.window} steps"
         )
 
@@ -116,20 +118,17 @@ class StragglerWatch:
 
     def __init__(self, comm: Comm, device: torch.device, threshold: float, window: int) -> None:
         self.comm, self.device, self.threshold, self.window = comm, device, threshold, window
-        self._sums = [0.0, 0.0, 0.0]
-        self._steps = 0
+        self._steps: list[tuple[float, float, float]] = []
 
     def observe(self, split: StepSplit) -> list[Straggler] | None:
         """Add a step; at the window's end (a collective on every rank) the stragglers, else None."""
-        self._sums[0] += split[Phase.DATA_WAIT]
-        self._sums[1] += split[Phase.COMPUTE]
-        self._sums[2] += split.wall
-        self._steps += 1
-        if self._steps < self.window:
+        self._steps.append((split[Phase.DATA_WAIT], split[Phase.COMPUTE], split.wall))
+        if len(self._steps) < self.window:
             return None
+        mine = [statistics.median(column) for column in zip(*self._steps, strict=True)]
         table = torch.zeros(self.comm.world_size, 3, dtype=torch.float64, device=self.device)
-        table[self.comm.rank] = torch.tensor(self._sums, dtype=torch.float64) / self._steps
+        table[self.comm.rank] = torch.tensor(mine, dtype=torch.float64)
         self.comm.all_reduce(table, "<stragglers>", label="stragglers")
         rows = [RankWindow(*map(float, row)) for row in table.tolist()]
-        steps, self._sums, self._steps = self._steps, [0.0, 0.0, 0.0], 0
+        steps, self._steps = len(self._steps), []
         return find_stragglers(rows, self.threshold, steps)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,6 +14,7 @@ from zerotrain.runtime.job import status_report
 
 from .cluster import Cluster, project_token, until_async
 from .conftest import Operator
+from .test_operator_api_errors_e2e import warnings_about
 from .test_operator_e2e import start_job
 
 
@@ -39,6 +41,25 @@ async def test_report_progress_patches_step_checkpoint_and_evaluation(
     job = await asyncio.to_thread(kube.get_job, ns, "lambda")
     assert job["status"]["step"] == 41 and job["status"]["phase"] == "Running"
     assert job["status"]["lastEvaluation"]["loss"] == 2.5
+
+    # A straggler verdict: kept in status.stragglers (the CRD's schema has it), named by the operator with its pod
+    # and node in condition Straggler, with a Warning Event; an empty verdict clears it.
+    named = {"rank": 0, "cause": "input", "secondsPerStep": 0.3, "othersSecondsPerStep": 0.2, "windowSteps": 10}
+    verdict = status_report.Progress(50, stragglers=[named | {"step": 50}])
+    await asyncio.to_thread(status_report.report_progress, verdict)
+    job = await until_async(lambda: (j := kube.get_job(ns, "lambda")) and straggler(j) and j)
+    assert job["status"]["stragglers"] == [named | {"step": 50}]
+    condition = straggler(job)
+    assert condition["status"] == "True" and condition["reason"] == "SlowInput", condition
+    assert condition["message"].startswith("rank 0 (pod lambda-worker-0"), condition
+    assert await until_async(lambda: warnings_about(kube, ns, "lambda", "SlowInput"))
+    await asyncio.to_thread(status_report.report_progress, status_report.Progress(60, stragglers=[]))
+    job = await until_async(lambda: (j := kube.get_job(ns, "lambda")) and straggler(j)["status"] == "False" and j)
+    assert job["status"]["stragglers"] == [] and straggler(job)["reason"] == "GangKeepsPace"
+
+
+def straggler(job: dict[str, Any]) -> dict[str, Any]:
+    return next((c for c in job["status"].get("conditions", []) if c["type"] == "Straggler"), {})
 
 
 def test_report_progress_is_a_noop_outside_a_job(monkeypatch: pytest.MonkeyPatch) -> None:

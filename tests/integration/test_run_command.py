@@ -42,6 +42,7 @@ def test_quickstart_trains_on_two_ranks_and_the_loss_falls(tmp_path: Path) -> No
     out = proc.stdout
     assert "step 25/25" in out and "memory per rank (stage 3, N = 2)" in out and "reduce_scatter" in out
     assert "succeeded: 2 rank(s) finished (exit status 0)" in out
+    assert "holds the gang back" not in out  # two healthy windows name no one
 
 
 def test_bad_manifest_exits_2_with_the_manifest_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -18,7 +18,7 @@ def test_two_ranks_one_slower_in_its_data_is_named_with_cause_input() -> None:
     assert (found.rank, found.cause) == (1, Cause.INPUT)
     assert found.ratio == pytest.approx(1.5) and found.others_per_step == 0.2
     assert "rank 1 holds the gang back (input): data wait 0.300 s/step" in found.message()
-    assert "median 0.200 s/step (1.50×) over the last 10 steps" in found.message()
+    assert "the other ranks' 0.200 s/step (1.50×), medians of the last 10 steps" in found.message()
 
 
 def test_a_rank_slower_in_compute_is_named_with_cause_compute_and_the_waiting_ranks_are_not() -> None:
