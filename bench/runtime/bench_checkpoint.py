@@ -97,10 +97,10 @@ def run_rank(rank: int, args: argparse.Namespace, port: int, out_dir: str) -> No
         save = _save(mode, engine, task, root, saver)
         after, _ = _step(engine, task)  # the step right after the save's return (or commit)
         saves.append({"mode": mode, **save, "step_after": after, "wall": time.perf_counter() - seconds_after})
-    from zerotrain.runtime.checkpoints import checkpoint
+    from zerotrain.runtime.checkpoints import checkpoint, model_record
 
     newest = checkpoint.latest(Path(out_dir) / "sync")
-    nbytes = checkpoint.rank_file_bytes(newest, rank) if newest else 0
+    nbytes = model_record.rank_file_bytes(newest, rank) if newest else 0
     Path(out_dir, f"{rank}.json").write_text(json.dumps({"plain": plain, "saves": saves, "file_bytes": nbytes}))
     dist.destroy_process_group()
 

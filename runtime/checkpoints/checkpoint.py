@@ -12,13 +12,12 @@ Layout under the checkpoint root:
                                                         buffer names and shapes, each file's SHA-256 and size
 
 Every save goes to a fresh directory (the step, then a token drawn by rank 0), so a committed checkpoint is never
-rewritten. Files and directories are fsynced before the marker is renamed into place; a crash anywhere before
-that leaves a directory without COMMITTED, which `committed()` ignores. A committed checkpoint whose files no
-longer match their digests is refused (`prepare`), and `resume.resume_newest` falls back to the previous good one.
-
-Loading (`load`) works at any world size and stage for the same model: each rank plans which byte ranges of
-which files fill its own shard (`reshard`), verifies those files, agrees with every other rank that all can
-load, and only then reads. On any refusal the engine is unchanged.
+rewritten. Files and directories are fsynced before the marker is renamed into place; a crash before that leaves a
+directory without COMMITTED, which `committed()` ignores. A committed checkpoint whose files no longer match their
+digests is refused (`prepare`), and `Checkpointer.resume` falls back to the previous good one. Loading (`load`)
+works at any world size and stage for the same model: each rank plans which byte ranges of which files fill its
+shard (`reshard`), verifies those files, agrees with every other rank that all can load, and only then reads. On
+any refusal the engine is unchanged.
 """
 
 from __future__ import annotations
@@ -388,15 +387,8 @@ def load(engine: Checkpointable, path: str | os.PathLike[str]) -> Loaded:
     return apply(engine, ready)
 
 
-def rank_file_bytes(path: str | os.PathLike[str], rank: int) -> int:
-    """Size of `rank`'s file in checkpoint `path` (0 if it has none)."""
-    f = Path(path) / rank_file(rank)
-    return f.stat().st_size if f.exists() else 0
-
-
 def save_checkpoint(engine: Checkpointable, root: str | os.PathLike[str]) -> Path:
-    """`zerotrain.runtime.save_checkpoint`: save every rank's shards in a fresh checkpoint under `root` and commit
-    it (a collective on every rank); the committed directory."""
+    """`zerotrain.runtime.save_checkpoint`: `save`, from a loop of your own (a collective on every rank)."""
     return save(engine, root)
 
 

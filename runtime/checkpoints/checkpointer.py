@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from zerotrain.errors import ConfigError
-from zerotrain.runtime.checkpoints import base, checkpoint
+from zerotrain.runtime.checkpoints import base, checkpoint, model_record
 from zerotrain.runtime.checkpoints.async_save import AsyncSaver, InFlight, check_directory_fsync
 from zerotrain.runtime.checkpoints.checkpoint import Loaded
 from zerotrain.runtime.rank_phase import RankPhase
@@ -171,7 +171,7 @@ class Checkpointer:
             started = self._saver.inflight.started if self._saver.inflight is not None else 0.0
             job = self._committed(self._saver.commit_if_agreed(self.engine, written))
             if job is not None:
-                nbytes = checkpoint.rank_file_bytes(job.target, self.engine.layout.rank)
+                nbytes = model_record.rank_file_bytes(job.target, self.engine.layout.rank)
                 self.metrics.observe_save(job.step, time.perf_counter() - started, nbytes)
                 done.append((job.step, job.target))
         if self.policy.due(step, last_step) or stop:
@@ -200,7 +200,7 @@ class Checkpointer:
         self._prune()
         seconds = time.perf_counter() - t0
         self.metrics.observe_blocked(seconds)
-        self.metrics.observe_save(step, seconds, checkpoint.rank_file_bytes(saved, self.engine.layout.rank))
+        self.metrics.observe_save(step, seconds, model_record.rank_file_bytes(saved, self.engine.layout.rank))
         return saved
 
     def _committed(self, job: InFlight | None) -> InFlight | None:

@@ -8,6 +8,8 @@ parameters in the same units and the same buffers; offsets inside a unit may dif
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -17,6 +19,12 @@ from zerotrain.runtime.checkpoints.shard_file import ShardFileError, ShardReader
 
 def rank_file(rank: int) -> str:
     return f"rank-{rank:05d}.safetensors"
+
+
+def rank_file_bytes(path: str | os.PathLike[str], rank: int) -> int:
+    """Size of `rank`'s file in checkpoint `path` (0 if it has none)."""
+    f = Path(path) / rank_file(rank)
+    return f.stat().st_size if f.exists() else 0
 
 
 BUFFER_PREFIX = "buffer."

@@ -19,7 +19,7 @@ import yaml
 from budget import budget
 
 from zerotrain.monitoring.alerts import ALERTS
-from zerotrain.monitoring.dashboard import annotation_queries, panel_queries
+from zerotrain.monitoring.dashboard_read import annotation_queries, panel_queries
 from zerotrain.monitoring.queries import MARK_ABOVE, Query, Scope, all_queries, vars_all
 from zerotrain.operator.client.kube import Kube
 from zerotrain.runtime.job.launch import free_port

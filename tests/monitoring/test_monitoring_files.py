@@ -15,7 +15,8 @@ from e2e.prometheus import binary
 
 from zerotrain.monitoring.__main__ import DASHBOARD, RULES, rules_yaml
 from zerotrain.monitoring.alerts import ALERTS
-from zerotrain.monitoring.dashboard import dashboard_json, panel_queries
+from zerotrain.monitoring.dashboard import dashboard_json
+from zerotrain.monitoring.dashboard_read import panel_queries
 
 CHART_DIR = Path(__file__).resolve().parents[2] / "charts" / "zerotrain-operator"
 

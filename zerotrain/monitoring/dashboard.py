@@ -261,8 +261,8 @@ def training_rows(d: db.Dashboard) -> db.Dashboard:
         .with_panel(
             series(
                 "Step time per rank",
-                "Mean and p90 wall time of an optimizer step per rank. All ranks of a job step together, so one "
-                "rank far from the others is the one holding them back.",
+                "Mean and p90 wall time of an optimizer step per rank. All ranks of a job step together, at the "
+                "slowest one's pace: which rank holds them back is the stragglers panel's.",
                 "s",
                 q.STEP_TIME,
                 q.STEP_P90,
@@ -392,18 +392,3 @@ def build() -> dm.Dashboard:
 def dashboard_json() -> str:
     """The dashboard as Grafana imports it (stable key order, so the committed file diffs cleanly)."""
     return json.dumps(json.loads(JSONEncoder(sort_keys=True).encode(build())), indent=2, sort_keys=True) + "\n"
-
-
-def annotation_queries(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
-    """(name, expr) of every Prometheus annotation of a dashboard JSON (Grafana's built-in one has no expr)."""
-    listed = dashboard.get("annotations", {}).get("list", [])
-    return [(a.get("name", ""), a["expr"]) for a in listed if "expr" in a]
-
-
-def panel_queries(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
-    """(panel title, expr) of every query of a dashboard JSON, rows included."""
-    out = []
-    for panel in dashboard.get("panels", []):
-        for inner in [panel, *panel.get("panels", [])]:
-            out += [(inner.get("title", ""), t["expr"]) for t in inner.get("targets", []) if "expr" in t]
-    return out
