@@ -155,7 +155,8 @@ class StragglerSpec(SpecModel):
     """A rank is named when its data wait or compute per step is at least this many times the other ranks' median
     (and the excess at least 5% of the median step)."""
     window_steps: int = Field(default=10, ge=2, le=10_000)
-    """Steps each comparison sums over; a rank is named (or cleared) at the end of a window."""
+    """Steps in each comparison (each rank's median step); a rank is named once two windows in a row find it slow,
+    and cleared by the first that does not."""
 
 
 class FailurePolicy(SpecModel):

@@ -15,7 +15,9 @@ not a pace, and a rank slowed for good is slow in most of its steps. The median 
 with two ranks the median of all is the mean of the slow and the fast,
 and a rank 1.5× slower would stand only 1.2× above it. The floor keeps noise in phases that take nearly nothing (a
 data wait of microseconds that doubles) from naming anyone. A rank slow on both counts is named with the cause that
-costs the gang more. A window with no straggler clears the last verdict.
+costs the gang more. A rank is named once the rule has held for it in two windows in a row (on a shared host a
+neighbour can slow one rank for one window: `make demo` beside a compile named rank 0 1.35x slow for a window and
+not the next); a window in which it does not hold clears it.
 """
 
 from __future__ import annotations
@@ -119,6 +121,8 @@ class StragglerWatch:
     def __init__(self, comm: Comm, device: torch.device, threshold: float, window: int) -> None:
         self.comm, self.device, self.threshold, self.window = comm, device, threshold, window
         self._steps: list[tuple[float, float, float]] = []
+        self._held: set[tuple[int, Cause]] = set()
+        """(rank, cause) the rule held for in the last window."""
 
     def observe(self, split: StepSplit) -> list[Straggler] | None:
         """Add a step; at the window's end (a collective on every rank) the stragglers, else None."""
@@ -131,4 +135,7 @@ class StragglerWatch:
         self.comm.all_reduce(table, "<stragglers>", label="stragglers")
         rows = [RankWindow(*map(float, row)) for row in table.tolist()]
         steps, self._steps = len(self._steps), []
-        return find_stragglers(rows, self.threshold, steps)
+        found = find_stragglers(rows, self.threshold, steps)
+        twice = [s for s in found if (s.rank, s.cause) in self._held]
+        self._held = {(s.rank, s.cause) for s in found}
+        return twice

@@ -4,8 +4,10 @@ above the threshold and above a floor of the step time; one cause per rank, the 
 from __future__ import annotations
 
 import pytest
+import torch
 
-from zerotrain.runtime.job.stragglers import Cause, RankWindow, find_stragglers
+from zerotrain.runtime.job.step_split import Phase, StepSplit
+from zerotrain.runtime.job.stragglers import Cause, RankWindow, StragglerWatch, find_stragglers
 
 
 def w(data: float, compute: float, wall: float = 1.0) -> RankWindow:
@@ -44,3 +46,27 @@ def test_slow_on_both_counts_the_costlier_cause_is_named() -> None:
 
 def test_every_rank_slow_at_once_names_no_one() -> None:
     assert find_stragglers([w(0.6, 0.9)] * 4, threshold=1.3, window=10) == []
+
+
+class TwoRanks:
+    """Rank 0's side of a 2-rank all-reduce whose other row is given: what the watch sees of the gang."""
+
+    rank, world_size = 0, 2
+
+    def __init__(self) -> None:
+        self.other = (0.0, 0.0, 0.0)
+
+    def all_reduce(self, t: torch.Tensor, unit: str, label: str = "") -> None:
+        t[1] += torch.tensor(self.other, dtype=t.dtype)
+
+
+def test_a_rank_is_named_after_two_windows_in_a_row_and_cleared_by_the_first_that_differs() -> None:
+    comm = TwoRanks()
+    watch = StragglerWatch(comm, torch.device("cpu"), threshold=1.3, window=2)  # type: ignore[arg-type]
+    step = StepSplit(dict.fromkeys(Phase, 0.0) | {Phase.DATA_WAIT: 0.2, Phase.COMPUTE: 0.5}, 1.0)
+    verdicts = []
+    for other in [(0.4, 0.5, 1.0), (0.4, 0.5, 1.0), (0.4, 0.5, 1.0), (0.2, 0.5, 1.0), (0.4, 0.5, 1.0)]:
+        comm.other = other  # rank 1's median step this window: twice rank 0's data wait, then level, then slow
+        assert watch.observe(step) is None  # mid-window: nothing exchanged
+        verdicts.append([(s.rank, s.cause) for s in watch.observe(step) or []])
+    assert verdicts == [[], [(1, Cause.INPUT)], [(1, Cause.INPUT)], [], []]
