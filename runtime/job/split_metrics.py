@@ -15,8 +15,9 @@ from collections.abc import Iterator, Mapping
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from zerotrain.job_status import StragglerCause
 from zerotrain.runtime.job.step_split import Phase, StepSplit
-from zerotrain.runtime.job.stragglers import Cause, Straggler
+from zerotrain.runtime.job.stragglers import Straggler
 
 
 class SplitMetrics(Collector):
@@ -26,7 +27,7 @@ class SplitMetrics(Collector):
     def __init__(self, labels: Mapping[str, str], rank: int) -> None:
         self.names, self.values, self.rank = list(labels), list(labels.values()), rank
         self.totals: dict[Phase, float] = dict.fromkeys(Phase, 0.0)
-        self.named: dict[Cause, float] = {}
+        self.named: dict[StragglerCause, float] = {}
         """Cause → ratio, while this rank is named."""
 
     def observe_split(self, split: StepSplit) -> None:
@@ -50,7 +51,7 @@ class SplitMetrics(Collector):
             labels=[*self.names, "cause"],
         )
         named = self.named
-        for cause in Cause:
+        for cause in StragglerCause:
             flag.add_metric([*self.values, cause.value], 1.0 if cause in named else 0.0)
         yield flag
         ratio = GaugeMetricFamily(

@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from enum import Enum
 from typing import TYPE_CHECKING
 
 import torch
 
+from zerotrain.job_status import StragglerCause, StragglerStatus
 from zerotrain.runtime.job.step_split import Phase, StepSplit
 
 if TYPE_CHECKING:
@@ -36,18 +36,6 @@ if TYPE_CHECKING:
 
 FLOOR = 0.05
 """A straggler's excess must be at least this share of the gang's median step time (and the threshold's ratio)."""
-
-
-class Cause(str, Enum):
-    """Why a rank holds the gang back."""
-
-    INPUT = "input"
-    """Its data: the task's batches reach it later than the others'."""
-    COMPUTE = "compute"
-    """Its forward, backward or optimizer step: a slower device, a throttled CPU, a noisy neighbour."""
-
-
-PHASE_OF = {Cause.INPUT: Phase.DATA_WAIT, Cause.COMPUTE: Phase.COMPUTE}
 
 
 @dataclass(frozen=True)
@@ -64,7 +52,7 @@ class Straggler:
     """A rank named, with what it was measured at."""
 
     rank: int
-    cause: Cause
+    cause: StragglerCause
     seconds_per_step: float
     """Its data wait (input) or compute in its median step of the window."""
     others_per_step: float
@@ -78,17 +66,17 @@ class Straggler:
 
     def status(self, step: int) -> dict[str, object]:
         """The entry of the job's `status.stragglers` (camelCase, as the CRD names it) for a verdict at `step`."""
-        return {
-            "rank": self.rank,
-            "cause": self.cause.value,
-            "secondsPerStep": round(self.seconds_per_step, 6),
-            "othersSecondsPerStep": round(self.others_per_step, 6),
-            "windowSteps": self.window,
-            "step": step,
-        }
+        return StragglerStatus(
+            rank=self.rank,
+            cause=self.cause,
+            seconds_per_step=round(self.seconds_per_step, 6),
+            others_seconds_per_step=round(self.others_per_step, 6),
+            window_steps=self.window,
+            step=step,
+        ).to_wire()
 
     def message(self) -> str:
-        what = "data wait" if self.cause is Cause.INPUT else "compute"
+        what = "data wait" if self.cause is StragglerCause.INPUT else "compute"
         times = f"{self.ratio:.2f}×" if self.others_per_step > 0 else "the others near 0"
         return (
             f"rank {self.rank} holds the gang back ({self.cause.value}): {what} {self.seconds_per_step:.3f} s/step "
@@ -106,8 +94,8 @@ def find_stragglers(table: list[RankWindow], threshold: float, window: int) -> l
     for rank, mine in enumerate(table):
         others = [r for i, r in enumerate(table) if i != rank]
         named = []
-        for cause, value in ((Cause.INPUT, mine.data_wait), (Cause.COMPUTE, mine.compute)):
-            median = statistics.median(r.data_wait if cause is Cause.INPUT else r.compute for r in others)
+        for cause, value in ((StragglerCause.INPUT, mine.data_wait), (StragglerCause.COMPUTE, mine.compute)):
+            median = statistics.median(r.data_wait if cause is StragglerCause.INPUT else r.compute for r in others)
             if value >= threshold * median and value - median >= FLOOR * step:
                 named.append((value - median, Straggler(rank, cause, value, median, window)))
         if named:
@@ -121,7 +109,7 @@ class StragglerWatch:
     def __init__(self, comm: Comm, device: torch.device, threshold: float, window: int) -> None:
         self.comm, self.device, self.threshold, self.window = comm, device, threshold, window
         self._steps: list[tuple[float, float, float]] = []
-        self._held: set[tuple[int, Cause]] = set()
+        self._held: set[tuple[int, StragglerCause]] = set()
         """(rank, cause) the rule held for in the last window."""
 
     def observe(self, split: StepSplit) -> list[Straggler] | None:

@@ -59,4 +59,5 @@ def gather_order(roots: list[int], forward_order: list[int], n_units: int) -> li
     """Units in the order the next forward needs them after a step: the root units, then the last forward's order,
     then the rest."""
     seen = list(dict.fromkeys(roots + forward_order))
-    return seen + [i for i in range(n_units) if i not in set(seen)]
+    first = set(seen)
+    return seen + [i for i in range(n_units) if i not in first]

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from zerotrain.job_status import StragglerCause
 from zerotrain.runtime.job.step_split import Phase, StepSplit
-from zerotrain.runtime.job.stragglers import Cause, RankWindow, StragglerWatch, find_stragglers
+from zerotrain.runtime.job.stragglers import RankWindow, StragglerWatch, find_stragglers
 
 
 def w(data: float, compute: float, wall: float = 1.0) -> RankWindow:
@@ -17,7 +18,7 @@ def w(data: float, compute: float, wall: float = 1.0) -> RankWindow:
 def test_two_ranks_one_slower_in_its_data_is_named_with_cause_input() -> None:
     # With two ranks the median of all would be the mean (1.2× for a rank 1.5× slower): the others' median is 1.5×.
     (found,) = find_stragglers([w(0.2, 0.5), w(0.3, 0.5)], threshold=1.3, window=10)
-    assert (found.rank, found.cause) == (1, Cause.INPUT)
+    assert (found.rank, found.cause) == (1, StragglerCause.INPUT)
     assert found.ratio == pytest.approx(1.5) and found.others_per_step == 0.2
     assert "rank 1 holds the gang back (input): data wait 0.300 s/step" in found.message()
     assert "the other ranks' 0.200 s/step (1.50×), medians of the last 10 steps" in found.message()
@@ -26,7 +27,7 @@ def test_two_ranks_one_slower_in_its_data_is_named_with_cause_input() -> None:
 def test_a_rank_slower_in_compute_is_named_with_cause_compute_and_the_waiting_ranks_are_not() -> None:
     table = [w(0.01, 0.4), w(0.01, 0.4), w(0.01, 0.7), w(0.01, 0.4)]
     (found,) = find_stragglers(table, threshold=1.3, window=10)
-    assert (found.rank, found.cause) == (2, Cause.COMPUTE)
+    assert (found.rank, found.cause) == (2, StragglerCause.COMPUTE)
 
 
 def test_noise_in_a_phase_that_takes_nearly_nothing_names_no_one() -> None:
@@ -41,7 +42,7 @@ def test_within_the_threshold_names_no_one_and_one_rank_has_no_peers() -> None:
 
 def test_slow_on_both_counts_the_costlier_cause_is_named() -> None:
     (found,) = find_stragglers([w(0.2, 0.4), w(0.3, 0.9)], threshold=1.3, window=10)
-    assert found.cause is Cause.COMPUTE
+    assert found.cause is StragglerCause.COMPUTE
 
 
 def test_every_rank_slow_at_once_names_no_one() -> None:
@@ -69,4 +70,4 @@ def test_a_rank_is_named_after_two_windows_in_a_row_and_cleared_by_the_first_tha
         comm.other = other  # rank 1's median step this window: twice rank 0's data wait, then level, then slow
         assert watch.observe(step) is None  # mid-window: nothing exchanged
         verdicts.append([(s.rank, s.cause) for s in watch.observe(step) or []])
-    assert verdicts == [[], [(1, Cause.INPUT)], [(1, Cause.INPUT)], [], []]
+    assert verdicts == [[], [(1, StragglerCause.INPUT)], [(1, StragglerCause.INPUT)], [], []]
