@@ -11,6 +11,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from datetime import datetime, timezone
+
+from zerotrain.goodput import Bucket, GoodputStatus
 from zerotrain.job_status import Phase, Resize
 from zerotrain.zero_config import Stage
 
@@ -29,6 +32,8 @@ class JobView:
     """status.replicas: the gang's size in force (an elastic job's moves)."""
     stage: Stage | None = None
     """status.stage: the ZeRO stage in force (stage auto's choice moves on a re-plan)."""
+    goodput: GoodputStatus | None = None
+    """status.goodput: the ledger, read through the scrape's time (its `live` seconds)."""
 
 
 class JobCollector(Collector):
@@ -64,7 +69,24 @@ class JobCollector(Collector):
             "The ZeRO stage the job's ranks run (stage auto's choice; the dashboard marks its changes).",
             labels=["namespace", "zerotrain_job"],
         )
+        spent = GaugeMetricFamily(
+            "zerotrain_operator_job_goodput_seconds",
+            "The job's wall time by goodput bucket (pending, starting, training, evaluating, checkpointing, lost, "
+            "restarting), from its status.goodput through the scrape.",
+            labels=["namespace", "zerotrain_job", "bucket"],
+        )
+        ratio = GaugeMetricFamily(
+            "zerotrain_operator_job_goodput_ratio",
+            "The job's training seconds over its wall time.",
+            labels=["namespace", "zerotrain_job"],
+        )
+        now = datetime.now(timezone.utc)
         for (ns, name), view in sorted(jobs.items()):
+            if view.goodput is not None:
+                live = view.goodput.live(now)
+                for bucket in Bucket:
+                    spent.add_metric([ns, name, bucket.value], live.get(bucket))
+                ratio.add_metric([ns, name], live.fractions().training)
             for p in Phase:
                 phase.add_metric([ns, name, p.value], float(p is view.phase))
             for cause, count in sorted(view.restarts_by_cause.items()):
@@ -77,6 +99,8 @@ class JobCollector(Collector):
         yield restarts
         yield replicas
         yield stage
+        yield spent
+        yield ratio
 
 
 class OperatorMetrics:

@@ -8,6 +8,7 @@ from enum import Enum
 from pydantic import Field
 
 from zerotrain._model import SpecModel
+from zerotrain.goodput import GangClock, GoodputStatus
 from zerotrain.plan.model_states import MemoryPlan
 from zerotrain.zero_config import Stage
 
@@ -168,6 +169,11 @@ class ZeroTrainingJobStatus(SpecModel):
     stragglers: list[StragglerStatus] = Field(default_factory=list, max_length=64)
     """The ranks the last window named as holding the gang back, reported by rank 0 (empty: the gang keeps pace);
     condition Straggler names their pods and nodes."""
+    gang_clock: GangClock | None = None
+    """Rank 0's reading of its gang's clock, reported with its progress; the operator folds it into goodput."""
+    goodput: GoodputStatus | None = None
+    """Where the job's wall time went: pending, starting, training, evaluating, checkpointing, lost and restarting
+    (docs/monitoring.md); kept by the operator across gang and operator restarts."""
     memory_plan: MemoryPlan | None = None
     """Per-rank model-state memory by ZeRO stage for this job."""
     stage: Stage | None = None

@@ -97,7 +97,8 @@ class ObservedPod:
     """The node it was bound to (spec.nodeName), once scheduled."""
 
 
-def _time(value: Any) -> datetime | None:
+def timestamp(value: Any) -> datetime | None:
+    """An API timestamp (RFC 3339, 'Z' for UTC) as a datetime; None when absent."""
     if not value:
         return None
     return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
@@ -182,9 +183,9 @@ def observe_pod(pod: dict[str, Any]) -> ObservedPod:
         terminating=bool(md.get("deletionTimestamp")),
         exit_code=_int(term.get("exitCode")) if phase == PodPhase.FAILED or term else None,
         disruption=_disruption(pod, phase, term),
-        created=_time(md.get("creationTimestamp")),
+        created=timestamp(md.get("creationTimestamp")),
         message=str(status.get("message") or term.get("reason") or ""),
-        finished=_time(term.get("finishedAt")),
+        finished=timestamp(term.get("finishedAt")),
         peer_lost=any(m in said for m in PEER_LOST_MARKERS),
         waiting=waiting,
         waiting_message=waiting_message,

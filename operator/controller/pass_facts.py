@@ -46,6 +46,8 @@ class PassFacts:
     """metadata.generation of the job this pass read."""
     queue: str | None = None
     """The job's Kueue queue (its label), if any: a QueueUnavailable condition says it was found again."""
+    created: datetime | None = None
+    """metadata.creationTimestamp: where the job's goodput ledger starts."""
 
 
 def record(facts: PassFacts, status: ZeroTrainingJobStatus, moved: Moved | None, now: datetime) -> None:

@@ -29,7 +29,7 @@ from zerotrain.operator.controller.act import ChildWriter
 from zerotrain.operator.controller.admission import Admission, admit
 from zerotrain.operator.controller.conditions import Reason
 from zerotrain.operator.controller.job_events import transitions
-from zerotrain.operator.controller.observe import observe_pods
+from zerotrain.operator.controller.observe import observe_pods, timestamp
 from zerotrain.operator.controller.pass_facts import PassFacts, settle
 from zerotrain.operator.controller.status import Backoff, Decision, compute_status, invalid
 from zerotrain.operator.controller.status_write import read_status, status_ops, status_patch
@@ -249,7 +249,8 @@ class Reconciler:
             if recompute:
                 chose += "; activation checkpointing on since stage 3 ran out of memory"
         generation = body["metadata"].get("generation")
-        facts = PassFacts(verdict.spec.zero.fixed_stage, verdict.plan, chose, generation, job.queue)
+        created = timestamp(body["metadata"].get("creationTimestamp"))
+        facts = PassFacts(verdict.spec.zero.fixed_stage, verdict.plan, chose, generation, job.queue, created)
         return compute_status(
             verdict.sized,
             observe_pods(self.client.pods(job.namespace, job.name)),
@@ -321,7 +322,7 @@ class Reconciler:
     def _write(self, body: dict[str, Any], previous: ZeroTrainingJobStatus | None, new: ZeroTrainingJobStatus) -> None:
         md = body["metadata"]
         key = (md["namespace"], md["name"])
-        view = JobView(new.phase, dict(new.restarts.by_cause), new.replicas, new.stage)
+        view = JobView(new.phase, dict(new.restarts.by_cause), new.replicas, new.stage, new.goodput)
         self.metrics.set_job(key, view)
         patch = status_patch(previous, new)
         if patch is None:

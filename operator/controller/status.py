@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from zerotrain.job_status import Phase, RankCounts, Resize, ZeroTrainingJobStatus
-from zerotrain.operator.controller import pass_facts, pod_start, resize
+from zerotrain.operator.controller import goodput_ledger, pass_facts, pod_start, resize
 from zerotrain.operator.controller.conditions import (
     ConditionType,
     Reason,
@@ -55,6 +55,8 @@ class Decision:
     """The resize this decision made, if any."""
     resize_plan: MemoryPlan | None = None
     """Admission's memory plan at the resize's size."""
+    died: datetime | None = None
+    """When the rank whose failure ends the gang died (its container's finishedAt), if known."""
 
 
 def rank_counts(spec: ZeroTrainingJobSpec, pods: Sequence[ObservedPod]) -> RankCounts:
@@ -89,6 +91,8 @@ def compute_status(
     d = _lifecycle(spec, observed, previous, now, backoff, replan, sizing)
     gang = [p for p in observed if p.gang == d.status.restarts.total and p.probe is None and not p.terminating]
     set_straggler(d.status, gang, spec.nproc_per_node, now)
+    created = facts.created if facts is not None else None
+    goodput_ledger.keep(previous, d.status, d.restart_cause, d.died, created, now)
     if facts is not None:
         # A resize's next gang runs at the plan admission gave its size when the resize was decided.
         moved = pass_facts.Moved(d.resize_plan, d.resize.stage) if d.resize is not None else None
@@ -253,6 +257,7 @@ def _on_failure(
     backoff: Backoff,
 ) -> Decision:
     policy, code = spec.failure_policy, pod.exit_code
+    d.died = pod.finished
     where = f"pod {pod.name} (node rank {pod.replica}) exited with code {code}"
     if pod.peer_lost:
         # Every failed rank only lost its peer (whose own end was not a failure we saw, e.g. its node went):
@@ -281,6 +286,7 @@ def _out_of_memory(
     at the next stage (from the newest checkpoint, resharded; cause OutOfMemory, not counted as a failure); else
     the job fails at once, saying what to change, with the plan's figures, instead of spending its back-off."""
     stage = spec.zero.fixed_stage
+    d.died = pod.finished
     plan = ""
     if (mp := d.status.memory_plan) is not None and mp.usable_memory is not None:
         planned = mp.stages[stage]

@@ -12,7 +12,7 @@ from zerotrain.job_status import ZeroTrainingJobStatus
 
 log = logging.getLogger(__name__)
 # Status fields written by the runtime's rank 0 (runtime.status_report), never by the operator.
-RUNTIME_OWNED = ("step", "lastCheckpoint", "lastEvaluation")
+RUNTIME_OWNED = ("step", "lastCheckpoint", "lastEvaluation", "stragglers", "gangClock")
 
 
 def read_status(body: dict[str, Any]) -> ZeroTrainingJobStatus | None:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Protocol
 from zerotrain.runtime.rank_phase import RankPhase
 
 if TYPE_CHECKING:
+    from zerotrain.goodput import GoodputSeconds
     from zerotrain.runtime.job.step_split import StepSplit
     from zerotrain.runtime.job.stragglers import Straggler
     from zerotrain.runtime.zero.engine import ZeroEngine
@@ -47,7 +48,7 @@ class MetricsSink(Protocol):
     def observe_evaluation(self, step: int, loss: float) -> None: ...
     def observe_blocked(self, seconds: float) -> None: ...
     def observe_load(self, step: int, seconds: float, nbytes: int) -> None: ...
-    def observe_split(self, split: StepSplit) -> None: ...
+    def observe_split(self, split: StepSplit, run: GoodputSeconds) -> None: ...
     def observe_stragglers(self, named: list[Straggler]) -> None: ...
 
 
@@ -72,7 +73,7 @@ class NoMetrics:
     def observe_load(self, step: int, seconds: float, nbytes: int) -> None:
         pass
 
-    def observe_split(self, split: StepSplit) -> None:
+    def observe_split(self, split: StepSplit, run: GoodputSeconds) -> None:
         pass
 
     def observe_stragglers(self, named: list[Straggler]) -> None:

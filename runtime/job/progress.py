@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TextIO
 from zerotrain.pod_contract import JOB_NAME_ENV
 
 if TYPE_CHECKING:
+    from zerotrain.runtime.job.gang_clock import Timekeeper
     from zerotrain.runtime.job.stragglers import Straggler
 
 
@@ -31,6 +32,8 @@ class StepReporter:
         self.interval_s = interval_s
         self._last = -math.inf
         self._thread: threading.Thread | None = None
+        self.clock: Timekeeper | None = None
+        """The gang's clock, whose reading every report carries (status.gangClock)."""
         # Outside a job nothing is reported; inside one the client (kubernetes) is imported now, while the rank
         # starts, not inside the first step, where its half second would read as rank 0 straggling.
         self.enabled = bool(os.environ.get(JOB_NAME_ENV))
@@ -57,7 +60,8 @@ class StepReporter:
             return
         self.close()
         self._last = time.monotonic()
-        progress = Progress(step, checkpoint, evaluation, stragglers)
+        clock = self.clock.reading().to_wire() if self.clock is not None else None
+        progress = Progress(step, checkpoint, evaluation, stragglers, clock)
         self._thread = threading.Thread(target=report_progress, args=(progress,), daemon=True)
         self._thread.start()
 
@@ -75,6 +79,7 @@ class ProgressSink(Protocol):
     def resumed(self, step: int, path: str) -> None: ...
     def note(self, text: str) -> None: ...
     def stragglers(self, step: int, named: list[Straggler]) -> None: ...
+    def follow(self, clock: Timekeeper) -> None: ...
     def stopped(self, step: int, saved: str | None, cause: str) -> None: ...
     def close(self) -> None: ...
 
@@ -98,6 +103,9 @@ class NoProgress:
         pass
 
     def stragglers(self, step: int, named: list[Straggler]) -> None:
+        pass
+
+    def follow(self, clock: Timekeeper) -> None:
         pass
 
     def stopped(self, step: int, saved: str | None, cause: str) -> None:
@@ -147,6 +155,10 @@ class ProgressLog:
         self._out.write(json.dumps(record) + "\n")
         self._out.flush()
         self._reporter.report(step, stragglers=[s.status(step) for s in named[:MAX_REPORTED]])
+
+    def follow(self, clock: Timekeeper) -> None:
+        """Every report into the job's status from now on carries a reading of `clock`."""
+        self._reporter.clock = clock
 
     def stopped(self, step: int, saved: str | None, cause: str) -> None:
         """Every rank stopped after `step` on `cause` (a signal's name), having committed `saved` if not None."""

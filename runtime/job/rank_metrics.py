@@ -33,6 +33,7 @@ from zerotrain.runtime.rank_phase import RankPhase
 from zerotrain.runtime.zero.memory import MemoryReport
 
 if TYPE_CHECKING:
+    from zerotrain.goodput import GoodputSeconds
     from zerotrain.runtime.zero.engine import ZeroEngine
 
 # The loop's sink and what it hands over live in metrics_sink; the rank's readers import them here too.
@@ -367,8 +368,8 @@ class RankMetrics:
         self.step_seconds.observe(values.seconds)
         self.heartbeat = time.time()
 
-    def observe_split(self, split: StepSplit) -> None:
-        self.split.observe_split(split)
+    def observe_split(self, split: StepSplit, run: GoodputSeconds) -> None:
+        self.split.observe_split(split, run)
 
     def observe_stragglers(self, named: list[Straggler]) -> None:
         self.split.observe_stragglers(named)

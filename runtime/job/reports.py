@@ -88,5 +88,7 @@ def summary_record(
         "tokens_per_s": result.tokens / training_s if result.tokens and training_s > 0 else None,
         **throughput(result.tokens, result.samples, result.steps, training_s),
         "evaluations": [{"step": e.step, "loss": e.loss} for e in result.evaluations],
+        # From the launcher's start to now: starting, training, evaluating, checkpointing (zerotrain.goodput).
+        "goodput": result.goodput.model_dump() if result.goodput is not None else None,
         "ranks": ranks,
     }

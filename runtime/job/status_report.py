@@ -2,8 +2,8 @@
 
 The operator gives every job's pods a ServiceAccount whose Role allows exactly one thing: `patch` on
 `zerotrainingjobs/status` for this job's name. Rank 0 merge-patches `status.step`, `status.lastCheckpoint`,
-`status.lastEvaluation` and `status.stragglers`; the operator never writes those fields, so neither side overwrites
-the other.
+`status.lastEvaluation`, `status.stragglers` and `status.gangClock`; the operator never writes those fields, so
+neither side overwrites the other.
 
 `report_progress` is a no-op outside a job (ZEROTRAIN_JOB_NAME unset, e.g. `zerotrain run`) and never
 raises into training: a failed report is logged and training goes on.
@@ -55,6 +55,8 @@ class Progress:
     """A new evaluation: (the step it followed, its loss)."""
     stragglers: list[dict[str, object]] | None = None
     """A new straggler verdict (`Straggler.status` of each rank named; empty: cleared)."""
+    clock: dict[str, object] | None = None
+    """A reading of the gang's clock (`gang_clock.Timekeeper.reading`, on the wire) for the goodput ledger."""
 
 
 def _now() -> str:
@@ -72,6 +74,8 @@ def status_body(progress: Progress) -> dict[str, object]:
         status["lastEvaluation"] = {"step": int(step), "loss": float(loss), "time": _now()}
     if progress.stragglers is not None:
         status["stragglers"] = progress.stragglers  # a merge patch replaces a list whole: [] clears it
+    if progress.clock is not None:
+        status["gangClock"] = progress.clock
     return {"status": status}
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from zerotrain.runtime.job.gang_clock import Timekeeper
 from zerotrain.runtime.job.metrics_sink import MetricsSink
 from zerotrain.runtime.job.progress import ProgressSink
 from zerotrain.runtime.job.step_split import Phase, StepClock, StepSplit
@@ -36,6 +37,9 @@ class StepWatch:
         log: ProgressSink,
     ) -> None:
         self.clock = StepClock(lambda: collective_seconds(engine))
+        self.time = Timekeeper()
+        """The gang's clock for the goodput ledger (rank 0's reports carry it)."""
+        log.follow(self.time)
         self.metrics, self.log = metrics, log
         self.watch: StragglerWatch | None = None
         if spec.enabled and engine.comm.world_size > 1:
@@ -45,7 +49,12 @@ class StepWatch:
         no window ended yet, so the first verdict is always reported and clears one a previous gang left)."""
 
     def begin(self) -> None:
+        self.time.begin()
         self.clock.begin()
+
+    def committed(self, step: int) -> None:
+        """A checkpoint of `step` was committed: the training up to it is no longer at risk."""
+        self.time.committed(step)
 
     def timing(self, phase: Phase) -> AbstractContextManager[None]:
         return self.clock.timing(phase)
@@ -54,7 +63,8 @@ class StepWatch:
         """The step's split, reported; at a window's end (a collective on every rank) the verdict, when it
         changed."""
         split = self.clock.end()
-        self.metrics.observe_split(split)
+        self.time.end(step, split)
+        self.metrics.observe_split(split, self.time.split())
         verdict = self.watch.observe(split) if self.watch is not None else None
         if verdict is not None and (self.named is None or _key(verdict) != _key(self.named)):
             self.named = verdict

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from zerotrain.goodput import GoodputSeconds
 from zerotrain.lr_schedule import learning_rate
 from zerotrain.pod_contract import PROGRESS_ENV, SUMMARY_ENV
 from zerotrain.runtime.checkpoints.checkpointer import Checkpointer
@@ -119,6 +120,8 @@ class TrainResult:
     """Seconds those evaluations took: left out of the throughput, which is the training's."""
     train_seconds: float = 0.0
     """Seconds of the loop up to the latest step, evaluations left out: what the throughput is over."""
+    goodput: GoodputSeconds | None = None
+    """The run's time from its launcher's start by goodput bucket, read when its summary is written."""
 
 
 @dataclass
@@ -167,6 +170,7 @@ class Trainer:
             with self.watch.timing(Phase.CHECKPOINT):
                 committed = checkpointer.after_step(step, steps, outcome.written, stop)
             for at, path in committed:
+                self.watch.committed(at)
                 self.log.checkpoint(at, str(path))
                 saved = path if at == step else saved
             self.record(result, step, outcome, time.perf_counter() - step_start)
@@ -334,6 +338,7 @@ def _train(trainer: Trainer, built: Built) -> TrainResult:
     result = trainer.run(first_step=built.resumed.first_step)
     trainer.metrics.phase(RankPhase.FINISHED)
     ranks = gather_reports(trainer.engine, trainer.ctx, trainer.device)
+    result.goodput = trainer.watch.time.split()
     if ranks is not None:
         record = json.dumps(summary_record(trainer.spec, trainer.ctx, result, ranks))
         path = os.environ.get(SUMMARY_ENV)

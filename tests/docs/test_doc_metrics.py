@@ -95,6 +95,9 @@ def rank_registry() -> CollectorRegistry:
 
 
 def operator_registry() -> CollectorRegistry:
+    from datetime import datetime, timezone
+
+    from zerotrain import goodput
     from zerotrain.job_status import Phase, Resize, ResizeCause
     from zerotrain.operator.metrics import JobView, OperatorMetrics
     from zerotrain.zero_config import Stage
@@ -105,7 +108,8 @@ def operator_registry() -> CollectorRegistry:
     m.resized(Resize(from_replicas=4, to_replicas=3, cause=ResizeCause.UNSCHEDULABLE, gradient_accumulation_steps=4))
     m.replanned("OutOfMemory")
     m.api_request("POST", "pods", 201, 0.5)
-    view = JobView(next(iter(Phase)), {"failure": 1}, replicas=3, stage=Stage.PARAMETERS)
+    ledger = goodput.start(datetime(2026, 12, 7, tzinfo=timezone.utc))
+    view = JobView(next(iter(Phase)), {"failure": 1}, replicas=3, stage=Stage.PARAMETERS, goodput=ledger)
     m.set_job(("ns", "job"), view)
     return m.registry
 

@@ -3,6 +3,7 @@ through the status subresource, exactly as a kubelet would report it."""
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import Any
 
 from zerotrain.operator.children import naming
@@ -28,15 +29,21 @@ def set_pod_phase(
     exit_code: int | None = None,
     reason: str | None = None,
     message: str = "",
+    at: datetime | None = None,
 ) -> None:
-    """Running, Succeeded (exit 0) or Failed (exit_code, or a pod-level reason such as Evicted)."""
+    """Running, Succeeded (exit 0) or Failed (exit_code, or a pod-level reason such as Evicted); `at`: when the
+    container started or ended (its startedAt or finishedAt, in whole seconds as a kubelet writes them)."""
     pod = kube.request("GET", path_of("v1", "pods", namespace, name))
     image = pod["spec"]["containers"][0]["image"]
+    when = (at or datetime(2026, 1, 1, tzinfo=timezone.utc)).astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     if phase == "Running":
-        state: dict[str, Any] = {"running": {"startedAt": "2026-01-01T00:00:00Z"}}
+        state: dict[str, Any] = {"running": {"startedAt": when}}
     else:
         code = 0 if phase == "Succeeded" else (137 if exit_code is None else exit_code)
-        state = {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error", "message": message}}
+        reason = "Completed" if code == 0 else "Error"
+        state = {"terminated": {"exitCode": code, "reason": reason, "message": message}}
+        if at is not None:
+            state["terminated"]["finishedAt"] = when
     status: dict[str, Any] = {
         "phase": phase,
         "conditions": [

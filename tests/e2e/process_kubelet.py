@@ -34,6 +34,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -225,7 +226,8 @@ class ProcessKubelet:
                 proc.exit_code = _exit_code(rc)
                 log = proc.root / "termination-log"
                 message = log.read_text().strip() if log.is_file() else ""
-                self._set_phase(proc.name, "Succeeded" if rc == 0 else "Failed", proc.exit_code, message)
+                ended = "Succeeded" if rc == 0 else "Failed"
+                self._set_phase(proc.name, ended, proc.exit_code, message, datetime.now(timezone.utc))
         for proc in self.pods:
             if self.graceful and proc.exit_code is not None and proc.uid in stored and proc.uid not in live:
                 self._release(proc.name)
@@ -248,7 +250,7 @@ class ProcessKubelet:
                 if self.graceful and not self._hold(pod["metadata"]["name"]):
                     continue  # deleted since the list
                 self.pods.append(self._start(pod))
-                self._set_phase(pod["metadata"]["name"], "Running")
+                self._set_phase(pod["metadata"]["name"], "Running", at=datetime.now(timezone.utc))
                 running += 1
             elif pod["metadata"]["uid"] not in self._refused:
                 self._refused.add(pod["metadata"]["uid"])
@@ -308,11 +310,13 @@ class ProcessKubelet:
         elif now - proc.stopping_since > proc.grace_s and proc.popen.poll() is None:
             self._kill(proc)
 
-    def _set_phase(self, name: str, phase: str, code: int | None = None, message: str = "") -> None:
+    def _set_phase(
+        self, name: str, phase: str, code: int | None = None, message: str = "", at: datetime | None = None
+    ) -> None:
         # The pod may be deleted between the list and this write (the operator tearing the gang down); a
         # recreated pod of the same name cannot be hit: the operator waits out a back-off before creating it.
         try:
-            set_pod_phase(self.kube, self.namespace, name, phase, code, message=message)
+            set_pod_phase(self.kube, self.namespace, name, phase, code, message=message, at=at)
         except KubeError as e:
             if e.status != 404:
                 raise

@@ -11,6 +11,8 @@ import asyncio
 import json
 import re
 import signal
+import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +41,17 @@ TINY = {
     "failurePolicy": {"backoffLimit": 2},
     "metrics": {"enabled": False},  # every pod runs on this host: per-rank metrics ports would collide
 }
+# The killed-rank test's steps are paced (every batch 0.5 s late, on every rank) so that the work a failure loses,
+# some 19 steps after the newest checkpoint, is seconds long: the goodput ledger's `lost` is checked against it.
+PACED_STEPS, PACED_INTERVAL, KILL_AFTER = 50, 20, 39
+PACED = {
+    **TINY,
+    "entrypoint": "zerotrain.runtime.examples.slowed:build",
+    "entrypointArgs": {**TINY["entrypointArgs"], "factor": 1.0, "data_seconds": 0.5},
+    "training": {"steps": PACED_STEPS, "seed": 0, "logEvery": 1},
+    "checkpoint": {"claimName": "ckpt", "intervalSteps": PACED_INTERVAL, "keepLast": 2},
+}
+PROGRESS = re.compile(r'"step": (\d+), .*?"elapsed_s": ([0-9.]+)')
 RESUMED = re.compile(r"resumed from (\S+) at step (\d+)")
 START_S = 90.0  # two torch imports per pod (launcher, rank) on 2 shared cores
 
@@ -55,13 +68,17 @@ async def test_killed_rank_restarts_gang_which_resumes_and_finishes(
 ) -> None:
     ns, name = cluster.namespace, "train"
     async with ProcessKubelet(cluster, name, tmp_path) as kubelet:
-        await asyncio.to_thread(kube.request, "POST", path_of(JOBS, PLURAL, ns), job_manifest(name, ns, **TINY))
-        job = await wait_status(kube, ns, name, lambda s: (s.get("lastCheckpoint") or {}).get("step", 0) >= 5, START_S)
-        assert job["status"]["phase"] == "Running", job["status"]
+        await asyncio.to_thread(kube.request, "POST", path_of(JOBS, PLURAL, ns), job_manifest(name, ns, **PACED))
+        await wait_output(kubelet, f"{name}-worker-0", f'"step": {KILL_AFTER},', START_S)
         killed = await asyncio.to_thread(kubelet.kill, f"{name}-worker-1")
+        killed_at = time.time()
 
         job = await wait_status(kube, ns, name, lambda s: s.get("restarts", {}).get("total") == 1)
         assert job["status"]["restarts"] == {"total": 1, "failures": 1, "byCause": {"Failed": 1}}
+        # The new gang's first step, as soon as rank 0 prints it (its start includes skipping the 20 batches
+        # already trained, each paced too).
+        await wait_output(kubelet, f"{name}-worker-0", f'"step": {PACED_INTERVAL + 1},', START_S, gang=1)
+        stepped_at = time.time()
         job = await wait_status(kube, ns, name, lambda s: s.get("phase") in ("Succeeded", "Failed"), START_S)
         first, second = kubelet.gang(0), kubelet.gang(1)
         # Checked before the harness's own teardown kills whatever is left.
@@ -80,20 +97,48 @@ async def test_killed_rank_restarts_gang_which_resumes_and_finishes(
     steps = {resumed_step(p.output()) for p in second}
     assert len(steps) == 1, f"the ranks resumed from different steps: {steps}"
     (resumed,) = steps
-    assert INTERVAL <= resumed < STEPS and resumed % INTERVAL == 0, resumed
+    assert resumed == PACED_INTERVAL, resumed
     assert not [p for p in first if RESUMED.search(p.output())], "the first gang had nothing to resume from"
     # Rank 0 prints each checkpoint once committed; the first gang's last one is the newest the second could use.
     newest = max(int(n) for p in first for n in re.findall(r'"checkpoint_step": (\d+)', p.output()))
     assert resumed == newest, f"resumed from step {resumed}, but the newest checkpoint was step {newest}"
 
-    assert status["step"] == STEPS
-    assert status["lastCheckpoint"]["step"] == STEPS
+    assert status["step"] == PACED_STEPS
+    assert status["lastCheckpoint"]["step"] == PACED_STEPS
     root = tmp_path / "pvc" / "ckpt"
     # runtime/checkpoints/checkpoint.py's layout: a fresh `step-N-<token>` directory per save.
-    assert re.fullmatch(re.escape(str(root / f"step-{STEPS:08d}-")) + "[0-9a-f]{8}", status["lastCheckpoint"]["path"])
+    pattern = re.escape(str(root / f"step-{PACED_STEPS:08d}-")) + "[0-9a-f]{8}"
+    assert re.fullmatch(pattern, status["lastCheckpoint"]["path"])
     # runtime/checkpoints/checkpoint.py's layout (not imported: it would load torch into the test process)
     kept = sorted(json.loads(m.read_text())["step"] for m in root.glob("step-*/COMMITTED"))
-    assert kept == [STEPS - INTERVAL, STEPS], kept
+    assert kept == [2 * PACED_INTERVAL, PACED_STEPS], kept
+
+    rank0 = next(p for p in first if p.name == f"{name}-worker-0")
+    check_ledger(job, rank0.output(), killed_at, stepped_at)
+
+
+def check_ledger(job: dict[str, Any], first_rank0: str, killed_at: float, stepped_at: float) -> None:
+    """status.goodput of the killed-rank run: its buckets sum to the job's wall time within 1%; `lost` is the
+    steps the kill undid (those after the newest checkpoint) times the step time, within 10%; `restarting` runs
+    from the kill to the new gang's first step."""
+    ledger, status = job["status"]["goodput"], job["status"]
+    seconds = ledger["seconds"]
+    created = datetime.fromisoformat(job["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
+    ended = datetime.fromisoformat(status["completionTime"].replace("Z", "+00:00"))
+    wall = (ended - created).total_seconds()
+    assert abs(sum(seconds.values()) - ledger["wallSeconds"]) <= 0.01 * wall, ledger
+    assert abs(ledger["wallSeconds"] - wall) <= max(0.01 * wall, 1.0), (ledger, wall)  # the API keeps whole seconds
+    elapsed = {int(step): float(at) for step, at in PROGRESS.findall(first_rank0)}
+    step_s = (elapsed[KILL_AFTER] - elapsed[PACED_INTERVAL]) / (KILL_AFTER - PACED_INTERVAL)
+    lost = (KILL_AFTER - PACED_INTERVAL) * step_s
+    assert abs(seconds["lost"] - lost) <= 0.1 * lost, (ledger, f"{lost:.2f} s expected: a step took {step_s:.3f} s")
+    gap = stepped_at - step_s - killed_at  # to the beginning of the first step rank 0 printed the end of
+    assert abs(seconds["restarting"] - gap) <= max(0.1 * gap, 1.0), (ledger, f"{gap:.2f} s from the kill to the step")
+    assert seconds["pending"] > 0 and seconds["starting"] > 0 and seconds["checkpointing"] > 0, ledger
+    assert seconds["evaluating"] == 0, ledger
+    # Everything else trained: the first gang's steps up to its checkpoint and the second gang's thirty.
+    assert seconds["training"] >= (PACED_STEPS - (KILL_AFTER - PACED_INTERVAL)) * step_s * 0.9, ledger
+    assert ledger["fractions"]["training"] == seconds["training"] / ledger["wallSeconds"], ledger
 
 
 @pytest.mark.slow
@@ -133,10 +178,11 @@ async def test_a_preempted_pod_saves_its_step_and_the_next_gang_resumes_there(
     assert job["status"]["step"] == steps
 
 
-async def wait_output(kubelet: ProcessKubelet, pod: str, text: str, timeout: float) -> None:
-    """Until the running container of `pod` has printed `text`."""
+async def wait_output(kubelet: ProcessKubelet, pod: str, text: str, timeout: float, gang: int | None = None) -> None:
+    """Until a container of `pod` (of gang `gang`, if given) has printed `text`."""
     deadline = asyncio.get_running_loop().time() + timeout
-    while not any(p.name == pod and text in p.output() for p in kubelet.pods):
+    pods = lambda: kubelet.pods if gang is None else kubelet.gang(gang)  # noqa: E731
+    while not any(p.name == pod and text in p.output() for p in pods()):
         assert asyncio.get_running_loop().time() < deadline, f"{pod} did not print {text!r} in {timeout} s"
         await asyncio.sleep(0.05)
 

@@ -1,0 +1,79 @@
+"""status.goodput through compute_status: rank 0's clock folded in pass by pass, a failed gang closed with its lost
+work, a preempted one with none, and the ledger read back from the wire (an operator restart) going on unchanged."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from zerotrain.goodput import Bucket, GangClock
+from zerotrain.job_status import ZeroTrainingJobStatus
+from zerotrain.manifest import parse_spec
+from zerotrain.operator.controller.observe import Disruption, ObservedPod, PodPhase
+from zerotrain.operator.controller.pass_facts import PassFacts
+from zerotrain.operator.controller.status import Backoff, compute_status
+from zerotrain.zero_config import Stage
+
+T0 = datetime(2026, 12, 7, 9, 0, tzinfo=timezone.utc)
+SPEC = parse_spec({"image": "i", "entrypoint": "m:f", "replicas": 2})
+FACTS = PassFacts(Stage.PARAMETERS, created=T0)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def pod(replica: int, gang: int = 0, phase: PodPhase = PodPhase.RUNNING, **kw: Any) -> ObservedPod:
+    return ObservedPod(name=f"j-worker-{replica}", replica=replica, gang=gang, phase=phase, ready=True, **kw)
+
+
+def step(previous: ZeroTrainingJobStatus | None, pods: list[ObservedPod], now: float) -> ZeroTrainingJobStatus:
+    """One pass, its status written and read back as the next pass (or a restarted operator) reads it."""
+    st = compute_status(SPEC, pods, previous, at(now), Backoff(base_seconds=0), facts=FACTS).status
+    return ZeroTrainingJobStatus.model_validate(st.to_wire())
+
+
+def reported(st: ZeroTrainingJobStatus, clock: GangClock) -> ZeroTrainingJobStatus:
+    """Rank 0's merge patch of status.gangClock."""
+    return st.model_copy(update={"gang_clock": clock})
+
+
+def test_a_failed_gang_loses_its_uncommitted_steps_and_the_ledger_survives_the_wire() -> None:
+    st = step(None, [], 1)  # the gang is created a second after the job
+    assert st.goodput is not None and st.goodput.current == Bucket.PENDING and st.goodput.wall_seconds == 0
+    st = step(st, [pod(0), pod(1)], 4)
+    first = GangClock(process_start=at(5), first_step=at(20), reported_at=at(50), uncommitted_seconds=8)
+    st = step(reported(st, first), [pod(0), pod(1)], 51)
+    assert st.goodput is not None and st.goodput.seconds.training == 30 and st.goodput.at == at(50)
+    # Rank 1 died at 55 s (finishedAt whole seconds: taken as 55.5); the operator saw it at 57.
+    failed = [pod(0), pod(1, phase=PodPhase.FAILED, exit_code=1, finished=at(55))]
+    st = step(st, failed, 57)
+    g = st.goodput
+    assert g is not None and st.restarts.total == 1
+    assert (g.seconds.training, g.seconds.lost, g.seconds.restarting) == (22, 13.5, 1.5)
+    assert g.wall_seconds == 57 and g.current == Bucket.RESTARTING
+    # The next gang: its clock, not the old one's late report, moves the ledger on.
+    st = step(st, [], 58)
+    st = step(st, [pod(0, gang=1), pod(1, gang=1)], 59)
+    second = GangClock(process_start=at(60), first_step=at(70), reported_at=at(80))
+    st = step(reported(st, second), [pod(0, gang=1), pod(1, gang=1)], 81)
+    g = st.goodput
+    assert g is not None
+    assert (g.seconds.training, g.seconds.lost, g.seconds.restarting) == (32, 13.5, 14.5)
+    assert g.seconds.pending == 5 and g.seconds.starting == 15
+    assert g.wall_seconds == (g.at - T0).total_seconds() == 80
+    done = [pod(0, gang=1, phase=PodPhase.SUCCEEDED), pod(1, gang=1, phase=PodPhase.SUCCEEDED)]
+    st = step(st, done, 90)
+    g = st.goodput
+    assert g is not None and g.current is None and g.seconds.training == 42 and g.wall_seconds == 90
+    assert step(st, done, 200).goodput == g  # a finished job's ledger stays as it is
+
+
+def test_a_preempted_gang_loses_nothing() -> None:
+    st = step(None, [], 0)
+    clock = GangClock(process_start=at(2), first_step=at(10), reported_at=at(30), uncommitted_seconds=12)
+    preempted = [pod(0), pod(1, phase=PodPhase.SUCCEEDED, disruption=Disruption.PREEMPTED)]
+    st = step(reported(st, clock), preempted, 33)
+    g = st.goodput
+    assert g is not None and st.restarts.by_cause == {"Preempted": 1}
+    assert (g.seconds.training, g.seconds.lost, g.seconds.restarting) == (23, 0, 0)
