@@ -358,6 +358,24 @@ def health_rows(d: db.Dashboard) -> db.Dashboard:
                 width=8,
             )
         )
+        .with_panel(
+            series(
+                "Goodput: where the job's time went (operator)",
+                "The job's wall time since its creation by bucket (status.goodput): pending, starting, training, "
+                "evaluating, checkpointing (blocked), lost (steps trained after the newest checkpoint of a gang that "
+                "failed) and restarting. A line that climbs is where the time goes now.",
+                "s",
+                q.GOODPUT,
+            )
+        )
+        .with_panel(
+            series(
+                "Goodput ratio (operator)",
+                "Training seconds over the job's wall time, across every gang it ran.",
+                "percentunit",
+                q.GOODPUT_RATIO,
+            )
+        )
     )
 
 

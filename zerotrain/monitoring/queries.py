@@ -201,6 +201,12 @@ JOB_RESTARTS = Query(
     f"sum by ({JOB_KEY}, cause) (zerotrain_operator_job_restarts_total{{{JOB_SEL}}})", "{{cause}}", Scope.OPERATOR
 )
 
+GOODPUT = Query(
+    f"max by ({JOB_KEY}, bucket) (zerotrain_operator_job_goodput_seconds{{{JOB_SEL}}})", "{{bucket}}", Scope.OPERATOR
+)
+GOODPUT_RATIO = Query(
+    f"max by ({JOB_KEY}) (zerotrain_operator_job_goodput_ratio{{{JOB_SEL}}})", "goodput", Scope.OPERATOR
+)
 JOB_REPLICAS = Query(f"max by ({JOB_KEY}) (zerotrain_operator_job_replicas{{{JOB_SEL}}})", "pods", Scope.OPERATOR)
 JOB_STAGE = Query(f"max by ({JOB_KEY}) (zerotrain_operator_job_stage{{{JOB_SEL}}})", "ZeRO stage", Scope.OPERATOR)
 # Annotations: a mark where the value changed. Grafana draws one per series and step the expression returns.
