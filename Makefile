@@ -64,14 +64,15 @@ bench: $(STAMP)
 gpu-bundle: $(STAMP)
 	$(BIN)/python bench/gpu/gpu_bundle.py build --out .gpu-bundle
 
-# The monitoring tests run a real Prometheus and promtool (Debian package `prometheus`); install it when missing.
+# The monitoring tests run a real Prometheus and promtool (Debian package `prometheus`), and `zerotrain top`'s test a
+# real terminal (Debian package `tmux`); install what is missing.
 system-deps:
-	@if command -v prometheus >/dev/null && command -v promtool >/dev/null; then exit 0; fi; \
+	@if command -v prometheus >/dev/null && command -v promtool >/dev/null && command -v tmux >/dev/null; then exit 0; fi; \
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-		echo "installing prometheus and promtool (Debian package prometheus)"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; \
+		echo "installing prometheus, promtool and tmux (Debian packages prometheus, tmux)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus tmux; \
 	else \
-		echo "make test needs prometheus and promtool: sudo apt-get install prometheus" >&2; exit 1; \
+		echo "make test needs prometheus, promtool and tmux: sudo apt-get install prometheus tmux" >&2; exit 1; \
 	fi
 
 lint: $(STAMP) typecheck

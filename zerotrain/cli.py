@@ -13,13 +13,13 @@ from rich.console import Console
 from rich.text import Text
 
 from zerotrain import __version__
-from zerotrain.commands import checkpoint, crd, data, plan, run, validate
+from zerotrain.commands import checkpoint, crd, data, plan, run, top, validate
 from zerotrain.commands import operator as operator_command
 from zerotrain.errors import EXIT_BAD_INPUT, UserError
 from zerotrain.hf_config import local_files
 
 # Each module adds one subcommand; later subcommands (run, operator, ...) are appended here.
-COMMANDS = [plan, validate, crd, operator_command, run, checkpoint, data]
+COMMANDS = [plan, validate, crd, operator_command, run, top, checkpoint, data]
 
 
 class DefaultsFormatter(argparse.RawDescriptionHelpFormatter):

@@ -74,6 +74,17 @@ class GoodputSeconds(SpecModel):
         return GoodputSeconds(**{b.value: (self.get(b) / whole if whole > 0 else 0.0) for b in Bucket})
 
 
+def summary_line(seconds: GoodputSeconds) -> str:
+    """Where the time went, largest bucket first, as shares of the whole: 'goodput 62.0% of 40.1 s: training
+    62.0%, starting 30.1%, ...' (the goodput is the training's share)."""
+    whole = seconds.total()
+    if whole <= 0:
+        return "goodput: no time counted yet"
+    shown = sorted(((seconds.get(b), b.value) for b in Bucket if seconds.get(b) > 0), reverse=True)
+    parts = ", ".join(f"{name} {s / whole:.1%}" for s, name in shown)
+    return f"goodput {seconds.training / whole:.1%} of {whole:.1f} s: {parts}"
+
+
 def seconds_in(parts: list[tuple[Bucket, float]]) -> GoodputSeconds:
     """Seconds from (bucket, seconds) pairs, each clamped at 0 (clocks of two machines may disagree by a little)."""
     totals: dict[str, float] = {}

@@ -18,6 +18,7 @@ import pytest
 import yaml
 from budget import budget
 
+from zerotrain.monitoring import top_sources, top_view
 from zerotrain.monitoring.alerts import ALERTS
 from zerotrain.monitoring.dashboard_read import annotation_queries, panel_queries
 from zerotrain.monitoring.queries import MARK_ABOVE, Query, Scope, all_queries, vars_all
@@ -140,6 +141,11 @@ def run_against_prometheus(cfg: Path, tmp_path: Path, proc: subprocess.Popen[byt
         # Scrapes during checkpoints never failed: every sample of `up` since the start is 1.
         assert prom.query('min_over_time(up{job="zerotrain"}[5m]) == 0') == []
         report(counts)
+        # `zerotrain top --prometheus` reads the same series: a local run's have no namespace, hence "".
+        view = top_view.build(JOB, "test", top_sources.query_prometheus(prom.url, "", JOB))
+        assert [r.rank for r in view.ranks] == [0, 1], view
+        assert all(r.memory and r.plan and r.split and r.tokens_per_s for r in view.ranks), view
+        assert view.step and view.steps == 100000 and view.goodput and view.goodput.training > 0, view
 
 
 @pytest.mark.slow
@@ -183,6 +189,10 @@ async def test_operator_panels_answer_for_the_job_and_forget_it_when_deleted(
             restarts = prom.query(f"zerotrain_operator_job_restarts_total{{{job}}}")
             assert [(r["metric"]["cause"], r["value"][1]) for r in restarts] == [("Failed", "1")]
             report(counts)
+            # `zerotrain top --prometheus` shows the operator's ledger of the job (no rank reported here: no
+            # process ran its pods, so every second went to pending, and then to restarting).
+            ledger = top_view.build(name, "test", top_sources.query_prometheus(prom.url, ns, name)).goodput
+            assert ledger is not None and ledger.total() > 0 and ledger.training == 0, ledger
             # Bounded cardinality: a deleted job's series go with it.
             await call(kube.delete_job, ns, name)
             await until_async(lambda: not prom.query(f"zerotrain_operator_job_phase{{{job}}}"), timeout=30)

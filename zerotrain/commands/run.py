@@ -284,7 +284,7 @@ def _run(args: argparse.Namespace) -> int:
         watch = None
         if first_port is not None and not rt.is_script(job.spec.entrypoint):
             local_env |= metrics_env(first_port, Path(tmp, "metrics"))
-            watch = PortWatch(Path(tmp, "metrics"), nproc, name, args.prometheus_config, console)
+            watch = PortWatch(Path(tmp, "metrics"), nproc, name, args.prometheus_config, console, log_dir)
         with rt.scoped_environ(local_env):
             outcome, stopped = _train_with_progress(job, config, nproc, progress_file, console, log_dir, watch)
         summary = json.loads(summary_file.read_text()) if summary_file.exists() else None

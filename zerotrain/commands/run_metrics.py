@@ -14,6 +14,7 @@ from rich.text import Text
 
 from zerotrain.commands import runtime_calls as rt
 from zerotrain.errors import UserError
+from zerotrain.monitoring.top_sources import write_run_record
 from zerotrain.spec import ZeroTrainingJob
 
 
@@ -58,9 +59,12 @@ def metrics_env(first: int, report_dir: Path) -> dict[str, str]:
 class PortWatch(threading.Thread):
     """Says where the ranks serve /metrics once each has bound its port (and writes --prometheus-config then)."""
 
-    def __init__(self, report_dir: Path, nproc: int, job: str, config: str | None, console: Console) -> None:
+    def __init__(
+        self, report_dir: Path, nproc: int, job: str, config: str | None, console: Console, log_dir: Path
+    ) -> None:
         super().__init__(daemon=True)
         self.report_dir, self.nproc, self.job, self.config, self.console = report_dir, nproc, job, config, console
+        self.log_dir = log_dir
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -73,6 +77,7 @@ class PortWatch(threading.Thread):
     def announce(self, served: list[Any]) -> None:
         say = self.console.print
         say(Text("metrics: " + ", ".join(f"rank {s.rank} http://{s.target}/metrics" for s in served)), soft_wrap=True)
+        write_run_record(self.log_dir, self.job, [s.target for s in served])  # for `zerotrain top`
         moved = [s for s in served if s.wanted not in (0, s.port)]
         if moved:
             say(Text("metrics: " + ", ".join(f"port {s.wanted} taken, rank {s.rank} on {s.port}" for s in moved)))

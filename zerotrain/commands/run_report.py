@@ -16,6 +16,7 @@ from rich.text import Text
 
 from zerotrain.commands import runtime_calls as rt
 from zerotrain.commands.tables import Rows, print_rows
+from zerotrain.goodput import GoodputSeconds, summary_line
 from zerotrain.plan.model_states import format_bytes
 
 
@@ -54,17 +55,6 @@ def render_outcome(outcome: Any, console: Console) -> None:
         names = ", ".join(Path(p).name for p in outcome.logs)
         where = f"{folders.pop()}/ ({names})" if len(folders) == 1 else ", ".join(outcome.logs)
         console.print(Text(f"  logs: {where}"), soft_wrap=True)
-
-
-def time_line(seconds: dict[str, float]) -> str:
-    """Where the run's time went (zerotrain.goodput's buckets), largest first, as shares of the whole; the goodput
-    is the training's share."""
-    whole = sum(seconds.values())
-    if whole <= 0:
-        return "goodput: no time counted"
-    shown = sorted(((s, b) for b, s in seconds.items() if s > 0), reverse=True)
-    parts = ", ".join(f"{b} {s / whole:.1%}" for s, b in shown)
-    return f"goodput {seconds.get('training', 0.0) / whole:.1%} of {whole:.1f} s: {parts}"
 
 
 def memory_rows(report: Any) -> list[tuple[str, float | None, float | None]]:
@@ -114,7 +104,7 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
             markup=False,
         )
     if spent := summary.get("goodput"):
-        console.print(time_line(spent), highlight=False, markup=False)
+        console.print(summary_line(GoodputSeconds.model_validate(spent)), highlight=False, markup=False)
     world = summary["world_size"]
     group = min((e["memory"].get("shard_group_size", world) for e in summary["ranks"]), default=world)
     sharding = f"N = {world}" if group == world else f"N = {group}: {world} ranks in {world // group} shard groups"
