@@ -51,6 +51,10 @@ _BY_DISRUPTION_TARGET = {
     "EvictionByEvictionAPI": Disruption.EVICTED,
     "TerminationByKubelet": Disruption.NODE_SHUTDOWN,
 }
+# The condition Kueue sets on each pod of a workload it stops, before deleting the pod (its pod integration's Stop):
+# its reason says why, e.g. WorkloadEvictedDueToPreempted when a higher-priority workload took the quota.
+KUEUE_STOPPED = "TerminationTarget"
+KUEUE_EVICTED = "WorkloadEvicted"
 PREEMPTED_MESSAGE = "preempted"
 """The runtime writes this to /dev/termination-log when it exits 0 after SIGTERM, so a checkpointed
 preemption is not mistaken for a finished run."""
@@ -129,6 +133,10 @@ def _disruption(pod: dict[str, Any], phase: PodPhase, term: dict[str, Any]) -> D
     for cond in status.get("conditions") or []:
         if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True":
             return _BY_DISRUPTION_TARGET.get(cond.get("reason") or "", Disruption.EVICTED)
+        if cond.get("type") == KUEUE_STOPPED and cond.get("status") == "True":
+            reason = str(cond.get("reason") or "")
+            if reason.startswith(KUEUE_EVICTED):  # WorkloadEvictedDueToPreempted, ...DueToPodsReadyTimeout, ...
+                return Disruption.PREEMPTED if "Preempted" in reason else Disruption.EVICTED
     if phase == PodPhase.UNKNOWN:
         return Disruption.NODE_LOST
     if phase == PodPhase.SUCCEEDED and (term.get("message") or "").strip().startswith(PREEMPTED_MESSAGE):

@@ -137,7 +137,9 @@ def _lifecycle(
     if not is_true(st, ConditionType.CREATED, Reason.GANG_CREATED):
         return _create(d, observed, stale, now)
     d.delete_pods = [p.name for p in stale]
-    d = _judge(spec, d, current, now, backoff, replan, sizing, probes)
+    # Pods another controller deleted, saying why (Kueue's TerminationTarget on a preempted workload's pods).
+    leaving = [p for p in observed if p.gang == gang and p.terminating and p.disruption is not None]
+    d = _judge(spec, d, current, now, backoff, replan, sizing, probes, leaving)
     if d.status.phase in TERMINAL:  # a probe holds room for a gang that will not grow now
         d.delete_pods = sorted({*d.delete_pods, *(p.name for p in probes)})
     return d
@@ -179,6 +181,7 @@ def _judge(
     replan: bool = False,
     sizing: resize.Sizing | None = None,
     probes: Sequence[ObservedPod] = (),
+    leaving: Sequence[ObservedPod] = (),
 ) -> Decision:
     st = d.status
     by_replica = {p.replica: p for p in current}
@@ -200,8 +203,9 @@ def _judge(
     if failed:
         return _on_failure(spec, d, current, failed[0], now, backoff)
     if disrupted or missing:
-        cause = disrupted[0].disruption if disrupted else Disruption.DELETED
-        what = disrupted[0].name if disrupted else f"pod of node rank {missing[0]}"
+        said = [p for p in leaving if p.replica in missing]
+        cause = disrupted[0].disruption if disrupted else said[0].disruption if said else Disruption.DELETED
+        what = disrupted[0].name if disrupted else said[0].name if said else f"pod of node rank {missing[0]}"
         assert cause is not None
         return _restart(d, current, cause.value, f"{what}: {cause.value}; restarting the gang (not counted)", now, 0)
     if all(by_replica[r].phase == PodPhase.SUCCEEDED for r in range(spec.replicas)):

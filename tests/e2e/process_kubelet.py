@@ -241,7 +241,9 @@ class ProcessKubelet:
             (
                 pod
                 for uid, pod in live.items()
-                if uid not in started and pod.get("status", {}).get("phase", "Pending") == "Pending"
+                if uid not in started
+                and pod.get("status", {}).get("phase", "Pending") == "Pending"
+                and not pod["spec"].get("schedulingGates")  # a scheduler binds no gated pod (Kueue's admission)
             ),
             key=lambda pod: pod["metadata"].get("creationTimestamp") or "",
         )

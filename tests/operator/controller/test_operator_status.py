@@ -212,6 +212,24 @@ def exited(code: int, message: str = "") -> dict[str, Any]:
             Disruption.PREEMPTED,
         ),
         ({"phase": "Unknown"}, Disruption.NODE_LOST),
+        (  # Kueue stopping a preempted workload's pods (before it deletes them)
+            {
+                "phase": "Running",
+                "conditions": [
+                    {"type": "TerminationTarget", "status": "True", "reason": "WorkloadEvictedDueToPreempted"}
+                ],
+            },
+            Disruption.PREEMPTED,
+        ),
+        (
+            {
+                "phase": "Running",
+                "conditions": [
+                    {"type": "TerminationTarget", "status": "True", "reason": "WorkloadEvictedDueToPodsReadyTimeout"}
+                ],
+            },
+            Disruption.EVICTED,
+        ),
         (
             {
                 "phase": "Succeeded",
@@ -228,6 +246,14 @@ def exited(code: int, message: str = "") -> dict[str, Any]:
 def test_observe_disruptions(status: dict[str, Any], expected: Disruption | None) -> None:
     p = observe_pod({"metadata": {"name": "p", "labels": {"zerotrain.dev/gang": "0"}}, "status": status})
     assert p.disruption == expected
+
+
+def test_a_gang_whose_pods_kueue_deleted_restarts_as_preempted() -> None:
+    """Kueue deletes a preempted workload's pods itself (its finalizer keeps them a while): the restart's cause is
+    the one its condition gives, not a deletion, and no back-off is spent."""
+    leaving = pod(1, terminating=True, disruption=Disruption.PREEMPTED)
+    d = compute_status(spec(), [pod(0), leaving], created(), NOW, BACKOFF)
+    assert d.restart_cause == "Preempted" and d.status.restarts.failures == 0
 
 
 def test_invalid_spec_posts_one_warning() -> None:
