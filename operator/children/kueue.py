@@ -36,6 +36,18 @@ def is_gated(pod: Obj) -> bool:
     return any(g.get("name") == ADMISSION_GATE for g in gates)
 
 
+def waiting_reason(workload: Obj) -> str | None:
+    """What Kueue says a Workload waits for: its QuotaReserved (else Admitted) condition's reason and message while
+    False, e.g. 'Pending: couldn't assign flavors to pod set main: insufficient unused quota for cpu in flavor f,
+    1 more needed'."""
+    conditions = {c.get("type"): c for c in (workload.get("status") or {}).get("conditions") or []}
+    for kind in ("QuotaReserved", "Admitted"):
+        c = conditions.get(kind)
+        if c is not None and c.get("status") == "False" and (c.get("message") or c.get("reason")):
+            return f"{c.get('reason', '')}: {c.get('message', '')}".strip(": ")
+    return None
+
+
 def missing_message(queue: str, namespace: str, installed: bool) -> str:
     if not installed:
         return (

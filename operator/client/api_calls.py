@@ -51,6 +51,8 @@ API_CALLS: frozenset[ApiCall] = frozenset(
     | _calls("", "configmaps", "create", "delete")
     # A job labelled kueue.x-k8s.io/queue-name: its LocalQueue must exist before a gang is created (children.kueue).
     | _calls("kueue.x-k8s.io", "localqueues", "get")
+    # A gang Kueue holds: its Workload (named as its pod group) says what it waits for.
+    | _calls("kueue.x-k8s.io", "workloads", "get")
     # The operator's Events and kopf's (kopf.event / failed-handler posts); a repeat is a count on the first.
     | _calls("", "events", "create", "patch")
 )

@@ -16,7 +16,7 @@ from zerotrain.operator.client.cached_client import CachedClient
 from zerotrain.operator.client.fair_pool import FairPool
 from zerotrain.operator.client.kube import Kube, KubeError, path_of
 from zerotrain.operator.controller.api_failure import ChildWriteError
-from zerotrain.operator.controller.conditions import Reason
+from zerotrain.operator.controller.conditions import ConditionType, Reason, is_true
 from zerotrain.operator.controller.pass_facts import Acted
 from zerotrain.operator.controller.status import TERMINAL, Decision
 from zerotrain.spec import ZeroTrainingJobSpec
@@ -42,9 +42,11 @@ class ChildWriter:
         if d.create_gang and job.queue and (missing := self.queue_missing(job)):
             return Acted(queue_missing=missing)  # no gang without its queue
         try:
-            return Acted(gang_created=self._write(job, spec, sized, d, supporting))
+            created = self._write(job, spec, sized, d, supporting)
         except ChildWriteError as e:
             return Acted(refused=e)
+        held = job.queue and is_true(d.status, ConditionType.QUEUED, Reason.WAITING_FOR_ADMISSION)
+        return Acted(gang_created=created, kueue_says=self.kueue_says(job, d.status.restarts.total) if held else None)
 
     def _write(
         self, job: builders.JobRef, spec: ZeroTrainingJobSpec, sized: ZeroTrainingJobSpec, d: Decision, supporting: bool
@@ -115,6 +117,16 @@ class ChildWriter:
         limit = self.max_pod_creates_per_pass
         done = len(gang_pods) - len(todo) + min(limit, len(todo))
         return first, [self._create(p) for p in todo[:limit]], (done, len(gang_pods))
+
+    def kueue_says(self, job: builders.JobRef, gang: int) -> str | None:
+        """Why Kueue holds the gang, from its Workload (None when it has none yet, or says nothing)."""
+        path = path_of(kueue.API, "workloads", job.namespace, kueue.group_name(job.name, gang))
+        try:
+            return kueue.waiting_reason(self.kube.request("GET", path))
+        except KubeError as e:
+            if e.status in (403, 404):  # not created yet, or a chart without the grant: the plain message stands
+                return None
+            raise
 
     def queue_missing(self, job: builders.JobRef) -> tuple[str, str] | None:
         """(reason, message) when the job's Kueue LocalQueue (or Kueue itself) is missing, else None."""

@@ -17,6 +17,7 @@ from zerotrain.operator.controller.conditions import (
     ConditionType,
     Reason,
     gang_created_message,
+    get_condition,
     is_true,
     set_condition,
 )
@@ -74,6 +75,8 @@ class Acted:
     refused: ChildWriteError | None = None
     queue_missing: tuple[str, str] | None = None
     """(reason, message) when the gang waits for its Kueue LocalQueue."""
+    kueue_says: str | None = None
+    """What Kueue's Workload says the held gang waits for (condition Queued carries it)."""
 
     @property
     def held_back(self) -> bool:
@@ -107,6 +110,10 @@ def settle(
         return Settled(st, None)
     st = decided.model_copy(deep=True)
     api_failure.clear(st, now)
+    if acted.kueue_says is not None and (queued := get_condition(st, ConditionType.QUEUED)) is not None:
+        said = f"; Kueue: {acted.kueue_says}"
+        if not queued.message.endswith(said):
+            queued.message += said
     if acted.gang_created is not None:
         done, total = acted.gang_created
         if done < total:

@@ -115,9 +115,10 @@ when the two differ): no wildcards, no verb or resource it does not use.
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
   verbs: ["list", "watch", "create", "patch"]
-# Jobs admitted through Kueue (label kueue.x-k8s.io/queue-name): the operator checks their LocalQueue exists.
+# Jobs admitted through Kueue (label kueue.x-k8s.io/queue-name): the operator checks their LocalQueue exists, and
+# reads a held gang's Workload for Kueue's own reason (what quota it waits for).
 - apiGroups: ["kueue.x-k8s.io"]
-  resources: ["localqueues"]
+  resources: ["localqueues", "workloads"]
   verbs: ["get"]
 # Events of kopf and the operator on the jobs; a repeat within 10 minutes patches the first one's count.
 - apiGroups: [""]

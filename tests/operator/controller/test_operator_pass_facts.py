@@ -8,9 +8,11 @@ from typing import Any
 
 from zerotrain.job_status import Phase
 from zerotrain.manifest import parse_spec
+from zerotrain.operator.children import kueue
 from zerotrain.operator.client.kube import KubeError
 from zerotrain.operator.controller.api_failure import ChildWriteError
 from zerotrain.operator.controller.conditions import ConditionType, Reason, get_condition, is_true
+from zerotrain.operator.controller.observe import ObservedPod, PodPhase
 from zerotrain.operator.controller.pass_facts import Acted, settle
 from zerotrain.operator.controller.status import Backoff, compute_status
 
@@ -65,3 +67,32 @@ def test_a_missing_queue_creates_nothing_and_says_so() -> None:
     assert c is not None and (c.status, c.reason, c.message) == ("True", *missing)
     assert get_condition(s.status, ConditionType.CREATED) is None and s.status.phase == Phase.PENDING
     assert s.status.start_time is None  # nothing the pass decided happened
+
+
+def test_a_held_gang_says_what_kueue_says_it_waits_for_and_the_same_words_write_nothing_new() -> None:
+    workload = {
+        "status": {
+            "conditions": [
+                {
+                    "type": "QuotaReserved",
+                    "status": "False",
+                    "reason": "Pending",
+                    "message": "couldn't assign flavors to pod set main: insufficient unused quota for cpu in flavor "
+                    "cpu-only, 2 more needed",
+                }
+            ]
+        }
+    }
+    said = kueue.waiting_reason(workload)
+    assert said is not None and said.startswith("Pending: couldn't assign flavors")
+    assert kueue.waiting_reason({"status": {"conditions": [{"type": "QuotaReserved", "status": "True"}]}}) is None
+    gated = [ObservedPod(name=f"j-worker-{r}", replica=r, gang=0, phase=PodPhase.PENDING, gated=True) for r in range(2)]
+    two = parse_spec({"image": "i", "entrypoint": "m:f", "replicas": 2})
+    first = compute_status(two, [], None, NOW, Backoff()).status
+    d = compute_status(two, gated, first, NOW, Backoff())
+    held = settle(first, d.status, None, Acted(kueue_says=said), NOW).status
+    queued = get_condition(held, ConditionType.QUEUED)
+    assert queued is not None and queued.reason == Reason.WAITING_FOR_ADMISSION
+    assert queued.message.endswith(f"; Kueue: {said}"), queued.message
+    again = compute_status(two, gated, held, NOW + timedelta(seconds=5), Backoff())
+    assert settle(held, again.status, None, Acted(kueue_says=said), NOW).status == held
