@@ -162,7 +162,7 @@ def operator_pod(job: JobRef, spec: ZeroTrainingJobSpec, replica: int, gang: int
     if spec.scheduling.gang == GangMode.COSCHEDULING:
         labels[COSCHEDULING_LABEL] = naming.pod_group_name(job.name)
     if job.queue:
-        labels |= kueue.pod_labels(job.queue, job.name, gang)
+        labels |= kueue.pod_labels(job.queue, job.name, gang, job.priority_class)
     metadata = child_metadata(job, naming.pod_name(job.name, replica), labels)
     if spec.scheduling.gang == GangMode.VOLCANO:
         metadata["annotations"] = {VOLCANO_ANNOTATION: naming.pod_group_name(job.name)}

@@ -19,12 +19,16 @@ class JobRef:
     uid: str
     queue: str | None = None
     """The Kueue LocalQueue the job's label names (`kueue.x-k8s.io/queue-name`), if any."""
+    priority_class: str | None = None
+    """The Kueue WorkloadPriorityClass the job's label names (`kueue.x-k8s.io/priority-class`), if any."""
 
     @classmethod
     def from_body(cls, body: Obj) -> JobRef:
         md = body.get("metadata", {})
-        queue = (md.get("labels") or {}).get(kueue.QUEUE_LABEL) or None
-        return cls(name=md["name"], namespace=md["namespace"], uid=md.get("uid", ""), queue=queue)
+        labels = md.get("labels") or {}
+        queue = labels.get(kueue.QUEUE_LABEL) or None
+        priority = labels.get(kueue.PRIORITY_LABEL) or None
+        return cls(md["name"], md["namespace"], md.get("uid", ""), queue, priority)
 
 
 def owner_reference(job: JobRef) -> Obj:

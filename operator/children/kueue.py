@@ -12,6 +12,8 @@ from __future__ import annotations
 from zerotrain.operator.objects import Obj
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+"""A job's WorkloadPriorityClass, copied to its pods: Kueue reads it there for the gang's Workload."""
 GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
 COUNT_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
 ADMISSION_GATE = "kueue.x-k8s.io/admission"
@@ -22,8 +24,9 @@ def group_name(job: str, gang: int) -> str:
     return f"{job}-gang-{gang}"
 
 
-def pod_labels(queue: str, job: str, gang: int) -> dict[str, str]:
-    return {QUEUE_LABEL: queue, GROUP_LABEL: group_name(job, gang)}
+def pod_labels(queue: str, job: str, gang: int, priority_class: str | None = None) -> dict[str, str]:
+    labels = {QUEUE_LABEL: queue, GROUP_LABEL: group_name(job, gang)}
+    return labels | ({PRIORITY_LABEL: priority_class} if priority_class else {})
 
 
 def pod_annotations(replicas: int) -> dict[str, str]:

@@ -258,3 +258,23 @@ def test_the_gang_config_reads_back_as_the_python_emitter_writes_it() -> None:
     manifest = yaml.safe_load(text)
     assert text == yaml.safe_dump(manifest, sort_keys=False)
     assert manifest["spec"]["args"] == args
+
+
+def test_a_queued_job_s_pods_carry_its_kueue_queue_group_size_and_priority_class() -> None:
+    body = {
+        "metadata": {
+            "name": "llm",
+            "namespace": "team-a",
+            "uid": "u",
+            "labels": {"kueue.x-k8s.io/queue-name": "team-q", "kueue.x-k8s.io/priority-class": "high"},
+        }
+    }
+    job = JobRef.from_body(body)
+    spec = parse_spec({"image": "i", "entrypoint": "m:f", "replicas": 2})
+    pod = builders.build_pod(job, spec, replica=1, gang=3)
+    labels, annotations = pod["metadata"]["labels"], pod["metadata"]["annotations"]
+    assert labels["kueue.x-k8s.io/queue-name"] == "team-q" and labels["kueue.x-k8s.io/priority-class"] == "high"
+    assert labels["kueue.x-k8s.io/pod-group-name"] == "llm-gang-3"
+    assert annotations["kueue.x-k8s.io/pod-group-total-count"] == "2"
+    plain = builders.build_pod(JobRef.from_body({"metadata": {**body["metadata"], "labels": {}}}), spec, 1, 3)
+    assert not [k for k in plain["metadata"]["labels"] if k.startswith("kueue.x-k8s.io/")]
