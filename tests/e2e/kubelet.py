@@ -40,8 +40,8 @@ def set_pod_phase(
         state: dict[str, Any] = {"running": {"startedAt": when}}
     else:
         code = 0 if phase == "Succeeded" else (137 if exit_code is None else exit_code)
-        reason = "Completed" if code == 0 else "Error"
-        state = {"terminated": {"exitCode": code, "reason": reason, "message": message}}
+        ended = "Completed" if code == 0 else "Error"  # the container's reason; `reason` is the pod's
+        state = {"terminated": {"exitCode": code, "reason": ended, "message": message}}
         if at is not None:
             state["terminated"]["finishedAt"] = when
     status: dict[str, Any] = {
