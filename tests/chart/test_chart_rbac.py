@@ -76,6 +76,13 @@ def test_gang_scheduling_grants_can_be_dropped(disabled: str) -> None:
     _assert_exact(one(render(values), "ClusterRole"), expected)
 
 
+def test_kueue_grants_can_be_dropped() -> None:
+    """rbac.kueue (values.yaml says how a job joins a queue): without it, no grant on kueue.x-k8s.io."""
+    kueue_calls = {c for c in API_CALLS if c.group == "kueue.x-k8s.io"}
+    assert {c.resource for c in kueue_calls} == {"localqueues", "workloads"}, kueue_calls
+    _assert_exact(one(render({"rbac": {"kueue": False}}), "ClusterRole"), set(API_CALLS) - kueue_calls)
+
+
 def test_rbac_create_false_renders_no_rbac() -> None:
     kinds = {o["kind"] for o in render({"rbac": {"create": False}})}
     assert not kinds & {"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}

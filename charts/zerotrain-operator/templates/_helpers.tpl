@@ -115,11 +115,13 @@ when the two differ): no wildcards, no verb or resource it does not use.
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
   verbs: ["list", "watch", "create", "patch"]
+{{- if .Values.rbac.kueue }}
 # Jobs admitted through Kueue (label kueue.x-k8s.io/queue-name): the operator checks their LocalQueue exists, and
 # reads a held gang's Workload for Kueue's own reason (what quota it waits for).
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["localqueues", "workloads"]
   verbs: ["get"]
+{{- end }}
 # Events of kopf and the operator on the jobs; a repeat within 10 minutes patches the first one's count.
 - apiGroups: [""]
   resources: ["events"]
