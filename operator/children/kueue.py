@@ -16,6 +16,10 @@ PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 """A job's WorkloadPriorityClass, copied to its pods: Kueue reads it there for the gang's Workload."""
 GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
 COUNT_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
+RETRIABLE_ANNOTATION = "kueue.x-k8s.io/retriable-in-group"
+"""'false' on a gang's pods: no pod of a group is ever replaced within it (a restart is a new group), so Kueue may
+finish the group's Workload, release its quota and its pods' finalizers once none of them runs. Without it Kueue
+waits for replacements that never come: measured on the real Kueue, a deleted job's pods stayed Terminating."""
 ADMISSION_GATE = "kueue.x-k8s.io/admission"
 API = "kueue.x-k8s.io/v1beta1"
 
@@ -30,7 +34,7 @@ def pod_labels(queue: str, job: str, gang: int, priority_class: str | None = Non
 
 
 def pod_annotations(replicas: int) -> dict[str, str]:
-    return {COUNT_ANNOTATION: str(replicas)}
+    return {COUNT_ANNOTATION: str(replicas), RETRIABLE_ANNOTATION: "false"}
 
 
 def is_gated(pod: Obj) -> bool:

@@ -37,6 +37,10 @@ RELEASE = "v0.19.2"
 HEALTH_ENV = "ZEROTRAIN_E2E_KUEUE"
 WEBHOOKS = ("zerotrain-e2e-kueue-mutating", "zerotrain-e2e-kueue-validating")
 STATE = Path.home() / ".cache" / "zt-kueue" / "state"
+# Without its internal certificate management the manager reads its metrics server's certificate from here, a path
+# it does not let one configure (cmd/kueue/main.go): `up` puts the serving certificate there when nothing is, and
+# `down` removes what `up` put.
+METRICS_CERTS = Path("/etc/kueue/metrics/certs")
 
 
 class StepFailed(Exception):
@@ -151,6 +155,7 @@ def up(kubeconfig: str, binary: Path, src: Path, state: Path) -> str:
     webhook, health = _free_port(), _free_port()
     hooks = state / "webhooks.yaml"
     hooks.write_text(yaml.safe_dump_all(_webhooks(src, webhook, ca)))
+    _metrics_certs(state)
     manager_log = state / "kueue.log"
     env = {**os.environ, "KUBECONFIG": kubeconfig}
     argv = [str(binary), f"--config={_config(state, webhook, health)}", "--feature-gates=VisibilityOnDemand=false"]
@@ -165,6 +170,18 @@ def up(kubeconfig: str, binary: Path, src: Path, state: Path) -> str:
         time.sleep(0.5)
     _run("install-webhooks", [*kubectl, "apply", "-f", str(hooks)], log)
     return str(record["health"])
+
+
+def _metrics_certs(state: Path) -> None:
+    if METRICS_CERTS.exists():
+        return
+    try:
+        METRICS_CERTS.mkdir(parents=True)
+    except OSError as e:
+        raise StepFailed(f"kueue: step metrics-certs failed: cannot make {METRICS_CERTS} ({e}); log: none") from None
+    for name in ("tls.crt", "tls.key"):
+        shutil.copy(state / "certs" / name, METRICS_CERTS / name)
+    (state / "metrics-certs-made").write_text(str(METRICS_CERTS))
 
 
 def _ready(health: str) -> bool:
@@ -192,6 +209,8 @@ def down(kubeconfig: str, src: Path | None, state: Path) -> None:
                 time.sleep(0.1)
             else:
                 os.killpg(pid, signal.SIGKILL)
+    if (state / "metrics-certs-made").exists():
+        shutil.rmtree(METRICS_CERTS, ignore_errors=True)
     if src is not None:
         crds = src / "config/components/crd/bases"
         _run("delete-crds", [*kubectl, "delete", "--ignore-not-found", "--wait=false", "-f", str(crds)], log)

@@ -228,7 +228,12 @@ async def test_a_queued_job_deleted_leaves_no_workload_and_no_pod(
     await wait_status(kube, ns, "big", lambda s: "Kueue: " in (_queued(s) or {}).get("message", ""), 60)
     assert await call(workload, kube, ns, "big-gang-0") is not None
     await call(kube.delete_job, ns, "big")
-    await until_async(lambda: not pods(kube, ns, "big"), 60)
+    try:
+        await until_async(lambda: not pods(kube, ns, "big"), 60)
+    except AssertionError:
+        left = [(p["metadata"]["name"], p["metadata"].get("deletionTimestamp"), p["metadata"].get("finalizers"),
+                 p["metadata"].get("ownerReferences"), p.get("status", {}).get("phase")) for p in pods(kube, ns, "big")]
+        raise AssertionError(f"pods left: {left}") from None
     await until_async(lambda: workload(kube, ns, "big-gang-0") is None, 60)
 
 

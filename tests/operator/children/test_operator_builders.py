@@ -276,5 +276,6 @@ def test_a_queued_job_s_pods_carry_its_kueue_queue_group_size_and_priority_class
     assert labels["kueue.x-k8s.io/queue-name"] == "team-q" and labels["kueue.x-k8s.io/priority-class"] == "high"
     assert labels["kueue.x-k8s.io/pod-group-name"] == "llm-gang-3"
     assert annotations["kueue.x-k8s.io/pod-group-total-count"] == "2"
+    assert annotations["kueue.x-k8s.io/retriable-in-group"] == "false"  # a restart is a new group, never a refill
     plain = builders.build_pod(JobRef.from_body({"metadata": {**body["metadata"], "labels": {}}}), spec, 1, 3)
     assert not [k for k in plain["metadata"]["labels"] if k.startswith("kueue.x-k8s.io/")]
