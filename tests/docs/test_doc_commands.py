@@ -28,6 +28,8 @@ Checked statically (no cluster, registry, GPU machine or nested test run here):
 - `prometheus --flag=...`: the installed prometheus has each flag; `--config.file=F` names the file a
   `--prometheus-config F` earlier in the block writes (and the zerotrain run checks that file with promtool).
 - `bash SCRIPT ...`: SCRIPT exists and `bash -n` parses it (it is the GPU machine's check).
+- `python SCRIPT ...`: a script of the repository (tests/e2e/kueue_env.py, which starts Kueue beside a cluster): its
+  --help answers and names the doc's action and flags.
 - `pytest PATHS` (`.venv/bin/pytest`): every path exists, and every `NAME=...` before it is a variable those tests
   read (running a test suite from a test would nest suites; the e2e one needs a cluster).
 
@@ -38,9 +40,11 @@ live run.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -437,6 +441,19 @@ def check_bash(cmd: Command, scratch: Path) -> None:
     assert p.returncode == 0, f"{cmd.where}: bash -n {cmd.argv[1]}: {p.stderr}"
 
 
+def check_python(cmd: Command, scratch: Path) -> None:
+    """`python SCRIPT ACTION --flag ...` of a script of the repository: its --help answers, and names the action and
+    every flag the doc uses (running it would start servers beside a cluster the suite does not have)."""
+    script = ROOT / cmd.argv[1]
+    assert script.is_file(), f"{cmd.where}: {cmd.argv[1]} does not exist"
+    env = {**os.environ, "PYTHONSAFEPATH": "1"}
+    p = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == 0, f"{cmd.where}: {cmd.argv[1]} --help: {p.stderr}"
+    for word in cmd.argv[2:]:
+        if word.startswith("--") or not word.startswith(("-", "~", "/")):
+            assert word.split("=")[0] in p.stdout, f"{cmd.where}: {cmd.argv[1]} takes no {word}:\n{p.stdout}"
+
+
 def check_pytest(cmd: Command, scratch: Path) -> None:
     paths = [ROOT / w.split("::")[0] for w in cmd.argv[1:] if not w.startswith("-")]
     assert paths, cmd.text
@@ -456,4 +473,5 @@ HANDLERS: dict[str, Any] = {
     "prometheus": check_prometheus,
     "bash": check_bash,
     "pytest": check_pytest,
+    "python": check_python,
 }

@@ -231,8 +231,16 @@ async def test_a_queued_job_deleted_leaves_no_workload_and_no_pod(
     try:
         await until_async(lambda: not pods(kube, ns, "big"), 60)
     except AssertionError:
-        left = [(p["metadata"]["name"], p["metadata"].get("deletionTimestamp"), p["metadata"].get("finalizers"),
-                 p["metadata"].get("ownerReferences"), p.get("status", {}).get("phase")) for p in pods(kube, ns, "big")]
+        left = [
+            (
+                p["metadata"]["name"],
+                p["metadata"].get("deletionTimestamp"),
+                p["metadata"].get("finalizers"),
+                p["metadata"].get("ownerReferences"),
+                p.get("status", {}).get("phase"),
+            )
+            for p in pods(kube, ns, "big")
+        ]
         raise AssertionError(f"pods left: {left}") from None
     await until_async(lambda: workload(kube, ns, "big-gang-0") is None, 60)
 
