@@ -175,13 +175,16 @@ def up(kubeconfig: str, binary: Path, src: Path, state: Path) -> str:
 def _metrics_certs(state: Path) -> None:
     if METRICS_CERTS.exists():
         return
+    made = METRICS_CERTS
+    while not made.parent.exists():  # the outermost directory made here is what `down` removes
+        made = made.parent
     try:
         METRICS_CERTS.mkdir(parents=True)
     except OSError as e:
         raise StepFailed(f"kueue: step metrics-certs failed: cannot make {METRICS_CERTS} ({e}); log: none") from None
     for name in ("tls.crt", "tls.key"):
         shutil.copy(state / "certs" / name, METRICS_CERTS / name)
-    (state / "metrics-certs-made").write_text(str(METRICS_CERTS))
+    (state / "metrics-certs-made").write_text(str(made))
 
 
 def _ready(health: str) -> bool:
@@ -209,8 +212,8 @@ def down(kubeconfig: str, src: Path | None, state: Path) -> None:
                 time.sleep(0.1)
             else:
                 os.killpg(pid, signal.SIGKILL)
-    if (state / "metrics-certs-made").exists():
-        shutil.rmtree(METRICS_CERTS, ignore_errors=True)
+    if (made := state / "metrics-certs-made").exists():
+        shutil.rmtree(made.read_text().strip(), ignore_errors=True)
     if src is not None:
         crds = src / "config/components/crd/bases"
         _run("delete-crds", [*kubectl, "delete", "--ignore-not-found", "--wait=false", "-f", str(crds)], log)

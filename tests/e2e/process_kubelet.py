@@ -147,6 +147,10 @@ class ProcessKubelet:
         with self._lock:
             for p in self.pods:
                 self._kill(p)
+            if self.graceful:  # a pod left holding this kubelet's finalizer would keep its namespace Terminating
+                for name in {p.name for p in self.pods}:
+                    with contextlib.suppress(KubeError):
+                        self._release(name)
         self.kube.close()
 
     def kill(self, pod: str) -> PodProcess:
@@ -279,28 +283,30 @@ class ProcessKubelet:
 
     def _hold(self, name: str) -> bool:
         """Put the finalizer on a pod about to start; False when the pod is gone."""
-        try:
-            self.kube.request(
-                "PATCH",
-                path_of("v1", "pods", self.namespace, name),
-                {"metadata": {"finalizers": [KUBELET_FINALIZER]}},
-                "application/merge-patch+json",
-            )
-        except KubeError as e:
-            if e.status != 404:
-                raise
-            return False
-        return True
+        return self._finalizer(name, hold=True)
 
     def _release(self, name: str) -> None:
-        """The container stopped: let the API server remove the pod."""
-        with contextlib.suppress(KubeError):
-            self.kube.request(
-                "PATCH",
-                path_of("v1", "pods", self.namespace, name),
-                {"metadata": {"finalizers": None}},
-                "application/merge-patch+json",
-            )
+        """The container stopped: let the API server remove the pod (as far as this kubelet is concerned)."""
+        self._finalizer(name, hold=False)
+
+    def _finalizer(self, name: str, hold: bool) -> bool:
+        """Add or remove this kubelet's finalizer alone, leaving any other (Kueue's `kueue.x-k8s.io/managed`): the
+        list is written with the resourceVersion it was read at, and read again when another writer came between."""
+        path = path_of("v1", "pods", self.namespace, name)
+        for _ in range(10):
+            try:
+                md = self.kube.request("GET", path)["metadata"]
+                others = [f for f in md.get("finalizers") or [] if f != KUBELET_FINALIZER]
+                wanted = [*others, KUBELET_FINALIZER] if hold else others
+                patch = {"metadata": {"finalizers": wanted or None, "resourceVersion": md["resourceVersion"]}}
+                self.kube.request("PATCH", path, patch, "application/merge-patch+json")
+                return True
+            except KubeError as e:
+                if e.status == 404:
+                    return False
+                if e.status != 409:
+                    raise
+        raise AssertionError(f"pod {name}: its finalizers kept changing under the process kubelet")
 
     def _stop_gracefully(self, proc: PodProcess) -> None:
         """SIGTERM to the container's process once; SIGKILL to its tree after the grace period."""

@@ -115,6 +115,8 @@ async def test_killed_rank_restarts_gang_which_resumes_and_finishes(
 
     rank0 = next(p for p in first if p.name == f"{name}-worker-0")
     check_ledger(job, rank0.output(), killed_at, stepped_at)
+    # Healthy ranks, evenly paced: the straggler watch names no one (issue 49's no-false-alarm rule).
+    assert not [p.name for p in kubelet.pods if "holds the gang back" in p.output()], logs
 
 
 def check_ledger(job: dict[str, Any], first_rank0: str, killed_at: float, stepped_at: float) -> None:
