@@ -50,8 +50,7 @@ def keep(
     now: datetime,
 ) -> None:
     """Set st.goodput: the previous ledger (or a new one from the job's creation) moved on by this pass."""
-    ledger = previous.goodput if previous is not None and previous.goodput is not None else None
-    ledger = ledger or goodput.start(created or now)
+    ledger = (previous.goodput if previous is not None else None) or goodput.start(created or now)
     was = previous.phase if previous is not None else Phase.PENDING
     if was in TERMINAL and st.phase in TERMINAL:
         st.goodput = ledger

@@ -203,9 +203,10 @@ def _judge(
     if failed:
         return _on_failure(spec, d, current, failed[0], now, backoff)
     if disrupted or missing:
-        said = [p for p in leaving if p.replica in missing]
-        cause = disrupted[0].disruption if disrupted else said[0].disruption if said else Disruption.DELETED
-        what = disrupted[0].name if disrupted else said[0].name if said else f"pod of node rank {missing[0]}"
+        # A pod that says why it ended: one of the gang's, else one another controller deleted saying why.
+        told = disrupted or [p for p in leaving if p.replica in missing]
+        cause = told[0].disruption if told else Disruption.DELETED
+        what = told[0].name if told else f"pod of node rank {missing[0]}"
         assert cause is not None
         return _restart(d, current, cause.value, f"{what}: {cause.value}; restarting the gang (not counted)", now, 0)
     if all(by_replica[r].phase == PodPhase.SUCCEEDED for r in range(spec.replicas)):

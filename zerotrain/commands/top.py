@@ -42,8 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _source(args: argparse.Namespace) -> tuple[str, Callable[[], list[Sample]]]:
-    """(what the header says, a function reading the series), or UserError when there is nothing to read."""
+def _source(args: argparse.Namespace) -> tuple[str, Callable[[], list[Sample]], list[Sample]]:
+    """(what the header says, a function reading the series, the series it read first), or UserError when there
+    is nothing to read."""
     if args.prometheus:
         url, ns, job = args.prometheus, args.namespace, args.job
         first = top_sources.query_prometheus(url, ns, job)
@@ -52,17 +53,17 @@ def _source(args: argparse.Namespace) -> tuple[str, Callable[[], list[Sample]]]:
                 f"no series of job {job!r} in namespace {ns!r} at {url}: check the name and --namespace, and that "
                 "the chart's monitors are on (podMonitor.enabled, serviceMonitor.enabled)"
             )
-        return f"{ns} via {url}", lambda: top_sources.query_prometheus(url, ns, job)
+        return f"{ns} via {url}", lambda: top_sources.query_prometheus(url, ns, job), first
     local = top_sources.find_local_run(args.job, Path(args.log_dir) if args.log_dir else None)
-    if not top_sources.scrape_local(local):
+    if not (first := top_sources.scrape_local(local)):
         raise UserError(f"job {args.job!r}: none of its ranks answers at {', '.join(local.targets)}")
-    return f"local, pid {local.pid}", lambda: top_sources.scrape_local(local)
+    return f"local, pid {local.pid}", lambda: top_sources.scrape_local(local), first
 
 
 def run(args: argparse.Namespace) -> int:
     if not args.interval > 0:
         raise UserError(f"--interval: got {args.interval}; give a number of seconds above 0, e.g. 1")
-    where, read = _source(args)
+    where, read, now = _source(args)
     console = Console()
     quit_keys = threading.Event()
     before: list[Sample] | None = None
@@ -70,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     with _keys(quit_keys), Live(console=console, auto_refresh=False, transient=False) as live:
         try:
             while not quit_keys.is_set():
-                now = read()
+                now = now if before is None else read()  # the first refresh shows what _source already read
                 if not now:
                     note = "the run no longer answers: it ended"
                     if before is not None:

@@ -126,15 +126,10 @@ def build(job: str, source: str, now: list[Sample], before: list[Sample] | None 
         )
         for r in ranks
     ]
-    step, steps = _first(now, "zerotrain_step"), _first(now, "zerotrain_training_steps")
-    return TopView(
-        job,
-        source,
-        rows,
-        None if step is None else int(max(s.value for s in now if s.name == "zerotrain_step")),
-        None if steps is None else int(steps),
-        _goodput(now),
-    )
+    stepped = [s.value for s in now if s.name == "zerotrain_step"]
+    steps = _first(now, "zerotrain_training_steps")
+    step = int(max(stepped)) if stepped else None
+    return TopView(job, source, rows, step, None if steps is None else int(steps), _goodput(now))
 
 
 def _bytes(n: float | None) -> str:

@@ -19,11 +19,16 @@ class Fake:
         self.now += seconds
         self.collective += collective
 
+    def begun(self) -> StepClock:
+        """A step clock on this fake, its first step begun."""
+        clock = StepClock(lambda: self.collective, lambda: self.now)
+        clock.begin()
+        return clock
+
 
 def test_each_phase_gets_its_own_time_and_compute_the_rest() -> None:
     f = Fake()
-    clock = StepClock(lambda: f.collective, lambda: f.now)
-    clock.begin()
+    clock = f.begun()
     with clock.timing(Phase.DATA_WAIT):
         f.tick(0.2)
     f.tick(0.5, collective=0.3)  # forward and backward, 0.3 s of it blocked in collectives
@@ -46,8 +51,7 @@ def test_each_phase_gets_its_own_time_and_compute_the_rest() -> None:
 
 def test_a_second_step_starts_from_nothing_and_no_phase_goes_negative() -> None:
     f = Fake()
-    clock = StepClock(lambda: f.collective, lambda: f.now)
-    clock.begin()
+    clock = f.begun()
     with clock.timing(Phase.DATA_WAIT):
         f.tick(1.0)
     clock.end()
