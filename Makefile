@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.zerotrain-installed
 
-.PHONY: demo test test-fast bench lint typecheck crd monitoring system-deps clean
+.PHONY: demo test test-long test-all test-fast bench lint typecheck crd monitoring system-deps clean
 
 # The repository root has a folder named `operator`; keep the working directory off sys.path so
 # `python -m ...` run from here still finds the standard library's operator module (Python >= 3.11).
@@ -40,8 +40,17 @@ demo: $(STAMP)
 # Files go out in the order tests/conftest.py sorts them, the whole-job files first (xdist's default, the most tests
 # first, left the few-test files that run jobs for minutes to the end, one worker busy while the others idled).
 # `.venv/bin/pytest FILE` alone runs serially as before.
+# CI runs `make test`: every test but the long tier (tests/long_tier.py: 36 whole runs of a minute or more each under
+# the full suite's load), which `make test-long` runs (about 25 min on 2 cores) and `make test-all` runs with the rest.
+PYTEST_ALL = $(BIN)/pytest -n 3 --dist loadfile --no-loadscope-reorder --durations=25
 test: lint $(STAMP) system-deps
-	$(BIN)/pytest -n 3 --dist loadfile --no-loadscope-reorder --durations=25
+	$(PYTEST_ALL) -m "not long"
+
+test-long: $(STAMP) system-deps
+	$(PYTEST_ALL) -m long
+
+test-all: lint $(STAMP) system-deps
+	$(PYTEST_ALL)
 
 # The inner loop, under 3 min on 2 cores: ruff, every test not marked slow but the runs of the docs' and benches'
 # commands, and one multi-process test (stages 0-3 on 2 gloo ranks against AdamW, marked smoke). CI runs `make test`.

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from budget import budget
+from long_tier import LONG
 
 # The repository root holds a folder named `operator` (installed as zerotrain.operator). `python -m ...` started
 # from the root would put it on sys.path ahead of the standard library's `operator` and break start-up;
@@ -33,13 +34,30 @@ def _file_order(item: pytest.Item) -> int:
     return LONGEST_FIRST.index(parts[0]) if parts[0] in LONGEST_FIRST else len(LONGEST_FIRST)
 
 
+# First: `-m "not long"` deselects by the marks this adds (pytest's own hook runs after a conftest's tryfirst one).
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The longest files first (a stable sort, so each file's tests stay together and in order); pytest-timeout's
     limit per test, scaled by the suite's budget (tests/budget.py) like every wait inside it."""
     items.sort(key=_file_order)
+    _mark_long(items)
     default = float(config.getini("timeout") or 0)
     for item in items:
         marker = item.get_closest_marker("timeout")
         limit = float(marker.args[0]) if marker is not None and marker.args else default
         if limit > 0:
             item.add_marker(pytest.mark.timeout(budget(limit)), append=False)
+
+
+def _mark_long(items: list[pytest.Item]) -> None:
+    """Marks the long tier's tests `long` (tests/long_tier.py); an entry whose file was collected but which names
+    none of its tests fails the run, so a renamed test cannot leave both tiers unseen."""
+    files = {item.nodeid.split("::", 1)[0] for item in items}
+    found: set[str] = set()
+    for item in items:
+        if item.nodeid in LONG:
+            item.add_marker(pytest.mark.long)
+            found.add(item.nodeid)
+    stale = [entry for entry in LONG if entry.split("::", 1)[0] in files and entry not in found]
+    if stale:
+        raise pytest.UsageError(f"tests/long_tier.py names tests that do not exist: {stale}; fix or remove them")

