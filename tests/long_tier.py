@@ -5,12 +5,13 @@ Chosen by measurement, not by kind: a fresh clone's full suite of 1,900 tests sp
 wall on 2 cores, pytest alone) when CI leaves pytest about 15. The first cut took the tests of 30 s or more under that
 load (the figure beside each), and pytest took 18.4 min. The second took the docs' commands beyond the README, a
 second run of what another run in CI covers (a resharding, a memory refusal, a parametrized case), and the benches'
-own runs of 19 s or more. CI keeps one run of each capability:
+own runs of 19 s or more (pytest 15.4 min); the third the first Ctrl-C's stop and rerun (115 s) and the rest of the
+docs' checkpoint commands. CI keeps one run of each capability:
 - the quickstart;
 - the killed rank's e2e restart and its goodput;
 - the real Prometheus;
 - the stragglers and `zerotrain top`;
-- one stop signal and a second Ctrl-C;
+- a second Ctrl-C, which stops every rank at once and keeps the last commit;
 - resharding at 2→4 and 3→1;
 - LoRA against peft;
 - stages 0-3 against AdamW on the built-in GPT and Hugging Face Llama, GPT-2 and Mixtral;
@@ -52,12 +53,20 @@ LONG: tuple[str, ...] = (
     "tests/bench/test_gpu_check.py::test_the_script_writes_its_log_and_results_and_exits_with_the_checks_status",
     # 39 s
     "tests/cli/test_cli_pipe.py::test_a_run_writing_to_a_pipe_says_each_logged_step_as_it_happens",
+    # 28 s
+    "tests/cli/test_validate_entrypoint.py::test_unequal_rows_per_rank_are_said_in_one_line_by_validate_and_run",
     # 33 s
     "tests/docs/test_doc_blocks.py::test_manifest_runs_two_steps[docs/manifest.md:6]",
     # 51 s
     "tests/docs/test_doc_commands.py::test_command[docs/checkpoints.md:157]",
+    # with :157 and :160: the first of them runs the job whose checkpoint they read (39 s)
+    "tests/docs/test_doc_commands.py::test_command[docs/checkpoints.md:158]",
+    # with :157 and :160: the first of them runs the job whose checkpoint they read (39 s)
+    "tests/docs/test_doc_commands.py::test_command[docs/checkpoints.md:159]",
     # 22 s
     "tests/docs/test_doc_commands.py::test_command[docs/checkpoints.md:160]",
+    # with :157 and :160: the first of them runs the job whose checkpoint they read (39 s)
+    "tests/docs/test_doc_commands.py::test_command[docs/checkpoints.md:161]",
     # 18 s
     "tests/docs/test_doc_commands.py::test_command[docs/fine-tuning.md:14]",
     # 18 s
@@ -92,6 +101,8 @@ LONG: tuple[str, ...] = (
     "tests/integration/test_run_memory_limit.py::test_a_rank_whose_process_cannot_start_in_its_limit_says_so_without_a_traceback",
     # 36 s
     "tests/integration/test_run_preemption.py::test_a_launcher_killed_outright_leaves_no_rank_behind",
+    # 115 s with its fixture's uninterrupted run (a second Ctrl-C stays in CI)
+    "tests/integration/test_run_preemption.py::test_a_stop_signal_commits_the_current_step_and_a_rerun_continues_exactly[ctrl-c]",
     # 138 s
     "tests/integration/test_run_preemption.py::test_a_stop_signal_commits_the_current_step_and_a_rerun_continues_exactly[sigterm-launcher]",
     # 67 s

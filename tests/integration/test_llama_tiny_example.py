@@ -32,7 +32,7 @@ def run_commands(commands: list[str], cwd: Path) -> list[str]:
         if command.startswith("zerotrain run"):
             command += " --no-metrics --summary-file summary.json"
         done = subprocess.run(
-            ["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True, timeout=budget(300)
+            ["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True, timeout=budget(600)
         )
         assert done.returncode == 0, f"{command}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
         outputs.append(done.stdout + done.stderr)
@@ -56,6 +56,7 @@ def llama_tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # its fixture's four commands count here: 1.5 min alone, over 300 s under the suite's load
 def test_the_examples_three_commands_train_export_and_generate(llama_tiny: tuple[Path, list[str]]) -> None:
     where, outputs = llama_tiny
     meta = json.loads((where / "runs" / "llama-tiny-data" / "meta.json").read_text())
@@ -73,6 +74,7 @@ def test_the_examples_three_commands_train_export_and_generate(llama_tiny: tuple
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # the sft-lora chain, and the llama-tiny fixture when this test runs first
 def test_lora_on_the_export_learns_what_the_base_could_not(llama_tiny: tuple[Path, list[str]]) -> None:
     pytest.importorskip("peft")
     where, _ = llama_tiny

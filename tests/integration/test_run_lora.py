@@ -94,6 +94,7 @@ def adapters(path: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # four runs and two exports: 173 s in CI once, over 300 s under the whole suite's load
 def test_a_lora_job_saves_its_adapters_resumes_exactly_and_exports_for_peft_and_transformers(tmp_path: Path) -> None:
     base = base_model(tmp_path / "base", seed=1)
     ck = tmp_path / "ck"
