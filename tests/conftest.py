@@ -53,9 +53,10 @@ def _mark_long(items: list[pytest.Item]) -> None:
     """Marks the long tier's tests `long` (tests/long_tier.py); an entry whose file was collected but which names
     none of its tests fails the run, so a renamed test cannot leave both tiers unseen."""
     files = {item.nodeid.split("::", 1)[0] for item in items}
+    long = frozenset(LONG)
     found: set[str] = set()
     for item in items:
-        if item.nodeid in LONG:
+        if item.nodeid in long:
             item.add_marker(pytest.mark.long)
             found.add(item.nodeid)
     stale = [entry for entry in LONG if entry.split("::", 1)[0] in files and entry not in found]

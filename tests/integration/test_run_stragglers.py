@@ -41,8 +41,9 @@ def slowed_job(tmp_path: Path, cause: str, factor: float) -> Path:
     spec["training"].update({"steps": 20, "logEvery": 10})
     # Windows of 4 steps, a rank named after two in a row: five windows within the 20 steps, so one window spoiled
     # by the warm-up or by a busy neighbour still leaves two in a row. Under a full test run's load (three of these
-    # jobs at once) a window's compute ratio measured 0.83-4.9, median 1.7; in CI with windows of 5 (four windows) a
-    # compute-slowed rank once went unnamed. The threshold, stated, leaves a 1.5x slowdown room above that noise.
+    # jobs at once, at hidden 64) a window's compute ratio measured 0.83-4.9, median 1.7; in CI with windows of 5
+    # (four windows) a compute-slowed rank once went unnamed. The threshold, stated, leaves a 1.5x slowdown room
+    # above that noise.
     spec["stragglers"] = {"windowSteps": 4, "threshold": 1.2}
     path = tmp_path / f"slowed-{cause}.yaml"
     path.write_text(yaml.safe_dump(doc))
