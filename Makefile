@@ -41,7 +41,7 @@ demo: $(STAMP)
 # first, left the few-test files that run jobs for minutes to the end, one worker busy while the others idled).
 # `.venv/bin/pytest FILE` alone runs serially as before.
 # CI runs `make test`: every test but the long tier (tests/long_tier.py: 59 whole runs, or second runs of what CI covers
-# once), which `make test-long` runs and `make test-all` runs with the rest.
+# once), which `make test-long` runs (pytest 22 min on 2 cores, measured) and `make test-all` runs with the rest.
 PYTEST_ALL = $(BIN)/pytest -n 3 --dist loadfile --no-loadscope-reorder --durations=25
 test: lint $(STAMP) system-deps
 	$(PYTEST_ALL) -m "not long"
