@@ -10,12 +10,12 @@ per cent of Ψ. The plan counts Ψ_t from the same shapes (`adapter_parameters`)
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from pydantic import Field
 
 from zerotrain._model import SpecModel
+from zerotrain.architecture import Architecture, Family
 
 
 class LoraSpec(SpecModel):
@@ -101,35 +101,26 @@ def sizes(lora: LoraSpec, layers: Layers, blocks: int, block: int, root: int) ->
     return LoraSizes(blocks, adapters, block, root_adapters + saved, root - saved)
 
 
-def hf_layers(config: Mapping[str, object]) -> Layers | None:
-    """The layers of a Hugging Face config's model, for the Llama family's layout (attention q/k/v/o and a gated
-    MLP), Mixtral's (the same attention; its experts are not linear layers) and GPT-2's (c_attn, c_proj, c_fc); None
-    for another."""
-    hidden, heads = _int(config, "hidden_size", "n_embd"), _int(config, "num_attention_heads", "n_head")
-    vocab = _int(config, "vocab_size")
-    if hidden is None or heads is None or vocab is None:
-        return None
-    model_type = str(config.get("model_type", ""))
-    tied = config.get("tie_word_embeddings", model_type == "gpt2") is True
-    head = {} if tied else {"lm_head": (hidden, vocab)}
-    root_sizes = {"lm_head": hidden * vocab} if not tied else {}
-    if model_type == "gpt2":
-        inner = _int(config, "n_inner") or 4 * hidden
+def hf_layers(a: Architecture) -> Layers:
+    """The layers of a Hugging Face model as LoRA sees them: the Llama family's (attention q/k/v/o and a gated MLP),
+    Mixtral's (the same attention; its experts are not linear layers) and GPT-2's (c_attn, c_proj, c_fc)."""
+    hidden, vocab = a.hidden, a.vocabulary
+    head = {} if a.tied_embeddings else {"lm_head": (hidden, vocab)}
+    root_sizes = {"lm_head": hidden * vocab} if not a.tied_embeddings else {}
+    if a.family is Family.GPT2:
+        inner = a.intermediate
         block = {"attn.c_attn": (hidden, 3 * hidden), "attn.c_proj": (hidden, hidden)}
         block |= {"mlp.c_fc": (hidden, inner), "mlp.c_proj": (inner, hidden)}
         return Layers(block, root_sizes | {"wte": vocab * hidden, "ln_f": 2 * hidden}, head)
-    inter = _int(config, "intermediate_size")
-    if inter is None or model_type not in ("llama", "mistral", "qwen2", "mixtral"):
-        return None
-    head_dim = _int(config, "head_dim") or hidden // heads
-    kv = _int(config, "num_key_value_heads") or heads
+    q, kv = a.heads * a.head_width, a.key_value_heads * a.head_width
     block = {
-        "self_attn.q_proj": (hidden, heads * head_dim),
-        "self_attn.k_proj": (hidden, kv * head_dim),
-        "self_attn.v_proj": (hidden, kv * head_dim),
-        "self_attn.o_proj": (heads * head_dim, hidden),
+        "self_attn.q_proj": (hidden, q),
+        "self_attn.k_proj": (hidden, kv),
+        "self_attn.v_proj": (hidden, kv),
+        "self_attn.o_proj": (q, hidden),
     }
-    if model_type != "mixtral":  # Mixtral's experts are one fused module each, which LoRA does not adapt
+    if a.experts is None:  # Mixtral's experts are one fused module each, which LoRA does not adapt
+        inter = a.intermediate
         block |= {"mlp.gate_proj": (hidden, inter), "mlp.up_proj": (hidden, inter), "mlp.down_proj": (inter, hidden)}
     return Layers(block, root_sizes | {"embed_tokens": vocab * hidden, "norm": hidden}, head)
 
@@ -139,11 +130,3 @@ def gpt_layers(hidden: int, ffn_multiplier: int) -> Layers:
     inner = ffn_multiplier * hidden
     block = {"qkv": (hidden, 3 * hidden), "proj": (hidden, hidden), "fc_in": (hidden, inner), "fc_out": (inner, hidden)}
     return Layers(block)
-
-
-def _int(config: Mapping[str, object], *keys: str) -> int | None:
-    for key in keys:
-        value = config.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None

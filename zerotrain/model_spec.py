@@ -7,6 +7,7 @@ from enum import Enum
 from pydantic import Field
 
 from zerotrain._model import Rule, SpecModel
+from zerotrain.architecture import Architecture
 from zerotrain.lora_config import LoraSpec
 
 
@@ -124,6 +125,11 @@ class ModelInfo(SpecModel):
     shape: ModelShape | None = None
     """The transformer's shape: the plan then counts activations, the stage-3 gathered units, the gradient arenas
     and the communication buffers, not only the model states."""
+    architecture: Architecture | None = None
+    """A Hugging Face model's architecture (family, layers, widths, vocabulary, experts, dropout), as `zerotrain plan
+    -f JOB --fill` writes it from the entry point's config.json: the plan counts its exact parameters and its
+    family's own activations from it, so the operator plans (and chooses `zero.stage: auto`) from the manifest
+    alone. The pod's launcher refuses a job whose block disagrees with the config it loads."""
     activation_bytes: int | None = Field(default=None, ge=0)
     """Bytes one rank's micro-batch needs beyond parameters and gradients from its forward through its backward
     (saved activations plus backward's working set), as `zerotrain plan -f JOB --measure` prints it; replaces the

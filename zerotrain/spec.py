@@ -98,18 +98,20 @@ class ZeroTrainingJobSpec(SpecModel):
         ),
         Rule(
             "!has(self.zero) || !has(self.zero.stage) || type(self.zero.stage) == int || ("
-            "has(self.model) && (has(self.model.parameters) || has(self.model.shape)) && has(self.resources) && ("
+            "has(self.model) && (has(self.model.parameters) || has(self.model.shape) || has(self.model.architecture)) "
+            "&& has(self.resources) && ("
             "has(self.resources.memory) || (has(self.resources.gpuMemory) && has(self.resources.gpu) "
             "&& self.resources.gpu > 0)))",
             lambda s: (
                 s.zero.stage is not AutoStage.AUTO
                 or (
-                    (s.model.parameters is not None or s.model.shape is not None)
+                    (s.model.parameters is not None or s.model.shape is not None or s.model.architecture is not None)
                     and (s.resources.memory is not None or (s.resources.gpu_memory is not None and s.resources.gpu > 0))
                 )
             ),
             "zero.stage: auto picks the lowest stage whose memory plan fits, which needs the model's size "
-            "(model.parameters or model.shape) and each rank's memory (resources.gpuMemory with GPUs, "
+            "(model.architecture, which `zerotrain plan -f JOB --fill` writes from a Hugging Face config.json; or "
+            "model.parameters or model.shape) and each rank's memory (resources.gpuMemory with GPUs, "
             "resources.memory for CPU ranks); set them, or choose a stage 0-3",
             ("zero.stage", "model.parameters", "resources.gpu_memory", "resources.memory"),
         ),

@@ -17,6 +17,7 @@ from zerotrain.plan.inputs import (
     gpu_memory_bytes,
     memory_plan,
     min_world_size,
+    model_units,
     more_ranks,
     plan_input,
 )
@@ -67,8 +68,8 @@ def plan_for(spec: ZeroTrainingJobSpec, default_gpu_memory: str | None) -> tuple
 
 
 def _min_ranks(spec: ZeroTrainingJobSpec, stage: Stage, p: PlanInput, usable: int) -> int | None:
-    """The fewest ranks at which `stage` fits: by the whole peak when the shape is known."""
-    if spec.model.shape is not None:
+    """The fewest ranks at which `stage` fits: by the whole peak when the model's units are known."""
+    if model_units(spec) is not None:
         return min_world_size(spec, stage, usable)
     return min_data_parallel(stage, p, usable)
 

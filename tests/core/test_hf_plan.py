@@ -12,11 +12,12 @@ from typing import Any
 import pytest
 import yaml
 
+from zerotrain.architecture import block_parameters, parameters, root_parameters
 from zerotrain.cli import main
-from zerotrain.hf_config import HF_ENTRYPOINT, activation_shape, local_files, model_size, read_config
+from zerotrain.hf_config import HF_ENTRYPOINT, architecture, local_files, read_config
+from zerotrain.plan.activations import hf_activations
 from zerotrain.plan.inputs import declared_parameters, memory_plan, peak_input
 from zerotrain.plan.peak import padded_elements
-from zerotrain.plan.transformer import activation_peak
 from zerotrain.spec import ZeroTrainingJobSpec
 
 transformers = pytest.importorskip("transformers")
@@ -46,6 +47,14 @@ CONFIGS = {
         "intermediate_size": 64,
         "num_key_value_heads": 3,
         "tie_word_embeddings": True,
+    },
+    "qwen3 head_dim, biases": {
+        "model_type": "qwen3",
+        **SMALL,
+        "intermediate_size": 64,
+        "num_key_value_heads": 3,
+        "head_dim": 12,
+        "attention_bias": True,
     },
     "mixtral": {
         "model_type": "mixtral",
@@ -93,16 +102,12 @@ def test_the_count_is_the_transformers_models(name: str, tmp_path: Path) -> None
         saved = read_config(str(tmp_path))
     assert saved is not None
     for fields in (config, saved):
-        size = model_size(fields)
-        assert size is not None
-        assert size.parameters == total
-        assert (size.layers, size.block, size.root) == (len(layers), block, total - len(layers) * block)
+        a = architecture(fields)
+        assert a is not None
+        assert parameters(a) == total
+        assert (a.layers, block_parameters(a), root_parameters(a)) == (len(layers), block, total - len(layers) * block)
         text = model.config.get_text_config()
-        assert (size.hidden, size.heads, size.vocabulary) == (
-            text.hidden_size,
-            text.num_attention_heads,
-            text.vocab_size,
-        )
+        assert (a.hidden, a.heads, a.vocabulary) == (text.hidden_size, text.num_attention_heads, text.vocab_size)
 
 
 def _manifest(tmp_path: Path, args: dict[str, Any], model: dict[str, Any] | None = None) -> Path:
@@ -147,12 +152,12 @@ def test_plan_f_prints_the_whole_peak_from_the_config_with_no_parameters_typed(
     block = sum(p.numel() for p in _layers(model)[0].parameters())
     assert pi.blocks == [padded_elements(block, 2)] * 3
     assert pi.root == padded_elements(total - 3 * block, 2)
-    # Activations: the GPT formula for 32 tokens × this rank's 2 of the 4 rows, in bf16.
-    size = model_size(config)
-    assert size is not None
-    shape = activation_shape(size, args, 2)
-    assert (shape.sequence_length, shape.micro_batch_size, shape.ffn_multiplier) == (32, 2, 4)  # ⌈4·80 / (2·48)⌉
-    assert (pi.activations, pi.activations_in_block) == activation_peak(shape, 2, False, False)[:2]
+    # Activations: the Llama family's own forward for 32 tokens × this rank's 2 of the 4 rows, in bf16
+    # (tests/core/test_hf_activations.py holds them to what torch allocates).
+    a = architecture(config)
+    assert a is not None
+    with local_files():
+        assert (pi.activations, pi.activations_in_block) == hf_activations(spec, a)[:2]
 
 
 def test_a_config_only_the_pods_can_read_derives_nothing_and_stated_models_plan_as_before(

@@ -15,7 +15,25 @@ from zerotrain.spec import ZeroTrainingJobSpec
 
 BASE = {"image": "img", "entrypoint": "m:f"}
 SHAPE = {"layers": 2, "hidden": 128, "sequenceLength": 8, "vocabulary": 256, "microBatchSize": 1}
+ARCH = {
+    "family": "llama",
+    "layers": 2,
+    "hidden": 64,
+    "intermediate": 128,
+    "heads": 4,
+    "vocabulary": 256,
+    "positions": 512,
+    "tiedEmbeddings": False,
+}
 CASES: list[dict[str, Any]] = [
+    {"model": {"architecture": ARCH}},
+    {"model": {"architecture": {**ARCH, "kvHeads": 2}}},
+    {"model": {"architecture": {**ARCH, "kvHeads": 3}}},
+    {"model": {"architecture": {**ARCH, "experts": 4}}},
+    {"model": {"architecture": {**ARCH, "family": "mixtral", "experts": 4, "expertsPerToken": 2}}},
+    {"model": {"architecture": {**ARCH, "family": "mixtral", "experts": 2, "expertsPerToken": 3}}},
+    {"model": {"architecture": {**ARCH, "family": "mixtral"}}},
+    {"zero": {"stage": "auto"}, "model": {"architecture": ARCH}, "resources": {"memory": "8Gi"}},
     {"resources": {"gpu": 0, "gpuMemory": "80Gi"}},
     {"resources": {"gpu": 1, "gpuMemory": "80Gi"}},
     {"resources": {"gpuMemory": "80Gi"}},
@@ -144,6 +162,6 @@ def test_each_rule_s_cel_and_predicate_agree(path: str, model: type[SpecModel], 
 
 
 def test_every_model_rule_is_here() -> None:
-    # Resources, ModelShape, PretrainedSpec's 2, DataSpec's 2, TrainingSpec, FailurePolicy, Scheduling, the spec's 10,
-    # ZeroConfig's 6, elastic
-    assert len(RULES) == 26
+    # Resources, ModelShape, Architecture's 3, PretrainedSpec's 2, DataSpec's 2, TrainingSpec, FailurePolicy,
+    # Scheduling, the spec's 10, ZeroConfig's 6, elastic
+    assert len(RULES) == 29

@@ -3,10 +3,11 @@
 The entry point builds its model and data under torch's fake-tensor mode (tensors have shapes, dtypes and a device,
 and no storage; operators choose the kernels they would choose on the CPU); one batch runs forward, the loss and
 backward while a dispatch mode counts every tensor operators return until it is freed: what autograd saves,
-backward's working set, and anything else the model makes. Parameter gradients are dropped as soon as they are
-accumulated (the runtime keeps them in its own flat buffers, which the plan counts apart), so the figure is the
-activations alone: what `spec.model.activationBytes` takes. With `zero.activationCheckpointing` the unit modules are
-checkpointed as the runtime does.
+backward's working set, and anything else the model makes. `spec.model.lora`'s adapters are added first, as the
+runtime adds them (the frozen base saves less for backward; each adapter keeps its own inner activations).
+Parameter gradients are dropped as soon as they are accumulated (the runtime keeps them in its own flat buffers,
+which the plan counts apart), so the figure is the activations alone: what `spec.model.activationBytes` takes. With
+`zero.activationCheckpointing` the unit modules are checkpointed as the runtime does.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ def measure_activations(spec: ZeroTrainingJobSpec, real: bool = False) -> int:
     )
     with fake:
         task = rt.build_task(spec.entrypoint, rank=0, world_size=spec.world_size, args=spec.entrypoint_args)
+        if spec.model.lora is not None:  # as the runtime adds them: only the adapters train
+            rt.add_adapters(task.model, spec.model.lora)
         model, dtype = task.model, rt.DTYPES[spec.zero.precision]
         for p in model.parameters():  # in place: fake parameters cannot be swapped as Module.to would
             p.data = p.data.to(dtype)

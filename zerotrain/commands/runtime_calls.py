@@ -36,6 +36,7 @@ _HOMES: dict[str, tuple[str, str]] = {
     "call_model": ("zerotrain.runtime.job.task", "call_model"),
     "is_script": ("zerotrain.runtime.job.task", "is_script"),
     "describe_hf": ("zerotrain.runtime.models.huggingface", "describe"),
+    "add_adapters": ("zerotrain.runtime.models.lora", "apply"),
     "apply_checkpointing": ("zerotrain.runtime.zero.activations", "apply_checkpointing"),
     "ZeroSetupError": ("zerotrain.runtime.zero.engine_errors", "ZeroSetupError"),
     "LiveBytes": ("zerotrain.runtime.zero.live_bytes", "LiveBytes"),

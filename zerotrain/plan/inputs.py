@@ -1,10 +1,9 @@
 """From a job spec to the planner's input: one derivation for `zerotrain plan -f`, admission and the runtime.
 
 Ψ, N and the device memory come from the spec; the bytes per element from its precision, stage and optimizer
-(`planner.element_bytes`), unless `spec.model.optimizerMultiplier` states K outright. A spec of the built-in Hugging
-Face entry point that gives neither spec.model.parameters nor spec.model.shape plans from the model's config
-(`zerotrain.hf_config`): Ψ and the units exact, the activations from the GPT formula (approximate for gated MLPs and
-experts); where the config cannot be read (a directory only the pods have), nothing is derived.
+(`planner.element_bytes`), unless `spec.model.optimizerMultiplier` states K outright. A Hugging Face model plans
+from `spec.model.architecture` (what `zerotrain plan -f JOB --fill` writes from its config.json; locally the config
+itself where the block is missing): Ψ and the units exact, the activations its family's own (`activations`).
 
 With `spec.model.lora` the plan counts what LoRA makes of the units (`lora_config.sizes`): each block's adapters
 train, its base is frozen (weights only), and the root's modulesToSave train; for the layouts known there (the
@@ -14,8 +13,9 @@ is counted as trained: more than the job will hold, never less.
 
 from __future__ import annotations
 
-from zerotrain import hf_config, lora_config
+from zerotrain import architecture, lora_config
 from zerotrain.plan import transformer as transformer_plan
+from zerotrain.plan.activations import activation_bytes, job_architecture
 from zerotrain.plan.model_states import (
     MemoryPlan,
     PlanInput,
@@ -26,7 +26,7 @@ from zerotrain.plan.model_states import (
 )
 from zerotrain.plan.peak import PRECISION_BYTES, PeakInput, config_fields, padded_elements, peak_plan
 from zerotrain.quantity import parse_bytes
-from zerotrain.spec import ModelShape, OptimizerName, OptimizerSpec, ZeroTrainingJobSpec
+from zerotrain.spec import OptimizerName, OptimizerSpec, ZeroTrainingJobSpec
 from zerotrain.zero_config import Stage
 
 
@@ -41,41 +41,44 @@ SHAPE_TOLERANCE = 0.01
 """How far `spec.model.parameters` may be from the shape's Ψ (the formula's architecture is assumed)."""
 
 
-def hf_model(spec: ZeroTrainingJobSpec) -> hf_config.ModelSize | None:
-    """The model counted from its Hugging Face config, for the built-in entry point when the spec states neither
-    parameters nor shape and the config is readable here; else None."""
-    if spec.entrypoint != hf_config.HF_ENTRYPOINT or spec.model.parameters is not None or spec.model.shape is not None:
-        return None
-    return hf_config.size_from_args(spec.entrypoint_args)
-
-
-def model_units(spec: ZeroTrainingJobSpec) -> tuple[ModelShape, int, int] | None:
-    """What the whole-peak plan counts the model from: the shape its activations follow, one block's parameters and
-    the root's; from spec.model.shape (the GPT formula's counts), else from a Hugging Face config (exact counts);
-    None when neither is known."""
+def model_units(spec: ZeroTrainingJobSpec) -> tuple[int, int, int] | None:
+    """The units the whole-peak plan counts: (blocks, one block's parameters, the root's), from spec.model.shape
+    (the GPT formula's counts) or a Hugging Face architecture (exact counts); None when neither is known."""
     shape = spec.model.shape
     if shape is not None:
-        return shape, transformer_plan.block_parameters(shape), transformer_plan.root_parameters(shape)
-    model = hf_model(spec)
-    if model is None:
+        return shape.layers, transformer_plan.block_parameters(shape), transformer_plan.root_parameters(shape)
+    a = job_architecture(spec)
+    if a is None:
         return None
-    return hf_config.activation_shape(model, spec.entrypoint_args, spec.world_size), model.block, model.root
+    return a.layers, architecture.block_parameters(a), architecture.root_parameters(a)
+
+
+def _check_declared(declared: int | None, derived: int, what: str) -> None:
+    if declared is not None and abs(declared - derived) > SHAPE_TOLERANCE * declared:
+        raise ValueError(
+            f"{what} has {derived:,} parameters, but spec.model.parameters is {declared:,}; fix one of them (or drop "
+            "spec.model.parameters: the plan counts them)"
+        )
 
 
 def declared_parameters(spec: ZeroTrainingJobSpec) -> int | None:
-    """Ψ: spec.model.parameters, else the shape's, else a Hugging Face config's; ValueError naming both when the
-    parameters and the shape disagree beyond 1%."""
+    """Ψ: spec.model.parameters, else the shape's or the architecture's (a config's where it is readable); ValueError
+    naming both when the parameters and the shape or architecture disagree beyond 1%."""
     shape, declared = spec.model.shape, spec.model.parameters
-    if shape is None:
-        model = hf_model(spec)
-        return model.parameters if model is not None else declared
-    derived = transformer_plan.parameters(shape)
-    if declared is not None and abs(declared - derived) > SHAPE_TOLERANCE * declared:
-        raise ValueError(
+    if shape is not None:
+        derived = transformer_plan.parameters(shape)
+        _check_declared(
+            declared,
+            derived,
             f"spec.model.shape: a {shape.layers}-layer transformer of hidden {shape.hidden} and vocabulary "
-            f"{shape.vocabulary} has {derived:,} parameters, but spec.model.parameters is {declared:,}; fix the "
-            "shape, or drop it and measure activations with `zerotrain plan -f JOB --measure`"
+            f"{shape.vocabulary}",
         )
+        return declared if declared is not None else derived
+    a = job_architecture(spec)
+    if a is None:
+        return declared
+    derived = architecture.parameters(a)
+    _check_declared(declared, derived, f"spec.model.architecture: a {a.layers}-layer {a.family.value}")
     return declared if declared is not None else derived
 
 
@@ -85,14 +88,14 @@ def lora_sizes(spec: ZeroTrainingJobSpec) -> lora_config.LoraSizes | None:
     lora, units = spec.model.lora, model_units(spec)
     if lora is None or units is None:
         return None
-    shape, block, root = units
+    blocks, block, root = units
+    shape, a = spec.model.shape, job_architecture(spec)
     layers = None
-    if spec.model.shape is not None and spec.entrypoint == lora_config.GPT_ENTRYPOINT:
+    if shape is not None and spec.entrypoint == lora_config.GPT_ENTRYPOINT:
         layers = lora_config.gpt_layers(shape.hidden, shape.ffn_multiplier)
-    elif spec.model.shape is None:
-        config = hf_config.read_config(spec.entrypoint_args.get("config"))
-        layers = lora_config.hf_layers(config) if config is not None else None
-    return lora_config.sizes(lora, layers, shape.layers, block, root) if layers is not None else None
+    elif shape is None and a is not None:
+        layers = lora_config.hf_layers(a)
+    return lora_config.sizes(lora, layers, blocks, block, root) if layers is not None else None
 
 
 def planned_parameters(spec: ZeroTrainingJobSpec) -> tuple[int, int | None] | None:
@@ -163,13 +166,13 @@ def gpu_memory_bytes(text: str) -> int:
 
 
 def peak_input(spec: ZeroTrainingJobSpec, foreach_step: bool | None = None) -> PeakInput | None:
-    """The whole-peak plan's input, when the spec gives the model's shape or a readable Hugging Face config (its
-    units and, unless `spec.model.activationBytes` states them, its activations); None without either.
+    """The whole-peak plan's input, when the spec gives the model's shape or a Hugging Face architecture (its units
+    and, unless `spec.model.activationBytes` states them, its activations); None without either.
     `foreach_step`: whether the optimizer steps every view at once (by default: on GPUs, as torch does there)."""
     units = model_units(spec)
     if units is None:
         return None
-    shape, block, root = units
+    blocks, block, root = units
     declared_parameters(spec)
     z = spec.zero
     # Stage 0 shards nothing, so hybrid sharding changes nothing there: its N is the world (padding, all-reduce).
@@ -179,15 +182,15 @@ def peak_input(spec: ZeroTrainingJobSpec, foreach_step: bool | None = None) -> P
     if spec.model.activation_bytes is not None:
         acts, in_block, host = spec.model.activation_bytes, None, 0
     else:
-        acts, in_block, host = transformer_plan.activation_peak(
-            shape, w, z.activation_checkpointing, z.offload_activation_checkpoints
-        )
-    units_of = {"blocks": [padded_elements(block, n)] * shape.layers, "root": padded_elements(root, n)}
+        counted = activation_bytes(spec, spec.model.shape)
+        assert counted is not None  # a shape or an architecture: model_units found one
+        acts, in_block, host = counted
+    units_of = {"blocks": [padded_elements(block, n)] * blocks, "root": padded_elements(root, n)}
     if (lora := lora_sizes(spec)) is not None:
         units_of = {
-            "blocks": [padded_elements(lora.block_trainable, n)] * shape.layers,
+            "blocks": [padded_elements(lora.block_trainable, n)] * blocks,
             "root": padded_elements(lora.root_trainable, n),
-            "frozen_blocks": [padded_elements(lora.block_frozen, n)] * shape.layers,
+            "frozen_blocks": [padded_elements(lora.block_frozen, n)] * blocks,
             "frozen_root": padded_elements(lora.root_frozen, n),
         }
     return PeakInput(

@@ -20,6 +20,7 @@ from zerotrain.plan.inputs import (
     lowest_stage,
     memory_plan,
     min_world_size,
+    model_units,
     more_ranks,
     plan_input,
 )
@@ -87,7 +88,7 @@ def choose_stage(spec: ZeroTrainingJobSpec, device_memory: int, floor: Stage = S
             return StageChoice(
                 sp.stage, f"stage {sp.stage.value}: {format_bytes(sp.required_bytes)} {what} of {budget}{lower}"
             )
-    if spec.model.shape is not None:
+    if model_units(spec) is not None:
         ranks = min_world_size(at_stage(spec, Stage.PARAMETERS), Stage.PARAMETERS, usable)
     else:
         ranks = min_data_parallel(Stage.PARAMETERS, plan_input(at_stage(spec, Stage.PARAMETERS), device_memory), usable)
@@ -124,7 +125,8 @@ def resolve_stage(
         return spec, None
     if declared_parameters(spec) is None:
         raise ValueError(
-            "spec.zero.stage: auto needs the model's size: set spec.model.parameters or spec.model.shape, or "
+            "spec.zero.stage: auto needs the model's size: set spec.model.architecture (`zerotrain plan -f JOB "
+            "--fill` writes it from a Hugging Face config.json), spec.model.parameters or spec.model.shape, or "
             "choose a stage (0-3)"
         )
     device = device_memory if device_memory is not None else rank_memory(spec, default_gpu_memory)

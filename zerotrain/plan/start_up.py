@@ -60,7 +60,7 @@ class StartUpPlan(SpecModel):
 
 
 def _largest_unit(spec: ZeroTrainingJobSpec) -> int | None:
-    units = model_units(spec)  # spec.model.shape, or a Hugging Face config's exact counts
+    units = model_units(spec)  # spec.model.shape, or a Hugging Face architecture's exact counts
     return None if units is None else max(units[1], units[2])
 
 
