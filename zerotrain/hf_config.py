@@ -237,3 +237,37 @@ def positive_arg(args: Mapping[str, Any], key: str, default: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"spec.entrypointArgs.{key}: got {value!r}; it must be a positive integer, e.g. {default}")
     return value
+
+
+FILL = "zerotrain plan -f JOB --fill"
+"""The command that writes (or rewrites) spec.model.architecture from the model's config.json."""
+
+
+def architecture_mismatch(declared: Architecture, config: Mapping[str, Any], where: str) -> str | None:
+    """What is wrong with a manifest's architecture block against the config the ranks build the model from (`where`
+    names it): one line naming the first field that differs, both values and the command that rewrites the block
+    (and how many other fields differ); None when they agree."""
+    found = architecture(config)
+    if found is None:
+        return (
+            f"spec.model.architecture: {where} is a model the plan does not count (model_type "
+            f"{config.get('model_type')!r}); drop the block and measure its activations with `zerotrain plan -f JOB "
+            "--measure` into spec.model.activationBytes"
+        )
+    ours, theirs = _normalized(declared), _normalized(found)
+    differ = [name for name in ours if ours[name] != theirs[name]]
+    if not differ:
+        return None
+    name = differ[0]
+    more = f" (and {len(differ) - 1} other field(s): {', '.join(differ[1:])})" if len(differ) > 1 else ""
+    return (
+        f"spec.model.architecture.{name}: the manifest says {ours[name]}, but {where} says {theirs[name]}{more}; "
+        f"the plan was made for another model: rewrite the block with `{FILL}`"
+    )
+
+
+def _normalized(a: Architecture) -> dict[str, object]:
+    """The block's fields by their manifest names, defaults resolved (kvHeads, headDim), enums as their values."""
+    fields = a.model_dump(by_alias=True, mode="json")
+    fields["kvHeads"], fields["headDim"] = a.key_value_heads, a.head_width
+    return fields

@@ -1,12 +1,12 @@
 """The entry point checked before any rank starts (`zerotrain validate`, and `zerotrain run` before it launches).
 
 What every rank would refuse, refused once, in seconds: a module that does not import, a function that is not
-there, `entrypointArgs` it does not take, an error the entry point raises itself, a `spec.model.parameters` (or a
-shape's or a Hugging Face config's Ψ) that is not the model's, unit classes the model does not contain, LoRA
-targets that name no layer of it, evaluation asked of a task without evaluation data or with fewer micro-batches
-than `evaluation.batches`. The model is built on the meta device: no memory, no initialisation. An entry
-point whose own code needs real tensors (it reads its data into the model, say) cannot be built there; then the
-ranks check the rest, and the line says so.
+there, `entrypointArgs` it does not take, an error the entry point raises itself, a `spec.model.architecture` that is
+not the config's, a `spec.model.parameters` (or a shape's or a Hugging Face config's Ψ) that is not the model's,
+unit classes the model does not contain, LoRA targets that name no layer of it, evaluation asked of a task without
+evaluation data or with fewer micro-batches than `evaluation.batches`. The model is built on the meta device: no
+memory, no initialisation. An entry point whose own code needs real tensors (it reads its data into the model, say)
+cannot be built there; then the ranks check the rest, and the line says so.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from zerotrain import hf_config
 from zerotrain.errors import UserError
 from zerotrain.plan.inputs import declared_parameters
 from zerotrain.runtime.job import evaluation as evaluation_module
@@ -43,6 +44,7 @@ def check_entrypoint(spec: ZeroTrainingJobSpec, build: bool = True, world_size: 
     fn = load_entrypoint(spec.entrypoint)
     args = dict(spec.entrypoint_args)
     check_arguments(fn, spec.entrypoint, args)
+    _check_architecture(spec)
     if not build:
         return f"entry point: {spec.entrypoint} imports and takes its arguments; each rank checks Ψ and the units"
     torch.manual_seed(spec.training.seed)
@@ -82,6 +84,26 @@ def check_entrypoint(spec: ZeroTrainingJobSpec, build: bool = True, world_size: 
         f"entry point: {spec.entrypoint} builds a model of {count:,} parameters{trained}, {held} unit(s) of "
         f"{', '.join(units) or '(none: one unit, the whole model)'} (built on the meta device)"
     ) + (f"\n{uneven}" if uneven else "")
+
+
+def _check_architecture(spec: ZeroTrainingJobSpec) -> None:
+    """spec.model.architecture (what admission planned with) against the config the built-in Hugging Face entry
+    point builds the model from; another entry point's model is checked by its parameter count."""
+    declared = spec.model.architecture
+    if declared is None or spec.entrypoint != hf_config.HF_ENTRYPOINT:
+        return
+    source = spec.entrypoint_args.get("config")
+    with hf_config.local_files():
+        try:
+            config = hf_config.read_config(source)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+    if config is None:
+        return  # the entry point names what is missing when it builds the model
+    where = "the inline config" if isinstance(source, dict) else f"{source}/{hf_config.CONFIG_FILE}"
+    problem = hf_config.architecture_mismatch(declared, config, where)
+    if problem is not None:
+        raise ConfigError(problem)
 
 
 def _check_counted(spec: ZeroTrainingJobSpec, task: TrainingTask) -> None:

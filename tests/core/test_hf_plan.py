@@ -174,7 +174,7 @@ def test_a_config_only_the_pods_can_read_derives_nothing_and_stated_models_plan_
     assert declared_parameters(unseen) is None and peak_input(unseen) is None
     assert plan_for(unseen, None) is None
     assert main(["plan", "-f", str(tmp_path / "hf.yaml")]) == 2
-    assert "spec.model.parameters is not set" in capsys.readouterr().err
+    assert "the model's size is not known: write spec.model.architecture with" in capsys.readouterr().err
 
     # An inline config is readable anywhere: the operator plans it (whole peak included).
     inline = spec({"config": CONFIGS["mixtral"], "seq_len": 16})

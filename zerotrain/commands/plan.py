@@ -77,6 +77,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="as --measure, on real CPU tensors (for a model torch's fake tensors cannot run; allocates it)",
     )
+    p.add_argument(
+        "--fill",
+        action="store_true",
+        help="with -f: write spec.model.architecture into the manifest from the Hugging Face model's config.json, "
+        "so the operator plans the job (and chooses stage: auto) from the manifest alone",
+    )
     p.set_defaults(func=run)
 
 
@@ -90,7 +96,10 @@ def _manifest_spec(path: str) -> tuple[ZeroTrainingJobSpec, int | None]:
     if choice is not None:
         Console(stderr=True).print(Text(f"stage auto chose {choice.message}"), soft_wrap=True)
     if psi is None:
-        raise UserError(f"{path}: spec.model.parameters is not set; add it (or spec.model.shape), or pass --params")
+        raise UserError(
+            f"{path}: the model's size is not known: write spec.model.architecture with `zerotrain plan -f {path} "
+            "--fill` (a Hugging Face model), set spec.model.parameters (or spec.model.shape), or pass --params"
+        )
     memory = _size(spec.resources.gpu_memory, "spec.resources.gpuMemory") if spec.resources.gpu_memory else None
     return spec, memory
 
@@ -149,6 +158,12 @@ def _result(args: argparse.Namespace) -> MemoryPlan | JobPlan:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.fill:
+        if not args.manifest:
+            raise UserError("--fill: needs -f MANIFEST (the job whose spec.model.architecture to write)")
+        from zerotrain.commands.fill import fill_command
+
+        return fill_command(args.manifest)
     if args.measure or args.measure_real:
         if not args.manifest:
             raise UserError("--measure: needs -f MANIFEST (the entry point to build)")

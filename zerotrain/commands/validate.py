@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.text import Text
 
-from zerotrain import elastic
+from zerotrain import elastic, hf_config
 from zerotrain.commands import runtime_calls as rt
 from zerotrain.errors import UserError
 from zerotrain.hf_config import HF_ENTRYPOINT
@@ -142,6 +142,29 @@ def entrypoint_line(spec: ZeroTrainingJobSpec, args: argparse.Namespace) -> str:
     return said + (f" (its data is on claim {data.claim_name}, not readable here)" if elsewhere and data else "")
 
 
+def architecture_lines(spec: ZeroTrainingJobSpec) -> list[str]:
+    """What the plan knows of a Hugging Face job's model: the manifest's architecture block (which the entry check
+    holds to the config), or why the operator could not plan it without one."""
+    block = spec.model.architecture
+    if block is not None:
+        return [f"model.architecture: {block.family.value} as its config says: the operator plans it from the manifest"]
+    config = hf_config.read_config(spec.entrypoint_args.get("config"))
+    if config is None:
+        return []
+    if hf_config.architecture(config) is None:
+        return [
+            f"memory plan: model_type {config.get('model_type')!r} is not one the plan counts "
+            f"({', '.join(hf_config.FAMILIES)}), so its activations are not planned: measure them with `zerotrain "
+            "plan -f JOB --measure` into spec.model.activationBytes, with spec.model.shape for its units"
+        ]
+    if spec.model.parameters is not None or spec.model.shape is not None:
+        return []
+    return [
+        "model.architecture: not in the manifest: this machine plans from the config, but the operator reads no "
+        f"file a job names and cannot (nor choose stage: auto); write the block with `{hf_config.FILL}`"
+    ]
+
+
 def hf_line(spec: ZeroTrainingJobSpec) -> str:
     """The built-in Hugging Face entry point's config, model class and token files, checked as each rank checks
     them before it builds the model; files on spec.data's claim, not readable here, are left to the ranks."""
@@ -207,6 +230,8 @@ def run(args: argparse.Namespace) -> int:
         lines.append(describe(planned.start_up, spec))
     if spec.model.pretrained is not None:
         lines.append(pretrained_line(spec, args.manifest))
+    if spec.entrypoint == HF_ENTRYPOINT:
+        lines += architecture_lines(spec)
     if spec.entrypoint == HF_ENTRYPOINT and not args.no_import:
         lines.append(hf_line(spec))
     if spec.elastic is not None:

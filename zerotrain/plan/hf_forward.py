@@ -53,7 +53,11 @@ def attend(ops: Ops, a: Architecture, q: Tensor, k: Tensor, v: Tensor) -> Tensor
         return g.node(full * w, grads=(q, k, v), saved=(*saved, lse), saves_output=True, scratch=2 * full * FP32)
     if kind is Attention.MATH:
         # The math kernel upcasts to fp32 on CPU: contiguous fp32 copies of q, kᵀ and v, the scores, their dropout.
-        qs, ks, vs = ops.copy(q, full * FP32), ops.copy(k, full * FP32), ops.copy(v, full * FP32)
+        # In fp32 with one row, the batched matmuls take q and k as scaled (a copy each) and v as it is.
+        if w == FP32 and run.rows == 1:
+            qs, ks, vs = ops.copy(q, full * FP32), ops.copy(k, full * FP32), v
+        else:
+            qs, ks, vs = ops.copy(q, full * FP32), ops.copy(k, full * FP32), ops.copy(v, full * FP32)
         raw = ops.mul(qs, ks, scores * FP32)
         probs = g.node(scores * FP32, grads=(raw,), saves_output=True)
         dropped = ops.dropout(probs, scores, scores * FP32)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from zerotrain.hf_config import HF_ENTRYPOINT
 from zerotrain.plan.inputs import (
     at_stage,
     declared_parameters,
@@ -123,6 +124,15 @@ def resolve_stage(
     when the device memory or the parameter count needed to choose is unknown."""
     if spec.zero.stage is not AutoStage.AUTO:
         return spec, None
+    if spec.entrypoint == HF_ENTRYPOINT and spec.model.architecture is None and spec.model.shape is None:
+        # The operator plans from the manifest alone: a stage chosen from a config only this machine reads, or
+        # from the model states alone, would not be the stage admission chooses, nor one that fits.
+        raise ValueError(
+            "spec.zero.stage: auto plans a Hugging Face model from spec.model.architecture, which the manifest "
+            "lacks: write it with `zerotrain plan -f JOB --fill` (for a family the plan does not count, give "
+            "spec.model.shape and spec.model.activationBytes from `zerotrain plan -f JOB --measure`), or choose a "
+            "stage (0-3)"
+        )
     if declared_parameters(spec) is None:
         raise ValueError(
             "spec.zero.stage: auto needs the model's size: set spec.model.architecture (`zerotrain plan -f JOB "
