@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,7 +89,10 @@ def _does_not_fit(spec: ZeroTrainingJobSpec, result: MemoryPlan, p: PlanInput) -
         fixes.append(f"keep stage {stage.value} with {more_ranks(spec, ranks)}")
     elif result.recommended_stage is None and (ranks := _min_ranks(spec, Stage.PARAMETERS, p, usable)):
         fixes.append(f"set spec.zero.stage to 3 with {more_ranks(spec, ranks)}")
-    fix = "; or ".join(fixes) if fixes else "use GPUs with more memory"
+    # The same stage on GPUs of more memory: what the device's headroom leaves must hold the peak.
+    gpus = math.ceil(chosen.required_bytes / (usable / (result.device_memory or usable)) / 2**30)
+    fixes.append(f"keep stage {stage.value} on GPUs of at least {gpus}Gi (resources.gpuMemory)")
+    fix = "; or ".join(fixes)
     what = "at its peak" if chosen.peak is not None else "of model states"
     return (
         f"spec.zero.stage: stage {stage.value} needs {format_bytes(chosen.required_bytes)} {what} per GPU "

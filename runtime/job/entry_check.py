@@ -138,7 +138,7 @@ def _check_evaluation(spec: ZeroTrainingJobSpec, task: TrainingTask) -> None:
     except Exception:  # data the launcher cannot draw on the meta device: the ranks count it at the first evaluation
         return
     if held < evaluation.batches:
-        raise evaluation_module.too_few(evaluation.batches, held)
+        raise evaluation_module.too_few(evaluation.batches, held, task.eval_batches)
 
 
 def _draw(task: TrainingTask) -> tuple[object, ...]:

@@ -55,11 +55,16 @@ def check_task(task: TrainingTask, evaluation: EvaluationSpec | None, entrypoint
         )
 
 
-def too_few(wanted: int, held: int) -> ConfigError:
-    """The refusal of evaluation asking for more micro-batches than the data holds (the launcher's and the ranks')."""
+def too_few(wanted: int, held: int, batches: object = None) -> ConfigError:
+    """The refusal of evaluation asking for more micro-batches than the data holds (the launcher's and the ranks'),
+    saying why in the data's terms when `batches` (the task's evaluation batches) can (`describe()`)."""
+    describe = getattr(batches, "describe", None)
+    why = f": {describe()}" if callable(describe) else ""
+    ask = f"ask for at most {held}, " if held else "drop spec.training.evaluation, "
     return ConfigError(
         f"spec.training.evaluation.batches: got {wanted}, but the task's evaluation data holds only {held} "
-        f"micro-batches per rank; ask for at most {held}, or give the task more evaluation data"
+        f"micro-batches per rank{why}; {ask}or give the task more evaluation data (hold out more with `zerotrain "
+        "data prepare --val-fraction`, or lower entrypointArgs.batch_size)"
     )
 
 
@@ -108,7 +113,7 @@ def evaluate(
             total[2] += 1
     ran = int(total[2].item())
     if ran < evaluation.batches:  # every rank holds the same number of micro-batches, so all refuse together
-        raise too_few(evaluation.batches, ran)
+        raise too_few(evaluation.batches, ran, task.eval_batches)
     engine.comm.all_reduce(total, "evaluation", label="evaluation")
     mean = float(total[0] / total[1]) if total[1] > 0 else 0.0
     return Evaluation(step, mean, ran, time.perf_counter() - start)

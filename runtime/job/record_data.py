@@ -239,6 +239,16 @@ class EvalRecordBatches:
     def __len__(self) -> int:
         return self.micro_batches
 
+    def describe(self) -> str:
+        """Why it holds as many micro-batches as it does, in the data's terms."""
+        rows, shape = len(self.plan.epochs[0]), self.shape
+        made = "packed into" if shape.packing else "one a row:"
+        return (
+            f"its {len(self.files):,} held-out records make {rows:,} rows ({made} seq_len {shape.seq_len}), "
+            f"{self.micro_batches} full global micro-batch(es) of entrypointArgs.batch_size {shape.batch_size} "
+            f"({len(range(shape.batch_size)[shape.mine])} rows on each of {shape.world_size} ranks)"
+        )
+
     def __call__(self) -> Iterator[Any]:
         b = self.shape.batch_size
         for k in range(self.micro_batches):

@@ -277,6 +277,15 @@ class EvalTokenBatches:
     def __len__(self) -> int:
         return self.micro_batches
 
+    def describe(self) -> str:
+        """Why it holds as many micro-batches as it does, in the data's terms."""
+        width = self.seq_len + 1
+        return (
+            f"its {len(self.files):,} held-out tokens make {len(self.files) // width:,} windows of seq_len + 1 = "
+            f"{width} tokens, {self.micro_batches} full global micro-batch(es) of entrypointArgs.batch_size "
+            f"{self.batch_size}"
+        )
+
     def batch(self, index: int) -> torch.Tensor:
         """This rank's rows of evaluation micro-batch `index`, shape (rows, seq_len + 1), int64."""
         width = self.seq_len + 1

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from zerotrain.hf_config import CONFIG_FILE, DEFAULT_BATCH_SIZE, DEFAULT_SEQ_LEN
 from zerotrain.runtime.job.data import rank_rows
+from zerotrain.runtime.job.evaluation import too_few
 from zerotrain.runtime.job.task import ConfigError, LossSum, TrainingTask
 from zerotrain.runtime.job.token_data import TokenBatches
 from zerotrain.runtime.models.hf_data import (
@@ -300,12 +301,13 @@ def describe(world_size: int, args: Mapping[str, Any], evaluation_batches: int |
     else:
         train = f"records, {'packed' if data.packing else 'padded'} to seq_len, the loss on {data.loss_on}"
     held = f", {len(evaluation)} evaluation micro-batches" if evaluation is not None else ""
-    if evaluation_batches is not None and (evaluation is None or len(evaluation) < evaluation_batches):
-        has = "no eval data" if evaluation is None else f"{len(evaluation)} micro-batches per rank"
+    if evaluation_batches is not None and evaluation is None:
         raise ConfigError(
-            f"spec.training.evaluation.batches: got {evaluation_batches}, but {FIELD}.eval gives {has}; name held-out "
-            "data (zerotrain data prepare writes val.bin), ask for fewer batches, or drop the evaluation"
+            f"spec.training.evaluation.batches: got {evaluation_batches}, but {FIELD}.eval gives no eval data; name "
+            "held-out data (zerotrain data prepare writes val.bin), or drop the evaluation"
         )
+    if evaluation_batches is not None and evaluation is not None and len(evaluation) < evaluation_batches:
+        raise too_few(evaluation_batches, len(evaluation), evaluation)
     notes = "".join(f"; {note}" for note in opened.notes)
     return f"model: {cls.__name__} from {FIELD}.config; {train}{held} (seq_len {data.seq_len}){notes}"
 

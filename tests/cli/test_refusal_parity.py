@@ -47,7 +47,7 @@ REFUSALS: list[tuple[str, dict[str, Any], str]] = [
     (
         "stage auto in a share the process fills",
         {"zero": {"stage": "auto"}, "resources": {"memory": "420Mi"}},
-        "with 20% headroom, 450.0 MB; set resources.memory to more than 430Mi",
+        "with 20% headroom, 450.0 MB; set resources.memory to at least 489Mi",
     ),
 ]
 

@@ -17,12 +17,13 @@ from __future__ import annotations
 import math
 
 from zerotrain._model import SpecModel
-from zerotrain.plan.inputs import at_stage, declared_parameters, host_bytes_per_pod, memory_plan
+from zerotrain.plan.inputs import at_stage, declared_parameters, host_bytes_per_pod, lowest_stage, memory_plan
 from zerotrain.plan.model_states import DEFAULT_HEADROOM, format_bytes
 from zerotrain.plan.process_baseline import ProcessKind, baseline_bytes, process_kind
 from zerotrain.plan.start_up import start_up_plan
 from zerotrain.quantity import parse_bytes
 from zerotrain.spec import ZeroTrainingJobSpec
+from zerotrain.zero_config import AutoStage, Stage
 
 MIB = 1 << 20
 PROCESS_WORDS = {
@@ -131,7 +132,7 @@ def refusal(spec: ZeroTrainingJobSpec, plan: HostPlan) -> str | None:
         return None
     if (low := below_baseline(spec)) is not None:  # the process alone fills the share: one refusal says so
         return low
-    fix = f"set resources.memory to at least {mebibytes(plan.smallest_memory)}"
+    fix = f"set resources.memory to at least {mebibytes(smallest_memory(spec))}"
     return (
         f"resources.memory: got {limit!r}; each rank needs {what_it_holds(spec, plan)}, with "
         f"{DEFAULT_HEADROOM:.0%} headroom, more than its {format_bytes(s)} share; {fix}" + more_pods(spec)
@@ -157,11 +158,31 @@ def below_baseline(spec: ZeroTrainingJobSpec) -> str | None:
     with_headroom = math.ceil(base / (1 - DEFAULT_HEADROOM))
     if s is None or s > with_headroom:
         return None
-    floor = mebibytes(spec.nproc_per_node * with_headroom + 1)
     return (
         f"resources.memory: got {spec.resources.memory!r}; each of a pod's {spec.nproc_per_node} rank(s) has "
         f"{format_bytes(s)} of it, no more than the {format_bytes(base)} a rank process holds before its first "
         f"tensor ({process_words(spec)}; docs/memory.md) with {DEFAULT_HEADROOM:.0%} headroom, "
-        f"{format_bytes(with_headroom)}; set resources.memory to more than {floor} "
-        "(`zerotrain plan -f JOB` shows the smallest that holds the tensors too)"
+        f"{format_bytes(with_headroom)}; set resources.memory to at least {mebibytes(smallest_memory(spec))}"
+        + ("" if declared_parameters(spec) is not None else " (the process alone: its tensors are not counted)")
     )
+
+
+def smallest_memory(spec: ZeroTrainingJobSpec) -> int:
+    """The smallest resources.memory (bytes, whole MiB) every check accepts: the process and the tensors of the
+    job's stage, with the headroom; with `stage: auto`, at the stage it would choose there (CPU ranks: whichever
+    stage needs least; GPU ranks: the one their GPU memory chooses). Without Ψ, the process alone."""
+    if declared_parameters(spec) is None:
+        base = math.ceil(baseline_bytes(spec) / (1 - DEFAULT_HEADROOM))
+        return math.ceil((spec.nproc_per_node * base + 1) / MIB) * MIB
+    if spec.zero.stage is not AutoStage.AUTO:
+        return host_plan(spec).smallest_memory
+    from zerotrain.plan.stage_choice import resolve_stage
+
+    floor = lowest_stage(spec)
+    if spec.resources.gpu > 0:
+        try:
+            chosen, _ = resolve_stage(spec)
+            return host_plan(chosen).smallest_memory
+        except ValueError:
+            pass
+    return min(host_plan(at_stage(spec, stage)).smallest_memory for stage in Stage if stage >= floor)

@@ -98,9 +98,14 @@ def choose_stage(spec: ZeroTrainingJobSpec, device_memory: int, floor: Stage = S
         where = "at no world size (what every rank holds whole does not fit); use devices with more memory"
     else:
         where = f"with {more_ranks(spec, ranks)}"
+    memory = ""
+    if spec.resources.gpu == 0 and spec.resources.memory:  # CPU ranks: a larger share is a fix of its own
+        from zerotrain.plan.host import mebibytes, smallest_memory
+
+        memory = f", or set resources.memory to at least {mebibytes(smallest_memory(spec))}"
     raise NoStageFits(
         f"spec.zero.stage: auto: no stage fits {budget} per rank with {spec.world_size} ranks (stage 3 needs "
-        f"{need}); stage 3 fits {where}, or turn on zero.activationCheckpointing or lower the micro-batch"
+        f"{need}); stage 3 fits {where}{memory}, or turn on zero.activationCheckpointing or lower the micro-batch"
     )
 
 

@@ -51,7 +51,9 @@ def test_stage_that_cannot_fit_is_refused_with_what_would() -> None:
     verdict = admit(spec, "job")
     assert verdict.reason == Reason.MEMORY_PLAN_DOES_NOT_FIT and verdict.plan is not None
     assert verdict.message.startswith("spec.zero.stage: stage 0 needs")
-    assert verdict.message.endswith("; set spec.zero.stage to 3")  # stage 0 never fits by adding replicas
+    # Stage 0 never fits by adding replicas; a GPU of 150 GB would hold it (120 GB with 20% headroom).
+    assert verdict.message.endswith("; set spec.zero.stage to 3; or keep stage 0 on GPUs of at least 140Gi "
+                                    "(resources.gpuMemory)"), verdict.message  # fmt: skip
 
 
 def test_too_few_replicas_for_the_stage_names_the_count() -> None:

@@ -208,3 +208,16 @@ def test_training_on_records_equals_one_process_mean_over_every_counted_token(tm
 
 def _reference_in_a_rank(rank: int, world: int, out: str, steps: int, accumulation: int) -> Any:
     return reference(out, steps, accumulation)  # one thread, as the ranks
+
+
+def test_too_few_held_out_records_are_refused_saying_why_in_records(tmp_path: Path) -> None:
+    from zerotrain.runtime.job.evaluation import too_few
+    from zerotrain.runtime.job.record_data import EvalRecordBatches
+
+    out = prepare(tmp_path, 44)  # every fourth record held out: 11
+    held = EvalRecordBatches(RecordFiles(str(out / "val.bin"), "eval"), Rows(24, 16, 0, 2))
+    assert len(held) == 0
+    message = str(too_few(1, len(held), held))
+    assert "got 1, but the task's evaluation data holds only 0 micro-batches per rank" in message, message
+    assert "its 11 held-out records make 11 rows (one a row: seq_len 24), 0 full global micro-batch(es) of " in message
+    assert "entrypointArgs.batch_size 16 (8 rows on each of 2 ranks)" in message and "drop spec.training" in message
