@@ -22,6 +22,8 @@ is 1 when any check failed, 2 when the machine cannot run the checks at all. Pha
   on "CSAN detected a possible data race"; a planted race must be reported, or the sanitizer proves nothing.
 - allocator: bf16 stages 0-3 on a mid-size model: torch.cuda.memory_stats (allocated, reserved, retries,
   fragmentation at peak) beside memory_report()'s measured and predicted (ZeRO formula) model states.
+- device: what a rank holds beyond its tensors (the CUDA context, cuBLAS's workspaces, NCCL's buffers, the
+  allocator's reserve), each measured beside the plan's figure (`zerotrain.plan.device`); skipped on the CPU.
 - throughput: bench/gpu/gpu_throughput.py, bf16 tokens/s of zerotrain stage 3 against FSDP2 in both modes (a 1.01 B
   parameter GPT on CUDA), losses checked against FSDP2's.
 - offload: bf16 stage 3 on the allocator's model, plain, with zero.offload.optimizer: cpu and with parameters: cpu
@@ -45,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_check_allocator import phase_allocator
 from gpu_check_collectives import phase_collectives
 from gpu_check_config import FAULTS, PHASES
+from gpu_check_device import phase_device
 from gpu_check_driver import drive
 from gpu_check_offload import phase_offload
 from gpu_check_parity import phase_parity
@@ -62,6 +65,7 @@ PHASE_FUNCS: dict[str, Callable[[argparse.Namespace, Checks], None]] = {
     "sanitizer": phase_sanitizer,
     "sanitized_training": phase_sanitized_training,
     "allocator": phase_allocator,
+    "device": phase_device,
     "throughput": phase_throughput,
     "offload": phase_offload,
 }

@@ -8,7 +8,7 @@ from typing import TypedDict
 
 # offload comes last: the newest phase, measured on no GPU yet, takes what the budget has left rather than
 # squeezing the established ones (the driver gives each phase min(its timeout, what is left)).
-PHASES = ("collectives", "parity", "two_ranks", "sanitizer", "allocator", "throughput", "offload")
+PHASES = ("collectives", "parity", "two_ranks", "sanitizer", "allocator", "device", "throughput", "offload")
 # Seconds each phase may take on one H200 (the whole stays under 8 minutes: see --budget-s); CPU runs get 4x.
 # offload: 4 runs of 6 steps on the allocator's 101 M-parameter model, three of them stepping AdamW on the host
 # (roughly a second a step on 16 cores), besides CUDA and process start: about 40 s estimated, 90 s allowed.
@@ -18,6 +18,8 @@ TIMEOUTS = {
     "two_ranks": 75,
     "sanitizer": 150,
     "allocator": 90,
+    # device: CUDA's start, two matmuls, a one-rank communicator, 10 bf16 stage-3 steps on the allocator model.
+    "device": 60,
     "throughput": 240,
     "offload": 90,
 }

@@ -23,6 +23,11 @@ from zerotrain.architecture import Architecture
 from zerotrain.errors import UserError
 from zerotrain.local_paths import load_document
 
+COMMENT = (
+    "What the plan counts the model from, written from its config.json by `zerotrain plan -f JOB --fill`: the\n"
+    "operator plans the job (and chooses stage: auto) from it alone; the pods refuse it if the config differs."
+)
+
 
 def _yaml() -> YAML:
     y = YAML()
@@ -81,6 +86,8 @@ def fill_command(path: str) -> int:
         Console().print(Text(f"{path}: spec.model.architecture is up to date with {_where(source)}"), soft_wrap=True)
         return 0
     model["architecture"] = CommentedMap(block)
+    if before is None:
+        model.yaml_set_comment_before_after_key("architecture", before=COMMENT, indent=4)
     out = io.StringIO()
     y.dump_all(documents, out)
     file.write_text(out.getvalue())

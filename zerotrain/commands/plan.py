@@ -15,6 +15,7 @@ from zerotrain.commands.tables import Rows, print_rows
 from zerotrain.errors import UserError
 from zerotrain.local_paths import load_job
 from zerotrain.plan import JobPlan, host, plan_job
+from zerotrain.plan.device import device_terms
 from zerotrain.plan.inputs import declared_parameters, plan_input
 from zerotrain.plan.model_states import MemoryPlan, PlanInput, StagePlan, format_bytes, plan
 from zerotrain.plan.stage_choice import resolve_stage
@@ -263,10 +264,13 @@ def render_peaks(result: MemoryPlan, console: Console) -> None:
     host = max(sp.peak.host_activations for sp in result.stages if sp.peak is not None)
     if host:
         console.print(Text(f"offloaded activation checkpoints: {format_bytes(host)} of host memory per rank"))
+    terms = device_terms(result.data_parallel, result.data_parallel, max(p.peak for p in peaks))
     console.print(
         Text(
-            "not in the peak: the CUDA context, cuBLAS workspaces and NCCL's buffers (about 0.5-1.5 GB per GPU "
-            "process, whatever the model) and allocator fragmentation; the headroom is kept for them"
+            f"not in the peak, on a GPU: the CUDA context {format_bytes(terms.cuda_context)}, cuBLAS workspaces "
+            f"{format_bytes(terms.cublas_workspace)}, NCCL's buffers {format_bytes(terms.nccl_buffers)} and the "
+            f"allocator's reserve {format_bytes(terms.allocator_reserve)} per rank, planned from the libraries' "
+            "defaults (bench/gpu/gpu_check.py's device phase measures them); the headroom is kept for them"
         ),
         soft_wrap=True,
     )
