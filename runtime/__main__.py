@@ -18,7 +18,7 @@ from pathlib import Path
 
 from zerotrain.errors import EXIT_BAD_INPUT, UserError
 from zerotrain.hf_config import local_files
-from zerotrain.runtime.job.launch import LaunchOutcome, Outcome, launch, plan_from_env, preflight, write_termination_log
+from zerotrain.runtime.job import rank_fork
 
 DEFAULT_CONFIG = "/etc/zerotrain/job.yaml"
 
@@ -34,16 +34,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(args: argparse.Namespace) -> int:
-    try:
-        from zerotrain.manifest import load_job
+    from zerotrain.manifest import load_job
 
+    try:
         job = load_job(args.config)
+        if rank_fork.forks(job.spec):  # the ranks' fork server imports torch while this process checks the job
+            rank_fork.start_server(rank_fork.preload_for(job.spec))
+    except UserError as e:
+        return _refused(e)
+    from zerotrain.runtime.job.launch import launch, plan_from_env, preflight, write_termination_log  # torch
+
+    try:
         plan = plan_from_env(os.environ, job.spec)
         preflight(job.spec)
     except UserError as e:
-        print(f"zerotrain: error: {e}", file=sys.stderr, flush=True)
-        write_termination_log(LaunchOutcome(EXIT_BAD_INPUT, Outcome.INVALID_CONFIG, str(e)))
-        return EXIT_BAD_INPUT
+        return _refused(e)
     run_id = str(job.metadata.get("name") or "zerotrain")
     with tempfile.TemporaryDirectory(prefix="zerotrain-logs-") as logs:
         outcome = launch(job.spec, Path(args.config), plan, run_id=run_id, log_dir=Path(logs), capture_stdout=False)
@@ -52,6 +57,15 @@ def _main(args: argparse.Namespace) -> int:
         print(f"zerotrain: node {plan.node_rank}:   {line}", file=sys.stderr, flush=True)
     write_termination_log(outcome)
     return outcome.exit_code
+
+
+def _refused(error: UserError) -> int:
+    """A job no rank could run: one line, the termination message, exit status 2."""
+    from zerotrain.runtime.job.launch import LaunchOutcome, Outcome, write_termination_log
+
+    print(f"zerotrain: error: {error}", file=sys.stderr, flush=True)
+    write_termination_log(LaunchOutcome(EXIT_BAD_INPUT, Outcome.INVALID_CONFIG, str(error)))
+    return EXIT_BAD_INPUT
 
 
 if __name__ == "__main__":

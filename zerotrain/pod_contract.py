@@ -33,6 +33,14 @@ DEBUG_ENV = "ZEROTRAIN_DEBUG"  # 1: every traceback; 0: none (kept in files); un
 
 # Set by a launcher for the ranks it starts.
 LAUNCHER_PID_ENV = "ZEROTRAIN_LAUNCHER_PID"  # a rank dies with its launcher (`runtime.preemption`)
+# The process a rank is the child of, when not its launcher: the fork server (`runtime.job.rank_fork`), which exits
+# with the launcher; the rank dies with it.
+RANK_PARENT_PID_ENV = "ZEROTRAIN_RANK_PARENT_PID"
+# How a launcher starts its ranks: forkserver (forks of a server that imported torch once; the default) or spawn (a
+# fresh interpreter each). Read by the launcher (`runtime.job.rank_fork`).
+RANK_START_ENV = "ZEROTRAIN_RANK_START"
+# The modules the fork server imports before it forks the ranks (comma-separated; `runtime.job.preload`).
+RANK_PRELOAD_ENV = "ZEROTRAIN_RANK_PRELOAD"
 
 # Set by `zerotrain run` for its local ranks.
 PROGRESS_ENV = "ZEROTRAIN_PROGRESS_FILE"  # rank 0 appends JSON lines here

@@ -57,10 +57,12 @@ from zerotrain.pod_contract import (
     INVALID_CONFIG_OUTCOME,
     LAUNCHER_PID_ENV,
     MASTER_PORT,
+    RANK_PARENT_PID_ENV,
     TERMINATION_LOG,
     TERMINATION_LOG_ENV,
 )
 from zerotrain.runtime.checkpoints import base
+from zerotrain.runtime.job import rank_fork
 from zerotrain.runtime.job.entry_check import check_entrypoint
 from zerotrain.runtime.job.failures import consequence, exit_code, failure_time, how, last_line, log_files, root_cause
 from zerotrain.runtime.job.preemption import EXIT_PREEMPTED
@@ -311,14 +313,26 @@ def launch(
             )
         ),
     )
+    forked = rank_fork.forks(spec)
+    if forked:  # each rank a fork of the server that imported torch and zerotrain once (`rank_fork`)
+        config.start_method = "forkserver"
+        server = rank_fork.start_server(rank_fork.preload_for(spec))
     env = rank_environment(plan, gpus=spec.resources.gpu > 0)
+    if forked:
+        env[RANK_PARENT_PID_ENV] = str(server)  # the ranks' parent: it exits with this launcher
     ctrl_c = CtrlC(on_interrupt) if on_interrupt is not None else None
     if ctrl_c is not None:
         config.signals_to_handle = "SIGTERM,SIGHUP,SIGQUIT"  # SIGINT is CtrlC's
     previous = signal.signal(signal.SIGINT, ctrl_c) if ctrl_c is not None else None
     try:
         with scoped_environ(env):
-            elastic_launch(config, sys.executable)(*rank_command(spec, config_path))
+            if forked:
+                from zerotrain.runtime.job.forked_context import forked_ranks
+
+                with forked_ranks():
+                    elastic_launch(config, rank_fork.run_rank)(str(config_path), dict(os.environ))
+            else:
+                elastic_launch(config, sys.executable)(*rank_command(spec, config_path))
     except ChildFailedError as e:
         return outcome_of_failures(e.failures, rank_log_folders(log_dir, e.failures))
     except SignalException as e:
@@ -352,20 +366,22 @@ class CtrlC:
         self.say("Ctrl-C again: stopping every rank now; a checkpoint not yet committed is not used")
         for pid in child_pids():
             with suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGKILL)  # each rank leads its own process group (torch starts it so)
+                os.killpg(pid, signal.SIGKILL)  # each rank leads its own process group (its own session)
 
 
 def child_pids(proc: Path = Path("/proc")) -> list[int]:
-    """This process's children (Linux): the ranks it started."""
-    me, children = os.getpid(), []
+    """The ranks this process started (Linux): its children, and the fork server's (the ranks forked from it),
+    each the leader of its own session."""
+    parents: dict[int, int] = {}
     for stat in proc.glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        if int(fields[1]) == me:
-            children.append(int(stat.parent.name))
-    return children
+        parents[int(stat.parent.name)] = int(fields[1])
+    me = os.getpid()
+    mine = [pid for pid, parent in parents.items() if parent == me]
+    return mine + [pid for pid, parent in parents.items() if parent in mine]
 
 
 @contextmanager

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Protocol
 
-from zerotrain.pod_contract import LAUNCHER_PID_ENV
+from zerotrain.pod_contract import LAUNCHER_PID_ENV, RANK_PARENT_PID_ENV
 
 # 128 + SIGTERM, as a shell reports a process stopped by it; the launcher reads it as "saved and stopped".
 EXIT_PREEMPTED = 128 + int(signal.SIGTERM)
@@ -160,7 +160,8 @@ def die_with_launcher(env: dict[str, str] | None = None) -> None:
     launcher's end would reach it: without this a rank whose launcher is gone trains on, an orphan holding its
     ports and memory. Killing it is safe for checkpoints: the commit marker is renamed into place last.
     """
-    launcher = (os.environ if env is None else env).get(LAUNCHER_PID_ENV)
+    environ = os.environ if env is None else env
+    launcher = environ.get(RANK_PARENT_PID_ENV) or environ.get(LAUNCHER_PID_ENV)
     if not launcher or not sys.platform.startswith("linux"):
         return
     import ctypes

@@ -74,6 +74,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     die_with_launcher()
     limit = apply_memory_limit(os.environ)
     try:
+        if at_limit(limit):  # a rank forked from the preloaded server holds torch already: nothing left to start
+            raise MemoryError(f"the process holds its whole data limit of {limit} bytes before its first tensor")
         from zerotrain.manifest import load_job
 
         job = load_job(args.config)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 from budget import budget
-from test_run_preemption import job, rank_pids, start, wait_for_step
+from test_run_preemption import _rank_of, job, rank_pids, start, wait_for_step
 
 from zerotrain.cli import main
 
@@ -109,7 +109,7 @@ def test_an_exception_text_with_brackets_prints_verbatim_without_a_traceback(tmp
 def test_a_rank_killed_mid_run_is_named_first_and_its_peer_says_why_it_stopped(tmp_path: Path) -> None:
     proc = start(tmp_path, job(tmp_path), tmp_path / "ckpt")
     wait_for_step(proc, 3)
-    victim = next(p for p in rank_pids(proc.pid) if b"RANK=1\0" in Path(f"/proc/{p}/environ").read_bytes())
+    victim = next(p for p in rank_pids(proc.pid) if _rank_of(p) == 1)
     os.kill(victim, signal.SIGKILL)  # as the OOM killer would
     killed_at = time.monotonic()
     output, _ = proc.communicate(timeout=budget(60))

@@ -116,11 +116,14 @@ def rank_pids(pid: int) -> list[int]:
 
 
 def _rank_of(pid: int) -> int:
+    """A rank process's RANK: in its environment when spawned, in its title (`RANK=N`) when forked from the
+    launcher's server (whose /proc environ it shares)."""
     try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        found = Path(f"/proc/{pid}/cmdline").read_bytes() + b"\0" + Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:  # gone meanwhile: last
         return 1 << 30
-    return next((int(v[5:]) for v in environ if v.startswith(b"RANK=")), 1 << 30)
+    words = found.replace(b"\0", b" ").split()
+    return next((int(v[5:]) for v in words if v.startswith(b"RANK=") and v[5:].isdigit()), 1 << 30)
 
 
 def masters(checkpoint: Path) -> dict[str, torch.Tensor]:

@@ -242,6 +242,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     job, nproc = effective_job(args.manifest, args.nproc, args.steps, args.no_metrics, args.checkpoint_dir)
+    if rt.forks(job.spec):  # the ranks' fork server imports torch and the entry point while this process checks
+        rt.start_rank_server(rt.rank_preload(job.spec))
     note = steps_note(load_job(args.manifest).spec.training.steps, job) if args.steps is not None else None
     job, choice = local_stage(job, nproc)
     admit_locally(args.manifest, job, nproc)
