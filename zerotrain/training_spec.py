@@ -156,7 +156,7 @@ class StragglerSpec(SpecModel):
     (and the excess at least 5% of the median step)."""
     window_steps: int = Field(default=10, ge=2, le=10_000)
     """Steps in each comparison (each rank's median step); a rank is named once two windows in a row find it slow,
-    and cleared by the first that does not."""
+    and cleared once two windows in a row do not."""
 
 
 class FailurePolicy(SpecModel):

@@ -90,5 +90,7 @@ def summary_record(
         "evaluations": [{"step": e.step, "loss": e.loss} for e in result.evaluations],
         # From the launcher's start to now: starting, training, evaluating, checkpointing (zerotrain.goodput).
         "goodput": result.goodput.model_dump() if result.goodput is not None else None,
+        # Every rank named a straggler: rank, cause, the steps it was named after and cleared after.
+        "stragglers": result.stragglers,
         "ranks": ranks,
     }

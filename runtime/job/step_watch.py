@@ -47,6 +47,11 @@ class StepWatch:
         self.named: list[Straggler] | None = None
         """The last verdict: the ranks named at the end of the last window (empty: the gang keeps pace; None:
         no window ended yet, so the first verdict is always reported and clears one a previous gang left)."""
+        self.history: list[dict[str, object]] = []
+        """Every rank named in this run: rank, cause, the step it was named after and the step it was cleared
+        after (the last step when it never was), as the summary records them."""
+        self._open: dict[tuple[int, str], dict[str, object]] = {}
+        self.last_step: int | None = None
 
     def begin(self) -> None:
         self.time.begin()
@@ -70,7 +75,22 @@ class StepWatch:
             self.named = verdict
             self.metrics.observe_stragglers(verdict)
             self.log.stragglers(step, verdict)
+            self._record(step, verdict)
+        self.last_step = step
         return split
+
+    def _record(self, step: int, named: list[Straggler]) -> None:
+        now = set(_key(named))
+        for key in [k for k in self._open if k not in now]:
+            self._open.pop(key)["to_step"] = step
+        for rank, cause in now - set(self._open):
+            entry: dict[str, object] = {"rank": rank, "cause": cause, "from_step": step, "to_step": None}
+            self._open[(rank, cause)] = entry
+            self.history.append(entry)
+
+    def stragglers(self) -> list[dict[str, object]]:
+        """`history`, the ranks still named counted to the last step."""
+        return [{**e, "to_step": e["to_step"] if e["to_step"] is not None else self.last_step} for e in self.history]
 
 
 def _key(named: list[Straggler]) -> list[tuple[int, str]]:

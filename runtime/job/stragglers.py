@@ -17,7 +17,7 @@ and a rank 1.5× slower would stand only 1.2× above it. The floor keeps noise i
 data wait of microseconds that doubles) from naming anyone. A rank slow on both counts is named with the cause that
 costs the gang more. A rank is named once the rule has held for it in two windows in a row (on a shared host a
 neighbour can slow one rank for one window: `make demo` beside a compile named rank 0 1.35x slow for a window and
-not the next); a window in which it does not hold clears it.
+not the next), and cleared once it has not held in two windows in a row.
 """
 
 from __future__ import annotations
@@ -103,14 +103,23 @@ def find_stragglers(table: list[RankWindow], threshold: float, window: int) -> l
     return found
 
 
+CLEAR_AFTER = 2
+"""Windows in a row within the threshold that clear a named rank (as two in a row beyond it name one)."""
+
+
 class StragglerWatch:
-    """Sums one rank's splits over the window and, at its end, exchanges them with every rank and judges."""
+    """Sums one rank's splits over the window and, at its end, exchanges them with every rank and judges: a rank is
+    named once the rule has held for it two windows in a row, and cleared once it has not held two windows in a row
+    (a window that clears alone is the moment, not the rank: on a shared host one window of a slowed rank can look
+    healthy, as one of a healthy rank can look slow)."""
 
     def __init__(self, comm: Comm, device: torch.device, threshold: float, window: int) -> None:
         self.comm, self.device, self.threshold, self.window = comm, device, threshold, window
         self._steps: list[tuple[float, float, float]] = []
         self._held: set[tuple[int, StragglerCause]] = set()
         """(rank, cause) the rule held for in the last window."""
+        self._named: dict[tuple[int, StragglerCause], Straggler] = {}
+        self._misses: dict[tuple[int, StragglerCause], int] = {}
 
     def observe(self, split: StepSplit) -> list[Straggler] | None:
         """Add a step; at the window's end (a collective on every rank) the stragglers, else None."""
@@ -123,7 +132,17 @@ class StragglerWatch:
         self.comm.all_reduce(table, "<stragglers>", label="stragglers")
         rows = [RankWindow(*map(float, row)) for row in table.tolist()]
         steps, self._steps = len(self._steps), []
-        found = find_stragglers(rows, self.threshold, steps)
-        twice = [s for s in found if (s.rank, s.cause) in self._held]
-        self._held = {(s.rank, s.cause) for s in found}
-        return twice
+        return self.judge(find_stragglers(rows, self.threshold, steps))
+
+    def judge(self, found: list[Straggler]) -> list[Straggler]:
+        """The ranks named after this window's findings (see the class), in rank order."""
+        now = {(s.rank, s.cause): s for s in found}
+        for key, straggler in now.items():
+            if key in self._named or key in self._held:  # named, or held two windows in a row: named now
+                self._named[key], self._misses[key] = straggler, 0
+        for key in [k for k in self._named if k not in now]:
+            self._misses[key] = self._misses.get(key, 0) + 1
+            if self._misses[key] >= CLEAR_AFTER:
+                del self._named[key], self._misses[key]
+        self._held = set(now)
+        return sorted(self._named.values(), key=lambda s: (s.rank, s.cause.value))

@@ -122,6 +122,8 @@ class TrainResult:
     """Seconds of the loop up to the latest step, evaluations left out: what the throughput is over."""
     goodput: GoodputSeconds | None = None
     """The run's time from its launcher's start by goodput bucket, read when its summary is written."""
+    stragglers: list[dict[str, object]] = field(default_factory=list)
+    """Every rank named a straggler: rank, cause, from step, to step (`StepWatch.stragglers`)."""
 
 
 @dataclass
@@ -339,6 +341,7 @@ def _train(trainer: Trainer, built: Built) -> TrainResult:
     trainer.metrics.phase(RankPhase.FINISHED)
     ranks = gather_reports(trainer.engine, trainer.ctx, trainer.device)
     result.goodput = trainer.watch.time.split()
+    result.stragglers = trainer.watch.stragglers()
     if ranks is not None:
         record = json.dumps(summary_record(trainer.spec, trainer.ctx, result, ranks))
         path = os.environ.get(SUMMARY_ENV)
