@@ -81,3 +81,31 @@ def test_a_prometheus_that_does_not_answer_says_so(capsys: pytest.CaptureFixture
     assert main(["top", "llm", "--prometheus", url]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert f"--prometheus: {url} does not answer" in err, err
+
+
+def test_a_run_is_found_from_the_directory_it_was_started_in_never_another_s(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+    import os
+
+    from zerotrain.errors import UserError
+    from zerotrain.monitoring.top_sources import RUN_RECORD, find_local_run
+
+    monkeypatch.setattr("zerotrain.monitoring.top_sources.log_root", lambda: tmp_path / "logs")
+    mine, theirs = tmp_path / "mine", tmp_path / "theirs"
+    for started_in, port in ((theirs, 9001), (mine, 9002), (theirs, 9003)):
+        started_in.mkdir(exist_ok=True)
+        monkeypatch.chdir(started_in)
+        d = default_log_dir("quickstart", tmp_path / "logs")
+        record = {"job": "quickstart", "pid": os.getpid(), "cwd": str(started_in), "targets": [f"127.0.0.1:{port}"]}
+        (d / RUN_RECORD).write_text(json.dumps(record))
+        os.utime(d, (port, port))  # started in this order
+    monkeypatch.chdir(mine)
+    assert find_local_run("quickstart").targets == ["127.0.0.1:9002"]  # not the newer one started elsewhere
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError) as refused:
+        find_local_run("quickstart")
+    said = str(refused.value)
+    assert f"no local run started from this directory ({tmp_path})" in said and "--log-dir" in said, said
+    assert said.count("started from") == 4, said  # the three runs, each with where it was started

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ import yaml
 from budget import budget
 
 from zerotrain.cli import main
-from zerotrain.commands.run import default_log_dir, effective_job
+from zerotrain.commands.run import RUN_FILE, default_log_dir, effective_job
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"
@@ -149,12 +150,22 @@ def test_no_metrics_reaches_the_ranks_spec() -> None:
     assert effective_job(str(QUICKSTART), None, None)[0].spec.metrics.enabled is True
 
 
-def test_log_directories_share_one_parent_and_the_oldest_go(tmp_path: Path) -> None:
+def test_log_directories_share_one_parent_and_only_runs_ended_an_hour_ago_go(tmp_path: Path) -> None:
     made = []
     for i in range(5):
-        made.append(default_log_dir(f"job{i}", root=tmp_path, keep=3))
+        made.append(default_log_dir(f"job{i}", root=tmp_path, keep=2))
         os.utime(made[-1], (1000 + i, 1000 + i))  # distinct ages within one second
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in made[-3:])
+        record = made[-1] / RUN_FILE
+        ran = json.loads(record.read_text())
+        if i == 0:  # still running: this process
+            continue
+        ago = 2 * 3600 if i < 3 else 12 * 60  # runs 1 and 2 ended two hours ago, 3 and 4 twelve minutes ago
+        record.write_text(json.dumps({**ran, "ended": time.time() - ago}))
+    default_log_dir("job5", root=tmp_path, keep=2)
+    left = {p.name.split("-")[0] for p in tmp_path.iterdir()}
+    # Beyond the newest two, only the runs that ended more than an hour ago went: the running one and the two
+    # that ended twelve minutes ago stay however old their directories look.
+    assert left == {"job0", "job3", "job4", "job5"}, left
 
 
 @pytest.mark.slow

@@ -79,7 +79,8 @@ def test_a_rank_slowed_one_and_a_half_times_is_named_with_its_cause_within_twent
     # The summary keeps who was named for what, from which step's window to which.
     named = summary["stragglers"]
     assert {"rank": 1, "cause": cause, "from_step": int(first)} in [
-        {k: v for k, v in entry.items() if k != "to_step"} for entry in named  # type: ignore[union-attr]
+        {k: v for k, v in entry.items() if k != "to_step"}
+        for entry in named  # type: ignore[union-attr]
     ], named
     assert all(int(e["to_step"]) >= int(e["from_step"]) for e in named), named  # type: ignore[index]
 

@@ -14,6 +14,7 @@ rank's own status otherwise (2: a configuration error).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -32,11 +33,16 @@ from zerotrain.commands.run_metrics import PortWatch, first_metrics_port, metric
 from zerotrain.commands.run_report import local_outcome, render_outcome, render_summary, throughput
 from zerotrain.errors import EXIT_BAD_INPUT, UserError
 from zerotrain.local_paths import load_job
+from zerotrain.monitoring import top_sources
 from zerotrain.plan.stage_choice import StageChoice, local_rank_memory, pod_memory_share, resolve_stage
 from zerotrain.pod_contract import INVALID_CONFIG_OUTCOME
 from zerotrain.spec import LrDecay, ZeroTrainingJob
 
 KEEP_LOG_DIRS = 20
+KEEP_ENDED_S = 3600
+"""A run's logs are kept at least this long after it ended, however many newer runs there are."""
+RUN_FILE = "run.json"
+"""A run's record in its log directory: which job, which process, started from where, and when it ended."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -74,7 +80,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--log-dir",
         default=None,
         help="keep each rank's stdout, stderr and traceback under this directory (default: a new directory under "
-        f"$TMPDIR/zerotrain-logs-UID/, printed at the start; the newest {KEEP_LOG_DIRS} there are kept)",
+        f"$TMPDIR/zerotrain-logs-UID/, printed at the start; the newest {KEEP_LOG_DIRS} there are kept, and any run "
+        "until an hour after it ended)",
     )
     p.add_argument(
         "--debug",
@@ -221,15 +228,42 @@ class ProgressTail(threading.Thread):
 
 
 def default_log_dir(name: str, root: Path | None = None, keep: int = KEEP_LOG_DIRS) -> Path:
-    """A new directory for this run's logs under one parent per user, the oldest beyond `keep` removed."""
+    """A new directory for this run's logs under one parent per user, with a record of the run (`RUN_FILE`: the
+    job, this process, the directory it was started from); of the runs beyond the newest `keep`, those that ended
+    more than an hour ago are removed, never one still running or just ended (someone may be reading it)."""
     root = root or Path(tempfile.gettempdir(), f"zerotrain-logs-{os.getuid()}")
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
     path = Path(tempfile.mkdtemp(prefix=f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-", dir=root))
+    record = {"job": name, "pid": os.getpid(), "cwd": os.getcwd(), "started": time.time()}
+    (path / RUN_FILE).write_text(json.dumps(record) + "\n")
     runs = sorted((d for d in root.iterdir() if d.is_dir()), key=lambda d: d.stat().st_mtime)
     for old in runs[: max(0, len(runs) - keep)]:
-        if old != path:
+        if old != path and ended_long_ago(old):
             shutil.rmtree(old, ignore_errors=True)
     return path
+
+
+def ended_long_ago(run: Path, now: float | None = None) -> bool:
+    """Whether a run's directory may go: its run ended (or its process is gone) more than KEEP_ENDED_S ago."""
+    now = time.time() if now is None else now
+    record = run / RUN_FILE
+    got: dict[str, Any] = {}
+    if record.is_file():
+        with contextlib.suppress(ValueError, OSError):
+            got = json.loads(record.read_text())
+    ended = got.get("ended")
+    if ended is None and got.get("pid") is not None and top_sources.alive(int(got["pid"])):
+        return False  # still running
+    last = float(ended) if ended is not None else run.stat().st_mtime
+    return now - last > KEEP_ENDED_S
+
+
+def mark_ended(log_dir: Path) -> None:
+    """Record in the run's directory that it ended, and when (pruning keeps it an hour from now)."""
+    record = log_dir / RUN_FILE
+    if record.is_file():
+        with contextlib.suppress(ValueError, OSError):
+            record.write_text(json.dumps({**json.loads(record.read_text()), "ended": time.time()}) + "\n")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -287,8 +321,11 @@ def _run(args: argparse.Namespace) -> int:
         if first_port is not None and not rt.is_script(job.spec.entrypoint):
             local_env |= metrics_env(first_port, Path(tmp, "metrics"))
             watch = PortWatch(Path(tmp, "metrics"), nproc, name, args.prometheus_config, console, log_dir)
-        with rt.scoped_environ(local_env):
-            outcome, stopped = _train_with_progress(job, config, nproc, progress_file, console, log_dir, watch)
+        try:
+            with rt.scoped_environ(local_env):
+                outcome, stopped = _train_with_progress(job, config, nproc, progress_file, console, log_dir, watch)
+        finally:
+            mark_ended(log_dir)
         summary = json.loads(summary_file.read_text()) if summary_file.exists() else None
     if summary is not None:
         render_summary(summary, console)

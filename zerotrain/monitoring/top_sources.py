@@ -12,6 +12,7 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -61,12 +62,14 @@ class LocalRun:
 
 
 def write_run_record(log_dir: Path, job: str, targets: list[str]) -> None:
-    """What `zerotrain run` leaves for `zerotrain top` once every rank serves."""
-    record = {"job": job, "pid": os.getpid(), "targets": targets}
+    """What `zerotrain run` leaves for `zerotrain top` once every rank serves: the job, the run's process, the
+    directory it was started from and the ranks' endpoints."""
+    record = {"job": job, "pid": os.getpid(), "cwd": os.getcwd(), "targets": targets}
     (log_dir / RUN_RECORD).write_text(json.dumps(record) + "\n")
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process `pid` exists (one this user cannot signal counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -77,16 +80,29 @@ def _alive(pid: int) -> bool:
 
 
 def find_local_run(job: str, where: Path | None = None) -> LocalRun:
-    """The newest running local run of `job`: in log directory `where`, or among the runs under `where` (default:
-    every run's). UserError when there is none, or when it serves no metrics."""
+    """The newest running local run of `job`: in log directory `where`; else among the runs under the log root, the
+    newest started from this working directory. UserError when there is none, when it serves no metrics, or when
+    the job's runs were all started from elsewhere (naming them: another shell's, or another user's, run is never
+    watched without --log-dir)."""
     root = where or log_root()
     dirs = [root] if (root / RUN_RECORD).is_file() else sorted(root.glob(f"{job}-*"), key=lambda d: d.stat().st_mtime)
+    running: list[tuple[Path, dict[str, Any]]] = []
     for d in reversed(dirs):
         record = d / RUN_RECORD
         if record.is_file():
             got = json.loads(record.read_text())
-            if got.get("job") == job and _alive(int(got["pid"])):
-                return LocalRun(job, int(got["pid"]), [str(t) for t in got["targets"]], d)
+            if got.get("job") == job and alive(int(got["pid"])):
+                running.append((d, got))
+    here = os.getcwd()
+    for d, got in running:
+        if where is not None or got.get("cwd") == here:
+            return LocalRun(job, int(got["pid"]), [str(t) for t in got["targets"]], d)
+    if running:
+        found = "; ".join(f"{d} (started from {got.get('cwd')}, pid {got.get('pid')})" for d, got in running)
+        raise UserError(
+            f"job {job!r} has no local run started from this directory ({here}), only: {found}; watch one with "
+            "`zerotrain top JOB --log-dir DIR`"
+        )
     if not dirs:
         raise UserError(
             f"no local run of job {job!r} under {root}: start one with `zerotrain run` (the job's metadata.name), "
