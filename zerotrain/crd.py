@@ -35,6 +35,13 @@ PRINTER_COLUMNS = [
         "description": "the gang's world size in force (an elastic job's moves between its bounds)",
     },
     {"name": "Step", "type": "integer", "jsonPath": ".status.step"},
+    {"name": "Done", "type": "number", "jsonPath": ".status.progress.percent", "description": "steps done, per cent"},
+    {
+        "name": "ETA",
+        "type": "string",
+        "jsonPath": ".status.progress.eta",
+        "description": "training time left at the goodput ledger's training rate",
+    },
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts.total"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]

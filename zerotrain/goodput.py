@@ -244,3 +244,44 @@ def _view(ledger: GoodputStatus, seconds: GoodputSeconds, at: datetime, current:
             "current": current,
         }
     )
+
+
+class JobProgress(SpecModel):
+    """How far the job is and when it will finish (status.progress), from the ledger's training rate: the seconds
+    of steps kept, so time queued, starting, restarting, evaluating, checkpointing or lost to failures does not slow
+    the rate (the estimate assumes none of them ahead)."""
+
+    percent: float = Field(ge=0, le=100)
+    """Steps done of spec.training.steps, in per cent."""
+    steps_per_second: float | None = Field(default=None, ge=0)
+    """Steps kept per second of training; null before the first step."""
+    eta_seconds: float | None = Field(default=None, ge=0)
+    """Training seconds left at that rate; null before the first step, 0 once every step ran."""
+    eta: str | None = None
+    """eta_seconds for a person (`kubectl get ztj`'s ETA column): 45s, 12m, 3h20m, 2d4h."""
+
+
+def progress(step: int | None, steps: int, training_seconds: float) -> JobProgress:
+    """The job's progress at `step` of `steps` after `training_seconds` of kept steps."""
+    done = max(0, min(step or 0, steps))
+    rate = done / training_seconds if done and training_seconds > 0 else None
+    left = None if rate is None else (steps - done) / rate
+    return JobProgress(
+        percent=round(100.0 * done / steps, 1) if steps else 100.0,
+        steps_per_second=None if rate is None else round(rate, 6),
+        eta_seconds=None if left is None else round(left, 1),
+        eta=None if left is None else duration(left),
+    )
+
+
+def duration(seconds: float) -> str:
+    """A duration as kubectl shows ages: the two largest units."""
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    minutes, hours, days = s // 60, s // 3600, s // 86400
+    if hours == 0:
+        return f"{minutes}m"
+    if days == 0:
+        return f"{hours}h{minutes % 60}m" if minutes % 60 else f"{hours}h"
+    return f"{days}d{hours % 24}h" if hours % 24 else f"{days}d"

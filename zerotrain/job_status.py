@@ -8,7 +8,7 @@ from enum import Enum
 from pydantic import Field
 
 from zerotrain._model import SpecModel
-from zerotrain.goodput import GangClock, GoodputStatus
+from zerotrain.goodput import GangClock, GoodputStatus, JobProgress
 from zerotrain.plan.model_states import MemoryPlan
 from zerotrain.zero_config import Stage
 
@@ -174,6 +174,8 @@ class ZeroTrainingJobStatus(SpecModel):
     goodput: GoodputStatus | None = None
     """Where the job's wall time went: pending, starting, training, evaluating, checkpointing, lost and restarting
     (docs/monitoring.md); kept by the operator across gang and operator restarts."""
+    progress: JobProgress | None = None
+    """Steps done in per cent and the time left at the ledger's training rate (restarts and queueing left out)."""
     memory_plan: MemoryPlan | None = None
     """Per-rank model-state memory by ZeRO stage for this job."""
     stage: Stage | None = None

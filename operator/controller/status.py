@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from zerotrain import goodput
 from zerotrain.job_status import Phase, RankCounts, Resize, ZeroTrainingJobStatus
 from zerotrain.operator.controller import goodput_ledger, pass_facts, pod_start, resize
 from zerotrain.operator.controller.conditions import (
@@ -93,6 +94,9 @@ def compute_status(
     set_straggler(d.status, gang, spec.nproc_per_node, now)
     created = facts.created if facts is not None else None
     goodput_ledger.keep(previous, d.status, d.restart_cause, d.died, created, now)
+    ledger = d.status.goodput
+    if ledger is not None and d.status.step is not None:  # the step and the ledger run to the same report
+        d.status.progress = goodput.progress(d.status.step, spec.training.steps, ledger.seconds.training)
     if facts is not None:
         # A resize's next gang runs at the plan admission gave its size when the resize was decided.
         moved = pass_facts.Moved(d.resize_plan, d.resize.stage) if d.resize is not None else None

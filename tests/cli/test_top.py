@@ -49,6 +49,7 @@ def test_the_view_splits_the_time_since_the_last_refresh_and_fits_eighty_columns
     console.print(top_view.render(view))
     screen = console.export_text()
     assert "input 1.52×" in screen and "goodput 75.0% of 40.0 s" in screen, screen
+    assert "step 40/300  eta 3m" in screen, screen  # 260 steps left at 40 steps per 30 s of training
     assert max(len(line) for line in screen.splitlines()) <= 80, screen
 
 

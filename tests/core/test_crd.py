@@ -72,7 +72,7 @@ def test_names_columns_and_status_subresource() -> None:
     version = crd["spec"]["versions"][0]
     assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert columns == ["Phase", "Stage", "Ranks", "World", "Step", "Restarts", "Age"]
+    assert columns == ["Phase", "Stage", "Ranks", "World", "Step", "Done", "ETA", "Restarts", "Age"]
 
 
 def cel_rules() -> list[tuple[str, str, str]]:

@@ -93,3 +93,14 @@ def test_the_ledger_survives_the_wire() -> None:
     again = GoodputStatus.model_validate(closed.to_wire())
     assert again == closed
     assert goodput.account(again, clock(50, 58, 70)) == goodput.account(closed, clock(50, 58, 70))
+
+
+def test_progress_is_the_steps_done_and_the_time_left_at_the_training_rate() -> None:
+    from zerotrain.goodput import duration, progress
+
+    half = progress(150, 300, 75.0)  # 150 steps kept in 75 s of training: 2 steps/s
+    assert (half.percent, half.steps_per_second, half.eta_seconds, half.eta) == (50.0, 2.0, 75.0, "1m")
+    assert progress(None, 300, 0.0).eta is None and progress(0, 300, 10.0).percent == 0.0  # no step yet
+    assert progress(300, 300, 90.0).eta_seconds == 0.0 and progress(300, 300, 90.0).percent == 100.0
+    assert [duration(s) for s in (42, 720, 12_000, 3 * 86_400 + 7200)] == ["42s", "12m", "3h20m", "3d2h"]
+

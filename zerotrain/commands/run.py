@@ -32,6 +32,7 @@ from zerotrain.commands import runtime_calls as rt
 from zerotrain.commands.run_metrics import PortWatch, first_metrics_port, metrics_env
 from zerotrain.commands.run_report import local_outcome, render_outcome, render_summary, throughput
 from zerotrain.errors import EXIT_BAD_INPUT, UserError
+from zerotrain.goodput import progress
 from zerotrain.local_paths import load_job
 from zerotrain.monitoring import top_sources
 from zerotrain.plan.stage_choice import StageChoice, local_rank_memory, pod_memory_share, resolve_stage
@@ -178,6 +179,8 @@ class ProgressTail(threading.Thread):
         self.stop = threading.Event()
         self.stopped: dict[str, Any] | None = None
         self.straggling = False
+        self.resumed = 0
+        """The step the run resumed after (0: from the start)."""
         self._offset = 0
         self._partial = ""
 
@@ -202,6 +205,7 @@ class ProgressTail(threading.Thread):
         elif "resumed" in rec:
             say(Text(f"resumed from {rec['resumed']} at step {rec['resumed_step']}"), soft_wrap=True)
             self.progress.update(self.task, completed=rec["resumed_step"])
+            self.resumed = int(rec["resumed_step"])
         elif "eval_loss" in rec:
             say(Text(f"evaluation after step {rec['eval_step']}: loss {rec['eval_loss']:.4f} ({rec['eval_s']:.1f} s)"))
         elif "stragglers" in rec:
@@ -216,10 +220,16 @@ class ProgressTail(threading.Thread):
         else:
             loss, lr = f"{rec['loss']:.4f}", f"{rec['lr']:.3g}" if "lr" in rec else "-"
             tps = throughput(rec)
-            self.progress.update(self.task, completed=rec["step"], total=rec["steps"], loss=loss, lr=lr, tps=tps)
+            # The time left at this run's training rate (evaluation left out), as status.progress has it.
+            ran = rec["step"] - self.resumed
+            eta = progress(ran, rec["steps"] - self.resumed, float(rec.get("elapsed_s") or 0.0)).eta or "-"
+            self.progress.update(
+                self.task, completed=rec["step"], total=rec["steps"], loss=loss, lr=lr, tps=tps, eta=eta
+            )
             if not self.progress.console.is_terminal:  # the bar draws only on a terminal: a log gets lines
                 elapsed = f", {rec['elapsed_s']:.1f} s" if "elapsed_s" in rec else ""
-                say(Text(f"step {rec['step']}/{rec['steps']}: loss {loss}, lr {lr}, {tps}{elapsed}"), soft_wrap=True)
+                said = f"step {rec['step']}/{rec['steps']}: loss {loss}, lr {lr}, {tps}{elapsed}, eta {eta}"
+                say(Text(said), soft_wrap=True)
 
     def run(self) -> None:
         while not self.stop.wait(0.2):
@@ -375,9 +385,10 @@ def _train_with_progress(
         TextColumn("lr {task.fields[lr]}", markup=False),
         TextColumn("{task.fields[tps]}", markup=False),
         TimeElapsedColumn(),
+        TextColumn("eta {task.fields[eta]}", markup=False),
     )
     with Progress(*columns, console=console, transient=False) as progress:
-        task = progress.add_task("train", total=job.spec.training.steps, loss="-", lr="-", tps="-")
+        task = progress.add_task("train", total=job.spec.training.steps, loss="-", lr="-", tps="-", eta="-")
         tail = ProgressTail(progress_file, progress, task)
         followers: list[ProgressTail | PortWatch] = [tail, *([watch] if watch else [])]
         for follower in followers:

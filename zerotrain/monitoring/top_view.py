@@ -12,7 +12,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from zerotrain.goodput import Bucket, GoodputSeconds, summary_line
+from zerotrain.goodput import Bucket, GoodputSeconds, progress, summary_line
 from zerotrain.monitoring.top_sources import Sample
 from zerotrain.plan.model_states import format_bytes
 
@@ -143,6 +143,9 @@ def _share(split: dict[str, float], key: str) -> str:
 def render(view: TopView, note: str = "") -> RenderableType:
     """The screen: a header, a table of ranks (within 80 columns), the goodput, and how to leave."""
     step = f"step {view.step}/{view.steps}" if view.step is not None and view.steps else "no step yet"
+    if view.step is not None and view.steps and view.goodput is not None:
+        eta = progress(view.step, view.steps, view.goodput.training).eta  # at the ledger's training rate
+        step += f"  eta {eta}" if eta is not None else ""
     header = Text.assemble((view.job, "bold"), f"  {step}  {len(view.ranks)} rank(s)  {view.source}")
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
     for name in ("rank", "memory", "plan", "data", "comp", "wait", "rest", "tok/s", "straggler"):

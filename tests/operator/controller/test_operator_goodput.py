@@ -77,3 +77,27 @@ def test_a_preempted_gang_loses_nothing() -> None:
     g = st.goodput
     assert g is not None and st.restarts.by_cause == {"Preempted": 1}
     assert (g.seconds.training, g.seconds.lost, g.seconds.restarting) == (23, 0, 0)
+
+
+def test_the_progress_runs_at_the_ledgers_training_rate_and_a_restart_does_not_slow_it() -> None:
+    spec = parse_spec({"image": "i", "entrypoint": "m:f", "replicas": 2, "training": {"steps": 200}})
+
+    def pass_(previous: ZeroTrainingJobStatus | None, pods: list[ObservedPod], now: float) -> ZeroTrainingJobStatus:
+        st = compute_status(spec, pods, previous, at(now), Backoff(base_seconds=0), facts=FACTS).status
+        return ZeroTrainingJobStatus.model_validate(st.to_wire())
+
+    st = pass_(None, [pod(0), pod(1)], 1)
+    assert st.progress is None  # no step reported yet
+    first = GangClock(process_start=at(5), first_step=at(10), reported_at=at(50), uncommitted_seconds=10)
+    st = pass_(reported(st, first).model_copy(update={"step": 40}), [pod(0), pod(1)], 51)
+    assert st.progress is not None and (st.progress.percent, st.progress.steps_per_second) == (20.0, 1.0)
+    assert (st.progress.eta_seconds, st.progress.eta) == (160.0, "2m")
+    # A failure at 60 s, 30 s of restarting, the new gang back at the checkpoint (step 30) and then step 60.
+    failed = [pod(0), pod(1, phase=PodPhase.FAILED, exit_code=1, finished=at(60))]
+    st = pass_(st, failed, 60)
+    second = GangClock(process_start=at(80), first_step=at(90), reported_at=at(120))
+    st = pass_(reported(st, second).model_copy(update={"step": 60}), [pod(0, gang=1), pod(1, gang=1)], 121)
+    assert st.progress is not None and st.goodput is not None
+    # 60 steps kept in 30 + 30 s of training: the restart and the lost steps do not lower the rate.
+    assert st.goodput.seconds.training == 60 and st.progress.steps_per_second == 1.0
+    assert st.progress.eta_seconds == 140.0
