@@ -2,7 +2,9 @@
 
 Reads the job manifest and the pod environment (see `zerotrain.runtime.job.launch` for the variables, the meaning
 of WORLD_SIZE and the exit statuses), starts this pod's ranks through torch's elastic launcher and exits with
-their status. Each rank's stderr is also captured in a temporary folder for the launch (still shown in the pod's
+their status. Under restartStrategy InPlace a failed round does not end the pod: the launcher reports it on its pod
+and starts the ranks again when the operator says the gang's next round may start (`runtime.job.pod_rounds`).
+Each rank's stderr is also captured in a temporary folder for the launch (still shown in the pod's
 log, `[rankN]:`-prefixed; stdout, the long part, is not kept): a rank killed or aborted leaves no error file, and its
 stderr is what tells NCCL's watchdog abort (a consequence) from a crash.
 """
@@ -13,12 +15,21 @@ import argparse
 import os
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from zerotrain.errors import EXIT_BAD_INPUT, UserError
 from zerotrain.hf_config import local_files
+from zerotrain.pod_contract import ROUND_STARTED_ENV
 from zerotrain.runtime.job import rank_fork
+
+if TYPE_CHECKING:  # torch: imported once the fork server is on its way
+    from zerotrain.runtime.job.launch import LaunchOutcome, LaunchPlan
+    from zerotrain.runtime.job.pod_rounds import PodRounds
+    from zerotrain.spec import ZeroTrainingJobSpec
 
 DEFAULT_CONFIG = "/etc/zerotrain/job.yaml"
 
@@ -42,21 +53,63 @@ def _main(args: argparse.Namespace) -> int:
             rank_fork.start_server(rank_fork.preload_for(job.spec))
     except UserError as e:
         return _refused(e)
-    from zerotrain.runtime.job.launch import launch, plan_from_env, preflight, write_termination_log  # torch
+    from zerotrain.runtime.job.launch import plan_from_env, preflight, write_termination_log  # torch
 
     try:
         plan = plan_from_env(os.environ, job.spec)
         preflight(job.spec)
     except UserError as e:
         return _refused(e)
-    run_id = str(job.metadata.get("name") or "zerotrain")
+    name = str(job.metadata.get("name") or "zerotrain")
+    from zerotrain.runtime.job.pod_rounds import for_pod
+
+    rounds = for_pod(job.spec)
+    if rounds is None:
+        outcome = _launch(job.spec, args.config, plan, name)
+    else:
+        outcome = _rounds(job.spec, args.config, plan, name, rounds)
+    write_termination_log(outcome)
+    return outcome.exit_code
+
+
+def _launch(
+    spec: ZeroTrainingJobSpec, config: str, plan: LaunchPlan, run_id: str, stop: threading.Event | None = None
+) -> LaunchOutcome:
+    """One launch of the pod's ranks (one round), its outcome said on stderr."""
+    from zerotrain.runtime.job.launch import launch
+
     with tempfile.TemporaryDirectory(prefix="zerotrain-logs-") as logs:
-        outcome = launch(job.spec, Path(args.config), plan, run_id=run_id, log_dir=Path(logs), capture_stdout=False)
+        outcome = launch(spec, Path(config), plan, run_id=run_id, log_dir=Path(logs), capture_stdout=False, stop=stop)
     print(f"zerotrain: node {plan.node_rank}: {outcome.reason.value}: {outcome.message}", file=sys.stderr, flush=True)
     for line in outcome.details:
         print(f"zerotrain: node {plan.node_rank}:   {line}", file=sys.stderr, flush=True)
-    write_termination_log(outcome)
-    return outcome.exit_code
+    return outcome
+
+
+def _rounds(spec: ZeroTrainingJobSpec, config: str, plan: LaunchPlan, name: str, rounds: PodRounds) -> LaunchOutcome:
+    """Rounds of the pod's ranks, one per gang it belongs to (an in-place restart keeps the pod): each ends with the
+    ranks (a failure, the operator's word to stop), is reported on the pod, and the next starts at the operator's
+    word; the last one's outcome is the pod's."""
+    from zerotrain.runtime.job.launch import termination_line
+    from zerotrain.runtime.job.pod_rounds import stays
+
+    number = rounds.first_round()
+    first = True
+    while True:
+        if not first:  # the ranks' clock starts with the round, not with this process (`gang_clock`)
+            os.environ[ROUND_STARTED_ENV] = repr(time.time())
+            print(f"zerotrain: node {plan.node_rank}: round {number}: starting the ranks again", file=sys.stderr)
+        outcome = _launch(spec, config, plan, f"{name}-{number}", rounds.stop_event(number))
+        if not stays(outcome):
+            rounds.close()
+            return outcome
+        rounds.report_end(number, outcome, termination_line(outcome))
+        print(f"zerotrain: node {plan.node_rank}: round {number} ended; waiting for the gang's next", file=sys.stderr)
+        following = rounds.next_round(number)
+        if following is None:
+            rounds.close()
+            return outcome
+        number, first = following, False
 
 
 def _refused(error: UserError) -> int:

@@ -40,7 +40,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """The longest files first (a stable sort, so each file's tests stay together and in order); pytest-timeout's
     limit per test, scaled by the suite's budget (tests/budget.py) like every wait inside it."""
     items.sort(key=_file_order)
-    _mark_long(items)
+    _mark_long(items, whole=not any("::" in str(a) for a in config.args))
     default = float(config.getini("timeout") or 0)
     for item in items:
         marker = item.get_closest_marker("timeout")
@@ -49,9 +49,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.timeout(budget(limit)), append=False)
 
 
-def _mark_long(items: list[pytest.Item]) -> None:
+def _mark_long(items: list[pytest.Item], whole: bool = True) -> None:
     """Marks the long tier's tests `long` (tests/long_tier.py); an entry whose file was collected but which names
-    none of its tests fails the run, so a renamed test cannot leave both tiers unseen."""
+    none of its tests fails the run, so a renamed test cannot leave both tiers unseen (`whole`: the files were
+    collected whole, not one test of them picked by its node id)."""
     files = {item.nodeid.split("::", 1)[0] for item in items}
     long = frozenset(LONG)
     found: set[str] = set()
@@ -60,5 +61,5 @@ def _mark_long(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.long)
             found.add(item.nodeid)
     stale = [entry for entry in LONG if entry.split("::", 1)[0] in files and entry not in found]
-    if stale:
+    if stale and whole:
         raise pytest.UsageError(f"tests/long_tier.py names tests that do not exist: {stale}; fix or remove them")

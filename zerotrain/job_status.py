@@ -10,6 +10,7 @@ from pydantic import Field
 from zerotrain._model import SpecModel
 from zerotrain.goodput import GangClock, GoodputStatus, JobProgress
 from zerotrain.plan.model_states import MemoryPlan
+from zerotrain.training_spec import RestartStrategy
 from zerotrain.zero_config import Stage
 
 
@@ -63,6 +64,11 @@ class Restarts(SpecModel):
     """Restarts counted against failurePolicy.backoffLimit."""
     by_cause: dict[str, int] = Field(default_factory=dict)
     """Restarts per cause (Failed, Evicted, Preempted, NodeLost...)."""
+    in_place: int = 0
+    """Restarts done in place: the pods still alive kept and their ranks started again; only gone pods recreated."""
+    strategy: RestartStrategy | None = None
+    """How the newest restart is done (InPlace, or Recreate where spec.failurePolicy asks for it or InPlace cannot
+    apply); null before the first."""
 
 
 class ResizeCause(str, Enum):

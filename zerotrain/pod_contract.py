@@ -19,6 +19,18 @@ NAMESPACE_ENV = "ZEROTRAIN_NAMESPACE"
 POD_NAME_ENV = "POD_NAME"  # from the downward API
 RENDEZVOUS_ENV = ("MASTER_ADDR", "MASTER_PORT", "NNODES", "NODE_RANK", "NPROC_PER_NODE", "WORLD_SIZE")
 
+# In-place restarts (spec.failurePolicy.restartStrategy InPlace): the operator and each pod's launcher talk through
+# the pod's own metadata. Its gang label (`zerotrain.dev/gang`) says which gang the pod belongs to: moved past the
+# round the launcher runs, the launcher stops its ranks. ROUND_ANNOTATION says which round the launcher may run (the
+# operator writes it: the pod's gang at creation, the next gang once every living pod stopped; ROUND_EXIT: end with
+# the last round's outcome). ROUND_END_ANNOTATION is the launcher's: JSON {round, exitCode, message, finishedAt}
+# once every rank of that round stopped, as a container's termination record says it.
+ROUND_ANNOTATION = "zerotrain.dev/round"
+ROUND_END_ANNOTATION = "zerotrain.dev/round-end"
+ROUND_EXIT = "exit"
+# When the launcher started the round (seconds since the epoch): the start of the ranks' clock (`gang_clock`).
+ROUND_STARTED_ENV = "ZEROTRAIN_ROUND_STARTED"
+
 # Read by the runtime when present (tests and the process kubelet set them; a pod has the defaults).
 TERMINATION_LOG_ENV = "ZEROTRAIN_TERMINATION_LOG"  # else Kubernetes' terminationMessagePath
 TERMINATION_LOG = "/dev/termination-log"

@@ -159,6 +159,18 @@ class StragglerSpec(SpecModel):
     and cleared once two windows in a row do not."""
 
 
+class RestartStrategy(str, Enum):
+    """How the gang restarts after a failure the job survives."""
+
+    IN_PLACE = "InPlace"
+    """Every pod still alive keeps running: its launcher stops its ranks, and the gang's ranks start again inside the
+    same pods (one rendezvous round more) from the newest committed checkpoint. Only pods that are gone are
+    recreated. Needs spec.checkpoint.claimName (a recreated pod must find the checkpoint); a restart that changes
+    the gang (stage auto moving on, a resize) or whose Kueue group lost a pod recreates every pod."""
+    RECREATE = "Recreate"
+    """Every pod of the gang is deleted and created again (scheduled, started and its image pulled anew)."""
+
+
 class FailurePolicy(SpecModel):
     """What a failed rank does to the job."""
 
@@ -179,3 +191,10 @@ class FailurePolicy(SpecModel):
     """Exit codes that fail the job at once (2: the runtime refused its configuration)."""
     retryable_exit_codes: list[int] = Field(default_factory=list, max_length=64)
     """If non-empty, only these codes restart the gang; any other non-zero code fails the job."""
+    restart_strategy: RestartStrategy = RestartStrategy.IN_PLACE
+    """How a restart is done: InPlace (the pods still alive keep running and start their ranks again) or
+    Recreate (every pod deleted and created again). InPlace falls back to Recreate where it cannot apply (no
+    checkpoint.claimName; stage auto moving on; a resize; a Kueue group that lost a pod)."""
+    rejoin_timeout_seconds: int = Field(default=120, ge=1)
+    """InPlace: seconds a living pod has, from the restart, to stop its ranks and report; one that has not is
+    deleted and recreated (the job's status names it)."""

@@ -28,7 +28,7 @@ COSCHEDULING_SCHEDULER = "scheduler-plugins-scheduler"
 VOLCANO_SCHEDULER = "volcano"
 COSCHEDULING_LABEL = "scheduling.x-k8s.io/pod-group"
 VOLCANO_ANNOTATION = "scheduling.k8s.io/group-name"
-CONFIG_VOLUME = "zerotrain-config"
+CONFIG_VOLUME = naming.CONFIG_VOLUME
 CHECKPOINT_VOLUME = "zerotrain-checkpoints"
 PRETRAINED_VOLUME = "zerotrain-pretrained"
 DATA_VOLUME = "zerotrain-data"
@@ -138,9 +138,10 @@ def _container(job: JobRef, spec: ZeroTrainingJobSpec, replica: int) -> Obj:
     return container
 
 
-def build_pod(job: JobRef, spec: ZeroTrainingJobSpec, replica: int, gang: int) -> Obj:
-    """Pod `replica` (NODE_RANK) of gang incarnation `gang`, on the job's pod template."""
-    return pod_template.merge(operator_pod(job, spec, replica, gang), spec.pod_template)
+def build_pod(job: JobRef, spec: ZeroTrainingJobSpec, replica: int, gang: int, config: str | None = None) -> Obj:
+    """Pod `replica` (NODE_RANK) of gang incarnation `gang`, on the job's pod template (mounting ConfigMap `config`,
+    by default the gang's own)."""
+    return pod_template.merge(operator_pod(job, spec, replica, gang, config), spec.pod_template)
 
 
 def _read_only_claims(spec: ZeroTrainingJobSpec) -> list[tuple[str, PretrainedSpec | DataSpec]]:
@@ -156,16 +157,19 @@ def _read_only_volumes(spec: ZeroTrainingJobSpec) -> list[Obj]:
     ]
 
 
-def operator_pod(job: JobRef, spec: ZeroTrainingJobSpec, replica: int, gang: int) -> Obj:
-    """What the operator itself puts in pod `replica` of gang `gang`: it runs nprocPerNode local ranks."""
+def operator_pod(job: JobRef, spec: ZeroTrainingJobSpec, replica: int, gang: int, config: str | None = None) -> Obj:
+    """What the operator itself puts in pod `replica` of gang `gang`: it runs nprocPerNode local ranks, from round
+    `gang` on (`pod_contract.ROUND_ANNOTATION`), reading ConfigMap `config` (the gang's own unless the pod joins
+    pods an in-place restart kept, whose config it shares)."""
     labels = {naming.LABEL_REPLICA: str(replica), naming.LABEL_GANG: str(gang)}
     if spec.scheduling.gang == GangMode.COSCHEDULING:
         labels[COSCHEDULING_LABEL] = naming.pod_group_name(job.name)
     if job.queue:
         labels |= kueue.pod_labels(job.queue, job.name, gang, job.priority_class)
     metadata = child_metadata(job, naming.pod_name(job.name, replica), labels)
+    metadata["annotations"] = {contract.ROUND_ANNOTATION: str(gang)}
     if spec.scheduling.gang == GangMode.VOLCANO:
-        metadata["annotations"] = {VOLCANO_ANNOTATION: naming.pod_group_name(job.name)}
+        metadata["annotations"][VOLCANO_ANNOTATION] = naming.pod_group_name(job.name)
     if job.queue:
         metadata["annotations"] = {**metadata.get("annotations", {}), **kueue.pod_annotations(spec.replicas)}
     checkpoint: Obj = (
@@ -180,7 +184,7 @@ def operator_pod(job: JobRef, spec: ZeroTrainingJobSpec, replica: int, gang: int
         "serviceAccountName": naming.service_account_name(job.name),
         "containers": [_container(job, spec, replica)],
         "volumes": [
-            {"name": CONFIG_VOLUME, "configMap": {"name": naming.config_map_name(job.name, gang)}},
+            {"name": CONFIG_VOLUME, "configMap": {"name": config or naming.config_map_name(job.name, gang)}},
             checkpoint,
             {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}},
             *_read_only_volumes(spec),
@@ -201,8 +205,8 @@ def operator_pod(job: JobRef, spec: ZeroTrainingJobSpec, replica: int, gang: int
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 
 
-def build_pods(job: JobRef, spec: ZeroTrainingJobSpec, gang: int) -> list[Obj]:
-    return [build_pod(job, spec, r, gang) for r in range(spec.replicas)]
+def build_pods(job: JobRef, spec: ZeroTrainingJobSpec, gang: int, config: str | None = None) -> list[Obj]:
+    return [build_pod(job, spec, r, gang, config) for r in range(spec.replicas)]
 
 
 def at_replicas(spec: ZeroTrainingJobSpec, replicas: int) -> ZeroTrainingJobSpec:
@@ -216,11 +220,13 @@ def at_replicas(spec: ZeroTrainingJobSpec, replicas: int) -> ZeroTrainingJobSpec
     return spec.model_copy(update={"replicas": replicas, "zero": zero})
 
 
-def build_gang(job: JobRef, spec: ZeroTrainingJobSpec, gang: int, replicas: int | None = None) -> list[Obj]:
+def build_gang(
+    job: JobRef, spec: ZeroTrainingJobSpec, gang: int, replicas: int | None = None, config: str | None = None
+) -> list[Obj]:
     """Gang `gang` of `replicas` pods (default spec.replicas): its config (the manifest's spec, so the ranks know
-    the layout they absorb) first, then its pods."""
+    the layout they absorb) first, then its pods (mounting ConfigMap `config` where it is not the gang's own)."""
     sized = at_replicas(spec, spec.replicas if replicas is None else replicas)
-    return [build_config_map(job, spec, gang), *build_pods(job, sized, gang)]
+    return [build_config_map(job, spec, gang), *build_pods(job, sized, gang, config)]
 
 
 PROBE_COMMAND = ["python", "-c", "import signal; signal.pause()"]

@@ -25,6 +25,8 @@ CONFIG_KEY = contract.CONFIG_KEY
 CONFIG_DIR = contract.CONFIG_DIR
 MASTER_PORT = contract.MASTER_PORT
 CONTAINER_NAME = "trainer"
+CONFIG_VOLUME = "zerotrain-config"
+"""The pod volume of its gang's ConfigMap (`config_map_name`), mounted at CONFIG_DIR."""
 
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _DNS_LABEL_MAX = 63

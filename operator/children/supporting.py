@@ -57,8 +57,11 @@ def build_config_map(job: JobRef, spec: ZeroTrainingJobSpec, gang: int) -> Obj:
 
 def build_rbac(job: JobRef, spec: ZeroTrainingJobSpec) -> list[Obj]:
     """ServiceAccount + Role + RoleBinding letting the job's pods (as the template's ServiceAccount, else the job's
-    own) patch only this job's status."""
+    own) patch only this job's status, and read, watch and annotate the job's rank pods (each launcher its own: the
+    in-place restart's word comes on its pod, and its round's end goes there)."""
     sa = naming.service_account_name(job.name)
+    most = spec.elastic.max_replicas if spec.elastic is not None else spec.replicas
+    pods = [naming.pod_name(job.name, r) for r in range(max(most, spec.replicas))]
     runs_as = pod_template.service_account(spec.pod_template, sa)
     role = naming.role_name(job.name)
     return [
@@ -73,7 +76,14 @@ def build_rbac(job: JobRef, spec: ZeroTrainingJobSpec) -> list[Obj]:
                     "resources": [f"{PLURAL}/status"],
                     "resourceNames": [job.name],
                     "verbs": ["patch"],
-                }
+                },
+                # A watch names its pod by fieldSelector metadata.name, which RBAC checks against resourceNames.
+                {
+                    "apiGroups": [""],
+                    "resources": ["pods"],
+                    "resourceNames": pods,
+                    "verbs": ["get", "list", "watch", "patch"],
+                },
             ],
         },
         {

@@ -36,8 +36,11 @@ API_CALLS: frozenset[ApiCall] = frozenset(
     # Never requested, but checked: OwnerReferencesPermissionEnforcement (OpenShift, hardened clusters) refuses a
     # child whose ownerReference sets blockOwnerDeletion unless its creator may update the owner's finalizers.
     | _calls(GROUP, f"{PLURAL}/finalizers", "update")
-    # The operator watches the jobs' pods (client.reflector) to reconcile on each change; it creates and deletes them.
-    | _calls("", "pods", "list", "watch", "create", "delete")
+    # The operator watches the jobs' pods (client.reflector) to reconcile on each change; it creates and deletes them,
+    # and patches an in-place restart's gang label and round annotation onto the pods it keeps. `get` is never
+    # requested: the jobs' Role grants it to their pods (each reads its own), and RBAC lets a Role grant only what its
+    # author holds.
+    | _calls("", "pods", "get", "list", "watch", "create", "delete", "patch")
     # Services, ServiceAccounts, Roles and RoleBindings are watched (list+watch, client.reflector) into its cache;
     # they and the PodGroups are written by server-side apply: a patch, which also needs create where it creates the
     # object (the API server authorizes that create separately).
@@ -47,8 +50,9 @@ API_CALLS: frozenset[ApiCall] = frozenset(
     | _calls(_RBAC, "rolebindings", "list", "watch", "create", "patch")
     | _calls(COSCHEDULING_GROUP, "podgroups", "create", "patch")
     | _calls(VOLCANO_GROUP, "podgroups", "create", "patch")
-    # One immutable ConfigMap per gang: created with the gang, the previous gang's deleted.
-    | _calls("", "configmaps", "create", "delete")
+    # One immutable ConfigMap per gang: created with the gang, the earlier gangs' listed and deleted (pods kept in
+    # place keep the one they mount).
+    | _calls("", "configmaps", "list", "create", "delete")
     # A job labelled kueue.x-k8s.io/queue-name: its LocalQueue must exist before a gang is created (children.kueue).
     | _calls("kueue.x-k8s.io", "localqueues", "get")
     # A gang Kueue holds: its Workload (named as its pod group) says what it waits for.

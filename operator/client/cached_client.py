@@ -71,6 +71,16 @@ class CachedClient:
         answer = self.kube.delete_pod(namespace, name)
         self.cache.deleted_pod(namespace, job, name, answer)
 
+    def patch_pod(self, namespace: str, name: str, patch: Obj) -> None:
+        """Merge-patch a pod's metadata; its answer goes into the cache (a pod gone meanwhile: nothing to do)."""
+        try:
+            stored = self.kube.patch_pod(namespace, name, patch)
+        except KubeError as e:
+            if e.status == 404:
+                return
+            raise
+        self.cache.put_pod(stored, handed_over=True)
+
     def refused(self, job: Key) -> None:
         """A write about the job was refused: what the cache holds of its children may be why, so the retry reads
         them from the server."""

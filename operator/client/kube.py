@@ -122,8 +122,17 @@ class Kube(Transport):
         """The server's answer: the pod, terminating, or a Status once it is gone ({} if it was already)."""
         return self._delete(path_of("v1", "pods", namespace, name))
 
+    def patch_pod(self, namespace: str, name: str, patch: Obj) -> Obj:
+        """Merge-patch a pod's metadata (an in-place restart's gang label and round annotation); the stored pod."""
+        return self.request("PATCH", path_of("v1", "pods", namespace, name), patch, "application/merge-patch+json")
+
     def delete_config_map(self, namespace: str, name: str) -> None:
         self._delete(path_of("v1", "configmaps", namespace, name))
+
+    def list_job_config_maps(self, namespace: str, job: str) -> list[Obj]:
+        """The job's ConfigMaps (one per gang still mounted by a pod, or not yet deleted)."""
+        listing = self._list(path_of("v1", "configmaps", namespace), {"labelSelector": f"{naming.LABEL_JOB}={job}"})
+        return [c for c in listing.items if (c.get("metadata", {}).get("labels") or {}).get(naming.LABEL_JOB) == job]
 
     def ensure(self, obj: Obj) -> bool:
         """Create `obj` unless it exists (never patched: for immutable objects); True if created."""

@@ -17,8 +17,10 @@ from zerotrain.operator.client.fair_pool import FairPool
 from zerotrain.operator.client.kube import Kube, KubeError, path_of
 from zerotrain.operator.controller.api_failure import ChildWriteError
 from zerotrain.operator.controller.conditions import ConditionType, Reason, is_true
+from zerotrain.operator.controller.observe import observe_pod
 from zerotrain.operator.controller.pass_facts import Acted
 from zerotrain.operator.controller.status import TERMINAL, Decision
+from zerotrain.pod_contract import ROUND_ANNOTATION, ROUND_EXIT
 from zerotrain.spec import ZeroTrainingJobSpec
 
 log = logging.getLogger(__name__)
@@ -60,12 +62,19 @@ class ChildWriter:
         for pod_name in d.delete_pods:
             with child_write("delete", {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod_name}}):
                 self.client.delete_pod(job.namespace, job.name, pod_name)
+        gang = d.status.restarts.total
+        # Moved first: a kept pod's launcher stops its ranks as soon as its gang label passes their round.
+        if d.move_pods:
+            self._on_pool(job, [self._patch_pod(job, n, labels={naming.LABEL_GANG: str(gang)}) for n in d.move_pods])
         created = None
         if d.create_gang:
-            gang_first, pods, created = self._gang_writes(job, spec, sized, d.status.restarts.total)
+            gang_first, pods, created = self._gang_writes(job, spec, sized, gang)
             first, then = first + gang_first, then + pods
         self._on_pool(job, first)
         self._on_pool(job, then)
+        rounds = [(n, str(gang)) for n in d.start_pods] + [(n, ROUND_EXIT) for n in d.exit_pods]
+        if rounds:
+            self._on_pool(job, [self._patch_pod(job, n, annotations={ROUND_ANNOTATION: r}) for n, r in rounds])
         if d.create_probes:
             gang = d.status.restarts.total
             existing = {p["metadata"]["name"] for p in self.client.pods(job.namespace, job.name)}
@@ -94,25 +103,25 @@ class ChildWriter:
         a new job's first pass is a round trip, and under a burst of jobs the slowest passes were the first ones."""
         present = self.client.pods(job.namespace, job.name)
         existing = {p["metadata"]["name"] for p in present}
-        # An earlier pass began this gang: its ConfigMap exists and the previous gang's is gone.
-        begun = any(
-            (p["metadata"].get("labels") or {}).get(naming.LABEL_GANG) == str(gang)
-            and naming.LABEL_PROBE not in (p["metadata"].get("labels") or {})
+        members = [
+            observe_pod(p)
             for p in present
-        )
-        config, *gang_pods = builders.build_gang(job, spec, gang, sized.replicas)
+            if (p["metadata"].get("labels") or {}).get(naming.LABEL_GANG) == str(gang)
+            and naming.LABEL_PROBE not in (p["metadata"].get("labels") or {})
+        ]
+        # Pods an in-place restart kept mount an earlier gang's config: the pods created beside them read the same.
+        inherited = next((p.config for p in members if p.config != naming.config_map_name(job.name, gang)), None)
+        config, *gang_pods = builders.build_gang(job, spec, gang, sized.replicas, inherited)
         first: list[Write] = []
-        if not begun:
+        # An earlier pass began this gang (its ConfigMap exists and the earlier ones are gone), or it has none.
+        if not members:
             first.append(Write("create", config, self.kube.ensure))  # once per gang; a retry keeps the first one
-            if gang > 0:  # the previous gang's pods are gone (a gang is created only then): so goes its config
-                old = {
-                    "apiVersion": "v1",
-                    "kind": "ConfigMap",
-                    "metadata": {"name": naming.config_map_name(job.name, gang - 1)},
-                }
-                first.append(
+            if gang > 0:  # the earlier gangs' pods are gone (a gang is created only then): so go their configs
+                first += [
                     Write("delete", old, lambda o: self.kube.delete_config_map(job.namespace, o["metadata"]["name"]))
-                )
+                    for old in self.kube.list_job_config_maps(job.namespace, job.name)
+                    if old["metadata"]["name"] != config["metadata"]["name"]
+                ]
         todo = [p for p in gang_pods if p["metadata"]["name"] not in existing]
         limit = self.max_pod_creates_per_pass
         done = len(gang_pods) - len(todo) + min(limit, len(todo))
@@ -148,6 +157,24 @@ class ChildWriter:
 
     def _create(self, pod: dict[str, Any]) -> Write:
         return Write("create", pod, self.client.create_pod)
+
+    def _patch_pod(
+        self,
+        job: builders.JobRef,
+        name: str,
+        labels: dict[str, str] | None = None,
+        annotations: dict[str, str] | None = None,
+    ) -> Write:
+        """A merge patch of a kept pod's gang label or round annotation (`pod_contract`'s in-place protocol)."""
+        md: dict[str, Any] = {"name": name, "namespace": job.namespace}
+        patch: dict[str, Any] = {
+            "metadata": {
+                **({"labels": labels} if labels else {}),
+                **({"annotations": annotations} if annotations else {}),
+            }
+        }
+        obj = {"apiVersion": "v1", "kind": "Pod", "metadata": md}
+        return Write("patch", obj, lambda o: self.client.patch_pod(job.namespace, name, patch))
 
     def _on_pool(self, job: builders.JobRef, writes: list[Write]) -> None:
         """Send `writes` on the operator's shared workers, this job's in turn with every other job's (a pool of its

@@ -34,6 +34,7 @@ class Reason:
     GANG_CREATED = "GangCreated"
     GANG_CREATING = "GangCreating"
     GANG_RESTARTING = "GangRestarting"
+    REJOIN_TIMEOUT = "RejoinTimeout"
     ALL_RANKS_RUNNING = "AllRanksRunning"
     RANK_FAILED = "RankFailed"
     GANG_RECOVERED = "GangRecovered"

@@ -8,7 +8,8 @@ from enum import Enum
 from typing import Any
 
 from zerotrain.operator.children import kueue, naming
-from zerotrain.pod_contract import INVALID_CONFIG_OUTCOME
+from zerotrain.pod_contract import INVALID_CONFIG_OUTCOME, ROUND_ANNOTATION, ROUND_END_ANNOTATION, ROUND_EXIT
+from zerotrain.pod_rounds import parse_round, parse_round_end
 
 
 class PodPhase(str, Enum):
@@ -99,6 +100,24 @@ class ObservedPod:
     """A capacity probe of an elastic job (its index, `naming.LABEL_PROBE`), not a rank pod."""
     node: str = ""
     """The node it was bound to (spec.nodeName), once scheduled."""
+    alive: bool = False
+    """Its container runs (phase Running, not terminating, no disruption under way): a pod an in-place restart
+    keeps. `phase` is what its ranks do: Pending while it waits for its next round, Failed (or Succeeded) once it
+    reported its round ended as a terminated container would."""
+    round: int | None = None
+    """The rendezvous round its launcher was told to run (`pod_contract.ROUND_ANNOTATION`); None for a pod of an
+    operator before in-place restarts."""
+    round_ended: int | None = None
+    """The newest round whose ranks its launcher reported stopped (`pod_contract.ROUND_END_ANNOTATION`)."""
+    exiting: bool = False
+    """Its launcher was told to end with its last round's outcome (`pod_contract.ROUND_EXIT`)."""
+    config: str = ""
+    """The ConfigMap it mounts as its job config (a pod kept in place keeps the one it was created with)."""
+
+    @property
+    def between_rounds(self) -> bool:
+        """Alive with no rank running: its launcher reported its round's end and waits for word."""
+        return self.alive and self.round is not None and self.round_ended == self.round
 
 
 def timestamp(value: Any) -> datetime | None:
@@ -168,15 +187,44 @@ def _waiting(status: dict[str, Any]) -> tuple[str, str]:
     return "", ""
 
 
+def _config(pod: dict[str, Any]) -> str:
+    volumes = (pod.get("spec") or {}).get("volumes") or []
+    found: dict[str, Any] = next((v for v in volumes if v.get("name") == naming.CONFIG_VOLUME), {})
+    return str((found.get("configMap") or {}).get("name") or "")
+
+
+def _in_round(
+    phase: PodPhase, alive: bool, gang: int | None, told: int | None, ended: int | None
+) -> tuple[PodPhase, bool]:
+    """(the phase of its ranks, whether the round's end stands for its container's) of a pod whose launcher runs
+    rounds: moved to a gang past the round it was told to run, it waits (Pending); having reported the end of its
+    gang's round, it ended as a container would have."""
+    if not alive or told is None or gang is None:
+        return phase, False
+    if told < gang:
+        return PodPhase.PENDING, False
+    return (PodPhase.FAILED, True) if ended == gang else (phase, False)
+
+
 def observe_pod(pod: dict[str, Any]) -> ObservedPod:
     md = pod.get("metadata") or {}
     status = pod.get("status") or {}
     labels = md.get("labels") or {}
+    annotations = md.get("annotations") or {}
     try:
         phase = PodPhase(status.get("phase") or "Pending")
     except ValueError:
         phase = PodPhase.UNKNOWN
     term = _terminated(status)
+    terminating = bool(md.get("deletionTimestamp"))
+    alive = phase == PodPhase.RUNNING and not terminating and _disruption(pod, phase, {}) is None
+    gang, told = _int(labels.get(naming.LABEL_GANG)), parse_round(annotations.get(ROUND_ANNOTATION))
+    ended = parse_round_end(annotations.get(ROUND_END_ANNOTATION))
+    scheduled = phase != PodPhase.PENDING
+    phase, reported = _in_round(phase, alive, gang, told, ended.round if ended else None)
+    if reported and ended is not None:
+        term = ended.termination()
+        phase = PodPhase.FAILED if ended.exit_code else PodPhase.SUCCEEDED
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
     waiting, waiting_message = _waiting(status)
     said = str(term.get("message") or "")
@@ -185,10 +233,10 @@ def observe_pod(pod: dict[str, Any]) -> ObservedPod:
     return ObservedPod(
         name=md.get("name", ""),
         replica=_int(labels.get(naming.LABEL_REPLICA)),
-        gang=_int(labels.get(naming.LABEL_GANG)),
+        gang=gang,
         phase=phase,
-        ready=ready,
-        terminating=bool(md.get("deletionTimestamp")),
+        ready=ready and phase == PodPhase.RUNNING,
+        terminating=terminating,
         exit_code=_int(term.get("exitCode")) if phase == PodPhase.FAILED or term else None,
         disruption=_disruption(pod, phase, term),
         created=timestamp(md.get("creationTimestamp")),
@@ -200,12 +248,15 @@ def observe_pod(pod: dict[str, Any]) -> ObservedPod:
         gated=kueue.is_gated(pod),
         out_of_memory=_out_of_memory(term, said),
         invalid_config=_invalid_config(said),
-        scheduled=placed.get("status") == "True"
-        or bool((pod.get("spec") or {}).get("nodeName"))
-        or phase != PodPhase.PENDING,
+        scheduled=placed.get("status") == "True" or bool((pod.get("spec") or {}).get("nodeName")) or scheduled,
         unschedulable=str(placed.get("message") or "no node fits it") if refused else "",
         probe=_int(labels.get(naming.LABEL_PROBE)),
         node=str((pod.get("spec") or {}).get("nodeName") or ""),
+        alive=alive,
+        round=told,
+        round_ended=ended.round if ended else None,
+        exiting=annotations.get(ROUND_ANNOTATION) == ROUND_EXIT,
+        config=_config(pod),
     )
 
 

@@ -22,6 +22,7 @@ from zerotrain.operator.controller.observe import Disruption, ObservedPod, PodPh
 from zerotrain.operator.controller.straggler_condition import set_straggler
 from zerotrain.plan.model_states import MemoryPlan, format_bytes
 from zerotrain.spec import ZeroTrainingJobSpec
+from zerotrain.training_spec import RestartStrategy
 from zerotrain.zero_config import Stage
 
 TERMINAL = (Phase.SUCCEEDED, Phase.FAILED)
@@ -46,6 +47,12 @@ class Decision:
     create_gang: bool = False
     """Create the current gang's missing pods (labelled with gang = status.restarts.total)."""
     delete_pods: list[str] = field(default_factory=list)
+    move_pods: list[str] = field(default_factory=list)
+    """Living pods an in-place restart keeps: moved into the current gang (their launchers stop their ranks)."""
+    start_pods: list[str] = field(default_factory=list)
+    """Kept pods whose launchers may start the current gang's round (every one stopped its old ranks)."""
+    exit_pods: list[str] = field(default_factory=list)
+    """Pods between rounds whose launchers are to exit with their last round's outcome (the job ended)."""
     delete_job: bool = False
     requeue_after: float | None = None
     restart_cause: str | None = None
@@ -89,7 +96,8 @@ def compute_status(
     in force (an elastic job's replicas are the size it runs at). `replan`: the stage is `auto`'s choice, so a
     rank out of memory moves the job to the next stage instead of failing it. `sizing`: the job is elastic.
     `facts`: what admission decided (plan, stage, generation...), recorded in the same status."""
-    d = _lifecycle(spec, observed, previous, now, backoff, replan, sizing)
+    queued = facts is not None and bool(facts.queue)
+    d = _lifecycle(spec, observed, previous, now, backoff, replan, sizing, queued)
     gang = [p for p in observed if p.gang == d.status.restarts.total and p.probe is None and not p.terminating]
     set_straggler(d.status, gang, spec.nproc_per_node, now)
     created = facts.created if facts is not None else None
@@ -112,6 +120,7 @@ def _lifecycle(
     backoff: Backoff,
     replan: bool,
     sizing: resize.Sizing | None,
+    queued: bool = False,
 ) -> Decision:
     st = (previous or ZeroTrainingJobStatus()).model_copy(deep=True)
     if is_true(st, ConditionType.INVALID_SPEC):  # the spec was fixed: admit the job afresh
@@ -139,31 +148,47 @@ def _lifecycle(
         )
     stale = [p for p in observed if p.gang != gang and not p.terminating]
     if not is_true(st, ConditionType.CREATED, Reason.GANG_CREATED):
-        return _create(d, observed, stale, now)
+        return _create(spec, d, observed, stale, now)
     d.delete_pods = [p.name for p in stale]
     # Pods another controller deleted, saying why (Kueue's TerminationTarget on a preempted workload's pods).
     leaving = [p for p in observed if p.gang == gang and p.terminating and p.disruption is not None]
-    d = _judge(spec, d, current, now, backoff, replan, sizing, probes, leaving)
+    keep = _keepers(spec, queued, current)
+    d = _judge(spec, d, current, now, backoff, replan, sizing, probes, leaving, keep)
     if d.status.phase in TERMINAL:  # a probe holds room for a gang that will not grow now
         d.delete_pods = sorted({*d.delete_pods, *(p.name for p in probes)})
     return d
 
 
-def _create(d: Decision, observed: Sequence[ObservedPod], stale: list[ObservedPod], now: datetime) -> Decision:
-    """Create the gang once the previous one is gone and the back-off has passed. An elastic gang's capacity
-    probes stay until then (the room they hold is what the new gang needs) and go as it is created."""
+def _create(
+    spec: ZeroTrainingJobSpec, d: Decision, observed: Sequence[ObservedPod], stale: list[ObservedPod], now: datetime
+) -> Decision:
+    """Create the gang once the previous one is gone and the back-off has passed. After an in-place restart the
+    living pods join it instead (moved into it, then told to start once every one stopped its old ranks); only the
+    missing ones are created. An elastic gang's capacity probes stay until then (the room they hold is what the new
+    gang needs) and go as it is created."""
     st = d.status
-    # Pod names are stable per rank, so the old gang must be gone before the new one is created.
-    old = [p for p in observed if (p.gang != st.restarts.total or p.terminating) and p.probe is None]
-    if old:
-        d.delete_pods = [p.name for p in stale if p.probe is None]
-        d.requeue_after = 1.0
+    gang = st.restarts.total
+    in_place = st.restarts.strategy == RestartStrategy.IN_PLACE
+    movable = {p.name for p in stale if in_place and p.alive and p.probe is None}
+    # Pod names are stable per rank, so the old gang must be gone before the new one is created; so must a kept
+    # pod whose container ended before it rejoined.
+    died = [p for p in observed if p.gang == gang and not p.alive and p.round is not None and p.round < gang]
+    old = [p for p in observed if (p.gang != gang or p.terminating) and p.probe is None and p.name not in movable]
+    old += [p for p in died if p not in old]
+    if old or movable:
+        d.delete_pods = sorted(p.name for p in old if not p.terminating)
+        d.move_pods = sorted(movable)
+        d.requeue_after = 1.0 if old else 0.2
+        return d
+    kept = [p for p in observed if p.gang == gang and p.probe is None and p.round is not None and p.round < gang]
+    if _rejoining(spec, d, kept, now):
         return d
     if st.next_restart_time and now < st.next_restart_time:
         d.requeue_after = (st.next_restart_time - now).total_seconds()
         return d
     d.delete_pods = [p.name for p in stale if p.probe is not None]
     d.create_gang = True
+    d.start_pods = sorted(p.name for p in kept)
     st.next_restart_time = None
     st.start_time = st.start_time or now
     if st.phase != Phase.RESTARTING:
@@ -176,6 +201,43 @@ def _create(d: Decision, observed: Sequence[ObservedPod], stale: list[ObservedPo
     return d
 
 
+def _rejoining(spec: ZeroTrainingJobSpec, d: Decision, kept: list[ObservedPod], now: datetime) -> bool:
+    """Whether the gang still waits for pods it keeps in place to stop their old rounds' ranks (no rank of an old
+    round may meet one of the new). One that has not within failurePolicy.rejoinTimeoutSeconds of the restart is
+    deleted, to be created again, and the Restarting condition says which and why."""
+    stuck = sorted((p for p in kept if p.round_ended != p.round), key=lambda p: p.name)
+    if not stuck:
+        return False
+    budget = spec.failure_policy.rejoin_timeout_seconds
+    restarting = get_condition(d.status, ConditionType.RESTARTING)
+    since = restarting.last_transition_time if restarting is not None else now
+    left = budget - (now - since).total_seconds()
+    if left > 0:
+        d.requeue_after = min(1.0, left)
+        return True
+    names = ", ".join(p.name for p in stuck)
+    message = (
+        f"pod(s) {names} did not stop their ranks of round {stuck[0].round} within failurePolicy."
+        f"rejoinTimeoutSeconds={budget} of the in-place restart; deleting them to create them again"
+    )
+    set_condition(d.status, ConditionType.RESTARTING, True, Reason.REJOIN_TIMEOUT, message, now)
+    d.delete_pods = sorted({*d.delete_pods, *(p.name for p in stuck)})
+    d.requeue_after = 1.0
+    return True
+
+
+def _keepers(spec: ZeroTrainingJobSpec, queued: bool, current: list[ObservedPod]) -> list[ObservedPod]:
+    """The pods a restart of the gang keeps in place: every living one, where spec.failurePolicy asks for InPlace
+    and it applies (a recreated pod must find the checkpoint on the shared claim; a Kueue group that lost a pod goes
+    back to the queue whole, as Kueue re-admits a group, not a pod)."""
+    if spec.failure_policy.restart_strategy != RestartStrategy.IN_PLACE or not spec.checkpoint.claim_name:
+        return []
+    alive = [p for p in current if p.alive]
+    if queued and len(alive) < spec.replicas:
+        return []
+    return alive
+
+
 def _judge(
     spec: ZeroTrainingJobSpec,
     d: Decision,
@@ -186,6 +248,7 @@ def _judge(
     sizing: resize.Sizing | None = None,
     probes: Sequence[ObservedPod] = (),
     leaving: Sequence[ObservedPod] = (),
+    keep: Sequence[ObservedPod] = (),
 ) -> Decision:
     st = d.status
     by_replica = {p.replica: p for p in current}
@@ -205,14 +268,15 @@ def _judge(
     if failed and failed[0].out_of_memory and not failed[0].peer_lost:
         return _out_of_memory(spec, d, current, failed[0], now, replan)
     if failed:
-        return _on_failure(spec, d, current, failed[0], now, backoff)
+        return _on_failure(spec, d, current, failed[0], now, backoff, keep)
     if disrupted or missing:
         # A pod that says why it ended: one of the gang's, else one another controller deleted saying why.
         told = disrupted or [p for p in leaving if p.replica in missing]
         cause = told[0].disruption if told else Disruption.DELETED
         what = told[0].name if told else f"pod of node rank {missing[0]}"
         assert cause is not None
-        return _restart(d, current, cause.value, f"{what}: {cause.value}; restarting the gang (not counted)", now, 0)
+        message = f"{what}: {cause.value}; restarting the gang (not counted)"
+        return _restart(d, current, cause.value, message, now, 0, keep)
     if all(by_replica[r].phase == PodPhase.SUCCEEDED for r in range(spec.replicas)):
         d.delete_pods = sorted({*d.delete_pods, *(p.name for p in probes)})
         st.phase, st.completion_time = Phase.SUCCEEDED, now
@@ -264,6 +328,7 @@ def _on_failure(
     pod: ObservedPod,
     now: datetime,
     backoff: Backoff,
+    keep: Sequence[ObservedPod] = (),
 ) -> Decision:
     policy, code = spec.failure_policy, pod.exit_code
     d.died = pod.finished
@@ -280,7 +345,7 @@ def _on_failure(
         msg = f"{where}; backoffLimit {policy.backoff_limit} spent"
         return _fail(d, current, Reason.BACKOFF_LIMIT_EXCEEDED, msg, now)
     delay = backoff.delay(d.status.restarts.failures + 1)
-    return _restart(d, current, "Failed", f"{where}; restarting the whole gang in {delay:g}s", now, delay)
+    return _restart(d, current, "Failed", f"{where}; restarting the whole gang in {delay:g}s", now, delay, keep)
 
 
 def _out_of_memory(
@@ -323,20 +388,34 @@ def _out_of_memory(
 
 
 def _restart(
-    d: Decision, current: list[ObservedPod], cause: str, message: str, now: datetime, delay: float
+    d: Decision,
+    current: list[ObservedPod],
+    cause: str,
+    message: str,
+    now: datetime,
+    delay: float,
+    keep: Sequence[ObservedPod] = (),
 ) -> Decision:
+    """End the gang: the next one is status.restarts.total. The pods in `keep` stay (an in-place restart: moved into
+    the next gang now, which stops their ranks); the others are deleted."""
     st = d.status
     counted = cause == "Failed"
+    kept = sorted(p.name for p in keep)
+    if kept:
+        message += f"; in place: {len(kept)} of {len(current)} pods kept, their ranks started again"
     st.restarts.total += 1
     st.restarts.failures += int(counted)
     st.restarts.by_cause[cause] = st.restarts.by_cause.get(cause, 0) + 1
+    st.restarts.in_place += int(bool(kept))
+    st.restarts.strategy = RestartStrategy.IN_PLACE if kept else RestartStrategy.RECREATE
     st.next_restart_time = now + timedelta(seconds=delay) if delay > 0 else None
     st.phase = Phase.RESTARTING
     reason = Reason.RANK_FAILED if counted else cause
     set_condition(st, ConditionType.RESTARTING, True, reason, message, now)
     set_condition(st, ConditionType.RUNNING, False, Reason.GANG_RESTARTING, message, now)
     set_condition(st, ConditionType.CREATED, False, Reason.GANG_RESTARTING, message, now)
-    d.delete_pods = sorted({*d.delete_pods, *(p.name for p in current)})
+    d.delete_pods = sorted({*d.delete_pods, *(p.name for p in current if p.name not in kept)})
+    d.move_pods = kept
     d.restart_cause = cause
     d.requeue_after = max(delay, 0.5)
     return d
@@ -351,18 +430,24 @@ def _fail(d: Decision, pods: Sequence[ObservedPod], reason: str, message: str, n
         set_condition(st, ConditionType.RUNNING, False, reason, message, now)
     if is_true(st, ConditionType.RESTARTING):
         set_condition(st, ConditionType.RESTARTING, False, reason, message, now)
-    d.delete_pods = _unfinished(pods)
+    _stop_unfinished(d, pods)
     return d
 
 
-def _unfinished(pods: Sequence[ObservedPod]) -> list[str]:
+def _stop_unfinished(d: Decision, pods: Sequence[ObservedPod]) -> None:
+    """Pods of a failed job with ranks still running are deleted (SIGTERM: they commit their step); a pod between
+    in-place rounds is told to end with its last round's outcome, so it stays Failed with its log, as a pod whose
+    container ended does."""
     done = (PodPhase.SUCCEEDED, PodPhase.FAILED)
-    return sorted(p.name for p in pods if not p.terminating and p.phase not in done)
+    told = [p for p in pods if p.exiting]
+    d.exit_pods = sorted(p.name for p in pods if p.between_rounds and not p.terminating)
+    left = [p for p in pods if not p.terminating and p not in told and p.name not in d.exit_pods]
+    d.delete_pods = sorted({*d.delete_pods, *(p.name for p in left if p.phase not in done or p.alive)})
 
 
 def _finished(spec: ZeroTrainingJobSpec, d: Decision, pods: Sequence[ObservedPod], now: datetime) -> Decision:
     if d.status.phase == Phase.FAILED:
-        d.delete_pods = _unfinished(pods)
+        _stop_unfinished(d, pods)
     d.delete_pods = sorted({*d.delete_pods, *(p.name for p in pods if p.probe is not None and not p.terminating)})
     return _ttl(spec, d, now)
 

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import suppress
 from datetime import datetime, timezone
 from pathlib import Path
 
 from zerotrain.goodput import Bucket, GangClock, GoodputSeconds, seconds_in
-from zerotrain.pod_contract import LAUNCHER_PID_ENV
+from zerotrain.pod_contract import LAUNCHER_PID_ENV, ROUND_STARTED_ENV
 from zerotrain.runtime.job.step_split import Phase, StepSplit
 
 _IMPORTED = time.time()
@@ -29,8 +30,11 @@ def process_start(pid: int) -> float | None:
 
 
 def launcher_start() -> float:
-    """When this rank's launcher (the pod's main process, or `zerotrain run`) started; where /proc is not there,
-    when this module was imported."""
+    """When this rank's launcher (the pod's main process, or `zerotrain run`) started this round of ranks: the
+    round's start where the launcher ran rounds before it (an in-place restart), else the launcher's own start; where
+    /proc is not there, when this module was imported."""
+    with suppress(ValueError):
+        return float(os.environ.get(ROUND_STARTED_ENV) or "")
     pid = os.environ.get(LAUNCHER_PID_ENV)
     started = process_start(int(pid)) if pid and pid.isdigit() else None
     return started or process_start(os.getpid()) or _IMPORTED

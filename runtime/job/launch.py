@@ -44,6 +44,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -218,6 +219,8 @@ class Outcome(str, Enum):
     RANK_FAILED = "rank-failed"
     INTERRUPTED = "interrupted"
     INVALID_CONFIG = INVALID_CONFIG_OUTCOME
+    STOPPED = "stopped"
+    """The operator stopped the ranks for an in-place restart of the gang (`pod_rounds`)."""
 
 
 @dataclass(frozen=True)
@@ -234,6 +237,8 @@ class LaunchOutcome:
     """What each other failed rank did, a line each."""
     logs: tuple[str, ...] = ()
     """The root-cause rank's captured output and traceback, when the launcher captured them."""
+    to_launcher: bool = False
+    """A signal to the launcher itself ended the launch (not one its ranks got from a peer)."""
 
     def summary(self) -> str:
         """The root cause, then the consequences, on one line (a pod's termination message)."""
@@ -277,12 +282,14 @@ def launch(
     log_dir: Path | None = None,
     capture_stdout: bool = True,
     on_interrupt: Callable[[str], None] | None = None,
+    stop: threading.Event | None = None,
 ) -> LaunchOutcome:
     """Start the plan's local ranks through torch.distributed's elastic launcher and wait for them.
 
     `quiet` silences torch's own log lines (the caller reports the outcome itself). With `log_dir`, each rank's
     stdout and stderr also go to files under it (`<log_dir>/<run>/attempt_0/<local rank>/`), still shown here
-    with a `[rankN]:` prefix.
+    with a `[rankN]:` prefix. `stop`: once set, every rank is killed at once and the launch ends STOPPED (the
+    operator restarts the gang in place: nothing of this round may meet the next).
     """
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -324,6 +331,7 @@ def launch(
     if ctrl_c is not None:
         config.signals_to_handle = "SIGTERM,SIGHUP,SIGQUIT"  # SIGINT is CtrlC's
     previous = signal.signal(signal.SIGINT, ctrl_c) if ctrl_c is not None else None
+    stopper = Stopper(stop, server if forked else None) if stop is not None else None
     try:
         with scoped_environ(env):
             if forked:
@@ -334,17 +342,50 @@ def launch(
             else:
                 elastic_launch(config, sys.executable)(*rank_command(spec, config_path))
     except ChildFailedError as e:
+        if stopper is not None and stopper.fired:
+            return LaunchOutcome(128 + signal.SIGKILL, Outcome.STOPPED, "the operator restarts the gang in place")
         return outcome_of_failures(e.failures, rank_log_folders(log_dir, e.failures))
     except SignalException as e:
         if e.sigval == signal.SIGTERM:
-            return LaunchOutcome(0, Outcome.PREEMPTED, "SIGTERM: forwarded to every rank, all stopped")
+            return LaunchOutcome(
+                0, Outcome.PREEMPTED, "SIGTERM: forwarded to every rank, all stopped", to_launcher=True
+            )
         if ctrl_c is not None and ctrl_c.count > 1:
             return LaunchOutcome(128 + int(e.sigval), Outcome.INTERRUPTED, "SIGINT twice: every rank stopped at once")
         return LaunchOutcome(128 + int(e.sigval), Outcome.INTERRUPTED, f"{e.sigval.name}: ranks stopped")
     finally:
+        if stopper is not None:
+            stopper.close()
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
     return LaunchOutcome(0, Outcome.SUCCEEDED, f"{plan.nproc_per_node} rank(s) finished")
+
+
+class Stopper:
+    """Kills every rank of the launch once `stop` is set: each rank leads a session of its own, so its group
+    goes with it; the fork server (`spare`), which serves the next round, stays."""
+
+    def __init__(self, stop: threading.Event, spare: int | None) -> None:
+        self.stop, self.spare = stop, spare
+        self.fired = False
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="zerotrain-round-stopper", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._done.is_set():
+            if self.stop.wait(0.2):
+                self.fired = True
+                for pid in child_pids():
+                    if pid != self.spare:
+                        with suppress(ProcessLookupError, PermissionError):
+                            os.killpg(pid, signal.SIGKILL)
+                if self._done.wait(0.5):  # ranks starting as it fired are killed too
+                    return
+
+    def close(self) -> None:
+        self._done.set()
+        self._thread.join(2.0)
 
 
 class CtrlC:
@@ -399,16 +440,19 @@ def scoped_environ(values: Mapping[str, str]) -> Iterator[None]:
                 os.environ[k] = v
 
 
+def termination_line(outcome: LaunchOutcome) -> str:
+    """The termination message: `<outcome>: <detail> (exit status N)`, within what Kubernetes keeps (4096 bytes)."""
+    return f"{outcome.reason.value}: {outcome.summary()[:3000]} (exit status {outcome.exit_code})"
+
+
 def write_termination_log(outcome: LaunchOutcome) -> None:
     """Kubernetes' termination message: to $ZEROTRAIN_TERMINATION_LOG, else to /dev/termination-log if it exists."""
     configured = os.environ.get(TERMINATION_LOG_ENV)
     path = Path(configured or TERMINATION_LOG)
     if not configured and not path.is_file():
         return  # not in a pod: never create files under /dev
-    # Kubernetes keeps at most 4096 bytes of it.
-    line = f"{outcome.reason.value}: {outcome.summary()[:3000]} (exit status {outcome.exit_code})"
     try:
         with path.open("w") as f:
-            f.write(line + "\n")
+            f.write(termination_line(outcome) + "\n")
     except OSError:
         return

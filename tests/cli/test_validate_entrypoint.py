@@ -130,3 +130,22 @@ def test_rank_0s_first_micro_batch_is_drawn_once_for_every_check(
     assert main(["validate", path]) == 0
     text = said(capsys)
     assert "builds a model of 842,496 parameters" in text and "warning" not in text, text
+
+
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ({}, True),  # InPlace by default, and no claim: the restart recreates every pod
+        ({"checkpoint": {"claimName": "ckpt", "intervalSteps": 10}}, False),
+        ({"failurePolicy": {"restartStrategy": "Recreate"}}, False),
+    ],
+)
+def test_validate_says_once_what_a_restart_does_where_in_place_cannot_apply(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], spec: dict[str, Any], says: bool
+) -> None:
+    assert main(["validate", job(tmp_path, **spec)]) == 0
+    out = said(capsys)
+    line = "spec.failurePolicy.restartStrategy: InPlace (the default), but spec.checkpoint.claimName is not set"
+    assert out.count(line) == int(says), out
+    if says:
+        assert "a restart recreates every pod instead" in out and "set checkpoint.claimName" in out

@@ -1,8 +1,8 @@
 """KMock's KubernetesEmulator with the gaps kopf trips over closed (see shared/notes/kmock-emulator.md):
-uids, resourceVersions (and 409 on a stale one), label selectors on list and watch, generateName, 422 on a
-failed JSON-patch test, server-side apply (one field manager's view of it: see `_apply`), plus owner-reference
-garbage collection and a record of the API calls served, and a request naming one object served by looking it up
-(kmock compares it with every object it ever stored).
+uids, resourceVersions (and 409 on a stale one), label selectors (and a metadata.name field selector) on list and
+watch, generateName, 422 on a failed JSON-patch test, server-side apply (one field manager's view of it: see
+`_apply`), plus owner-reference garbage collection and a record of the API calls served, and a request naming one
+object served by looking it up (kmock compares it with every object it ever stored).
 
 Relies on kmock 0.8 internals (`_handle`, `_serve_list`, `_serve_watch`, `_objects`, `_buses`,
 `_KubernetesEmulator__get_obj`); kmock is
@@ -78,6 +78,20 @@ def labels_match(obj: dict[str, Any], selector: str | None) -> bool:
         else:
             ok = term in labels
         if not ok:
+            return False
+    return True
+
+
+def _selected(obj: dict[str, Any], request: kmock.Request) -> bool:
+    """The request's label selector, and its field selector's one field every server supports: metadata.name (a
+    pod's launcher watches its own pod by it)."""
+    if not labels_match(obj, request.params.get("labelSelector")):
+        return False
+    fields = request.params.get("fieldSelector") or ""
+    for term in (t.strip() for t in fields.split(",") if t.strip()):
+        key, _, value = term.replace("==", "=").partition("=")
+        assert key == "metadata.name", f"the emulator filters by metadata.name alone, not {term!r}"
+        if (obj.get("metadata") or {}).get("name") != value:
             return False
     return True
 
@@ -310,14 +324,13 @@ class ZeroEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]
 
     async def _serve_list(self, request: kmock.Request) -> Any:
         result = await super()._serve_list(request)
-        result["items"] = [o for o in result["items"] if labels_match(o, request.params.get("labelSelector"))]
+        result["items"] = [o for o in result["items"] if _selected(o, request)]
         result["metadata"]["resourceVersion"] = self._next_rv()
         return result
 
     async def _serve_watch(self, request: kmock.Request) -> AsyncIterator[Any]:
-        selector = request.params.get("labelSelector")
         async for ev in super()._serve_watch(request):
-            if isinstance(ev, dict) and not labels_match(ev.get("object") or {}, selector):
+            if isinstance(ev, dict) and not _selected(ev.get("object") or {}, request):
                 continue
             yield ev
 

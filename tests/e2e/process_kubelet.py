@@ -19,8 +19,11 @@ leaves the pod Terminating while the container gets SIGTERM and up to its termin
 SIGKILL), as a kubelet does; once it exited the status is written and the finalizer removed.
 
 What a cluster network would do, done by hand: MASTER_ADDR (rank 0's DNS name through the job's headless
-Service) becomes 127.0.0.1, and each gang (label `zerotrain.dev/gang`) gets its own free MASTER_PORT, shared by
-its pods, so no process of an old gang can join a new gang's rendezvous.
+Service) becomes 127.0.0.1, and each gang gets its own free MASTER_PORT, shared by its pods, so no process of an old
+gang can join a new gang's rendezvous. A gang is known by the ConfigMap its pods mount: pods an in-place restart
+keeps go on with theirs (and their port), and the pods created beside them mount the same.
+
+`kill_rank(pod)` is the in-place fault: SIGKILL to one rank process of the pod, its launcher left running.
 """
 
 from __future__ import annotations
@@ -160,6 +163,17 @@ class ProcessKubelet:
             assert running, f"pod {pod} has no running process to kill (did it finish already?)"
             self._kill(running[0])
             return running[0]
+
+    def kill_rank(self, pod: str) -> int:
+        """The fault an in-place restart recovers from: SIGKILL to one rank of `pod` (the lowest-numbered), its
+        launcher left running; the rank's pid."""
+        with self._lock:
+            running = [p for p in self.pods if p.name == pod and p.popen.poll() is None]
+            assert running, f"pod {pod} has no running process (did it finish already?)"
+            ranks = sorted((rank_of(pid), pid) for pid, _ in process_tree(running[0].popen.pid) if rank_of(pid) >= 0)
+            assert ranks, f"pod {pod} runs no rank process yet"
+            os.kill(ranks[0][1], signal.SIGKILL)
+            return ranks[0][1]
 
     def terminate(self, pod: str) -> PodProcess:
         """What a kubelet does first when it evicts or preempts a pod: SIGTERM to the container's process (the
@@ -355,7 +369,7 @@ class ProcessKubelet:
         env.update(
             ZEROTRAIN_SERVICE_ACCOUNT_DIR=str(token_dir),
             MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(self._ports.setdefault(gang, free_port())),
+            MASTER_PORT=str(self._ports.setdefault(_config_map(spec) or gang, free_port())),
             ZEROTRAIN_STATUS_API=self.api_url,
             ZEROTRAIN_TERMINATION_LOG=str(root / "termination-log"),
             PYTHONSAFEPATH="1",
@@ -389,6 +403,27 @@ class ProcessKubelet:
             for key, text in cm.get("data", {}).items():
                 (local / key).write_text(_remap_document(mounts, text))
         return mounts
+
+
+def rank_of(pid: int) -> int:
+    """The RANK of a rank process (in its title, `RANK=N`, when forked from the launcher's server; in its environment
+    when spawned); -1 for any other process."""
+    try:
+        found = Path(f"/proc/{pid}/cmdline").read_bytes() + b"\0" + Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return -1
+    if b"zerotrain.runtime.job.rank" not in found:
+        return -1
+    words = found.replace(b"\0", b" ").split()
+    return next((int(v[5:]) for v in words if v.startswith(b"RANK=") and v[5:].isdigit()), -1)
+
+
+def _config_map(spec: dict[str, Any]) -> str | None:
+    """The ConfigMap a pod mounts as the job's config (its gang's, or the one of the pods it joins)."""
+    for volume in spec.get("volumes", []):
+        if volume.get("name") == naming.CONFIG_VOLUME:
+            return str(volume["configMap"]["name"])
+    return None
 
 
 def _exit_code(returncode: int) -> int:

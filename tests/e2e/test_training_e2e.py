@@ -54,6 +54,7 @@ PACED = {
 PROGRESS = re.compile(r'"step": (\d+), .*?"elapsed_s": ([0-9.]+)')
 RESUMED = re.compile(r"resumed from (\S+) at step (\d+)")
 START_S = 90.0  # two torch imports per pod (launcher, rank) on 2 shared cores
+ROUND_STARTS = "starting the ranks again"  # a launcher's line as an in-place round begins (runtime.__main__)
 
 
 def resumed_step(output: str) -> int:
@@ -63,44 +64,63 @@ def resumed_step(output: str) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["InPlace", "Recreate"])
 async def test_killed_rank_restarts_gang_which_resumes_and_finishes(
-    cluster: Cluster, operator: Operator, kube: Kube, tmp_path: Path
+    cluster: Cluster, operator: Operator, kube: Kube, tmp_path: Path, strategy: str
 ) -> None:
+    """Recreate: pod 1's container is killed (its launcher and rank), and every pod is created again. InPlace (the
+    default): one rank of pod 1 is killed, its launcher lives, and both pods' launchers start their ranks again."""
     ns, name = cluster.namespace, "train"
+    in_place = strategy == "InPlace"
+    spec = {**PACED, "failurePolicy": {**PACED["failurePolicy"], "restartStrategy": strategy}}
     async with ProcessKubelet(cluster, name, tmp_path) as kubelet:
-        await asyncio.to_thread(kube.request, "POST", path_of(JOBS, PLURAL, ns), job_manifest(name, ns, **PACED))
+        await asyncio.to_thread(kube.request, "POST", path_of(JOBS, PLURAL, ns), job_manifest(name, ns, **spec))
         await wait_output(kubelet, f"{name}-worker-0", f'"step": {KILL_AFTER},', START_S)
-        killed = await asyncio.to_thread(kubelet.kill, f"{name}-worker-1")
+        if in_place:
+            await asyncio.to_thread(kubelet.kill_rank, f"{name}-worker-1")
+        else:
+            killed = await asyncio.to_thread(kubelet.kill, f"{name}-worker-1")
         killed_at = time.time()
 
         job = await wait_status(kube, ns, name, lambda s: s.get("restarts", {}).get("total") == 1)
-        assert job["status"]["restarts"] == {"total": 1, "failures": 1, "byCause": {"Failed": 1}}
+        restarts = {"total": 1, "failures": 1, "byCause": {"Failed": 1}, "inPlace": int(in_place), "strategy": strategy}
+        assert job["status"]["restarts"] == restarts, job["status"]
         # The new gang's first step, as soon as rank 0 prints it (its start includes skipping the 20 batches
         # already trained, each paced too).
-        await wait_output(kubelet, f"{name}-worker-0", f'"step": {PACED_INTERVAL + 1},', START_S, gang=1)
+        after = ROUND_STARTS if in_place else ""
+        await wait_output(kubelet, f"{name}-worker-0", f'"step": {PACED_INTERVAL + 1},', START_S, gang=1, after=after)
         stepped_at = time.time()
         job = await wait_status(kube, ns, name, lambda s: s.get("phase") in ("Succeeded", "Failed"), START_S)
         first, second = kubelet.gang(0), kubelet.gang(1)
         # Checked before the harness's own teardown kills whatever is left.
         leftovers = [pid for p in first for pid, start in p.tree if is_alive(pid, start)]
         assert not kubelet.errors, kubelet.errors
-    logs = "\n".join(f"--- {p.name} gang {p.gang} exit {p.exit_code}\n{p.output()[-2000:]}" for p in kubelet.pods)
+    logs = "\n".join(f"--- {p.name} gang {p.gang} exit {p.exit_code}\n{p.output()[-3000:]}" for p in kubelet.pods)
     status: dict[str, Any] = job["status"]
     assert status["phase"] == "Succeeded", f"{status}\n{logs}"
 
-    assert killed.exit_code == 128 + signal.SIGKILL, logs
-    assert len(first) == 2 and len(second) == 2, logs
-    assert not leftovers, f"processes of the first gang outlived its pods: {leftovers}"
-    assert len(killed.tree) >= 2, "the launcher's rank process was not seen (and so not killed)"
-    assert all(p.exit_code == 0 and not p.deleted for p in second), logs
+    if in_place:  # the same launchers ran both rounds, and ended with the second
+        assert len(first) == 2 and not second, logs
+        assert all(p.exit_code == 0 and not p.deleted for p in first), logs
+        assert all(ROUND_STARTS in p.output() for p in first), logs
+        rounds = [p.output().split(ROUND_STARTS, 1) for p in sorted(first, key=lambda p: p.name)]
+        olds, news = [r[0] for r in rounds], [r[1] for r in rounds]
+    else:
+        assert killed.exit_code == 128 + signal.SIGKILL, logs
+        assert len(first) == 2 and len(second) == 2, logs
+        assert not leftovers, f"processes of the first gang outlived its pods: {leftovers}"
+        assert len(killed.tree) >= 2, "the launcher's rank process was not seen (and so not killed)"
+        assert all(p.exit_code == 0 and not p.deleted for p in second), logs
+        olds = [p.output() for p in sorted(first, key=lambda p: p.name)]
+        news = [p.output() for p in second]
 
-    steps = {resumed_step(p.output()) for p in second}
+    steps = {resumed_step(out) for out in news}
     assert len(steps) == 1, f"the ranks resumed from different steps: {steps}"
     (resumed,) = steps
     assert resumed == PACED_INTERVAL, resumed
-    assert not [p for p in first if RESUMED.search(p.output())], "the first gang had nothing to resume from"
+    assert not [out for out in olds if RESUMED.search(out)], "the first gang had nothing to resume from"
     # Rank 0 prints each checkpoint once committed; the first gang's last one is the newest the second could use.
-    newest = max(int(n) for p in first for n in re.findall(r'"checkpoint_step": (\d+)', p.output()))
+    newest = max(int(n) for out in olds for n in re.findall(r'"checkpoint_step": (\d+)', out))
     assert resumed == newest, f"resumed from step {resumed}, but the newest checkpoint was step {newest}"
 
     assert status["step"] == PACED_STEPS
@@ -113,8 +133,7 @@ async def test_killed_rank_restarts_gang_which_resumes_and_finishes(
     kept = sorted(json.loads(m.read_text())["step"] for m in root.glob("step-*/COMMITTED"))
     assert kept == [2 * PACED_INTERVAL, PACED_STEPS], kept
 
-    rank0 = next(p for p in first if p.name == f"{name}-worker-0")
-    check_ledger(job, rank0.output(), killed_at, stepped_at)
+    check_ledger(job, olds[0], killed_at, stepped_at)  # worker-0's first round: rank 0's
     # Healthy ranks, evenly paced: the straggler watch names no one (issue 49's no-false-alarm rule).
     assert not [p.name for p in kubelet.pods if "holds the gang back" in p.output()], logs
 
@@ -180,12 +199,19 @@ async def test_a_preempted_pod_saves_its_step_and_the_next_gang_resumes_there(
     assert job["status"]["step"] == steps
 
 
-async def wait_output(kubelet: ProcessKubelet, pod: str, text: str, timeout: float, gang: int | None = None) -> None:
-    """Until a container of `pod` (of gang `gang`, if given) has printed `text`."""
+async def wait_output(
+    kubelet: ProcessKubelet, pod: str, text: str, timeout: float, gang: int | None = None, after: str = ""
+) -> None:
+    """Until a container of `pod` (of gang `gang`, if given; any, when `after`) has printed `text` (after `after`,
+    when given: the line a launcher prints as an in-place round begins)."""
     deadline = asyncio.get_running_loop().time() + timeout
-    pods = lambda: kubelet.pods if gang is None else kubelet.gang(gang)  # noqa: E731
-    while not any(p.name == pod and text in p.output() for p in pods()):
-        assert asyncio.get_running_loop().time() < deadline, f"{pod} did not print {text!r} in {timeout} s"
+    pods = lambda: kubelet.pods if gang is None or after else kubelet.gang(gang)  # noqa: E731
+    seen = lambda out: after in out and text in out.split(after, 1)[1] if after else text in out  # noqa: E731
+    while not any(p.name == pod and seen(p.output()) for p in pods()):
+        late = asyncio.get_running_loop().time() >= deadline
+        assert not late, f"{pod} did not print {text!r} in {timeout} s:\n" + "\n".join(
+            f"--- {p.name} (gang {p.gang}, exit {p.exit_code})\n{p.output()[-2500:]}" for p in kubelet.pods
+        )
         await asyncio.sleep(0.05)
 
 

@@ -20,6 +20,7 @@ from zerotrain.plan import JobPlan, host, plan_job
 from zerotrain.plan.model_states import MemoryPlan, format_bytes
 from zerotrain.plan.start_up import describe
 from zerotrain.spec import ZeroTrainingJobSpec
+from zerotrain.training_spec import RestartStrategy
 from zerotrain.weights_layout import layout
 from zerotrain.zero_config import Stage
 
@@ -200,6 +201,18 @@ def admitted(
     return verdict
 
 
+def restart_line(spec: ZeroTrainingJobSpec) -> str | None:
+    """What a restart will do where the manifest asks for one in place that cannot be (None where it can, or the
+    manifest asks for Recreate)."""
+    if spec.failure_policy.restart_strategy != RestartStrategy.IN_PLACE or spec.checkpoint.claim_name:
+        return None
+    return (
+        "spec.failurePolicy.restartStrategy: InPlace (the default), but spec.checkpoint.claimName is not set: on the "
+        "operator a restart recreates every pod instead (a recreated pod must find the newest checkpoint on a shared "
+        "claim); set checkpoint.claimName to restart the living pods in place"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     doc = load_document(args.manifest, strict=not args.no_import)
     job = parse_job(doc, source=args.manifest)  # the field-by-field errors first
@@ -236,6 +249,8 @@ def run(args: argparse.Namespace) -> int:
         lines.append(hf_line(spec))
     if spec.elastic is not None:
         lines.append(elastic_line(doc.get("spec"), name or "job", args, spec))
+    if (restart := restart_line(spec)) is not None:
+        lines.append(restart)
     console = Console()
     for line in lines:
         console.print(Text(line), soft_wrap=True)

@@ -96,19 +96,23 @@ when the two differ): no wildcards, no verb or resource it does not use.
   resources: ["zerotrainingjobs/finalizers"]
   verbs: ["update"]
 # The ranks: the operator watches the jobs' pods (operator/reflector.py), the operator creates a gang and deletes it to restart or suspend.
+# An in-place restart patches the kept pods' gang label and round annotation. `get` is never requested: each job's
+# Role grants it (with watch and patch) to the job's pods on their own pods, and a Role may grant only what its
+# author holds.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list", "watch", "create", "delete"]
+  verbs: ["get", "list", "watch", "create", "delete", "patch"]
 # Per-job children applied before the pods: the headless Service (rendezvous DNS) and the ranks' ServiceAccount,
 # watched into the operator's cache. Written by server-side apply (patch; create where the apply creates them).
 # Owner references delete them with the job, so no delete verb.
 - apiGroups: [""]
   resources: ["services", "serviceaccounts"]
   verbs: ["list", "watch", "create", "patch"]
-# One immutable ConfigMap per gang (the runtime's config): created with the gang, the previous gang's deleted.
+# One immutable ConfigMap per gang (the runtime's config): created with the gang, the earlier gangs' listed and
+# deleted (pods kept in place by an in-place restart keep the one they mount).
 - apiGroups: [""]
   resources: ["configmaps"]
-  verbs: ["create", "delete"]
+  verbs: ["list", "create", "delete"]
 # A Role and RoleBinding per job that let its ranks patch only that job's status. The operator holds every
 # permission it grants there, so it needs neither `escalate` nor `bind` (the RoleBinding is created once its Role
 # exists: the server checks the Role's rules against the operator's). Watched into the operator's cache.

@@ -166,7 +166,14 @@ def test_supporting_objects_are_owned_and_rbac_is_narrow() -> None:
             "resources": ["zerotrainingjobs/status"],
             "resourceNames": ["llm"],
             "verbs": ["patch"],
-        }
+        },
+        # Each launcher watches and annotates its own pod (in-place restarts): the gang's pods, nothing else.
+        {
+            "apiGroups": [""],
+            "resources": ["pods"],
+            "resourceNames": ["llm-worker-0"],
+            "verbs": ["get", "list", "watch", "patch"],
+        },
     ]
     svc = objs[3]
     assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True

@@ -63,7 +63,7 @@ def test_the_template_passes_through_under_the_operators_fields() -> None:
     pod = builders.build_pod(JOB, s, replica=1, gang=0)
     kubernetes_validate.validate(pod, kubernetes_validate.latest_version(), strict=True)
     md, ps = pod["metadata"], pod["spec"]
-    assert md["labels"]["team"] == "nlp" and md["annotations"] == {"cost-center": "42"}
+    assert md["labels"]["team"] == "nlp" and md["annotations"] == {"cost-center": "42", "zerotrain.dev/round": "0"}
     assert md["labels"].items() >= plain["metadata"]["labels"].items()
     for key in (
         "serviceAccountName",

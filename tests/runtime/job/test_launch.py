@@ -303,3 +303,74 @@ def test_sigterm_is_forwarded_to_the_ranks_and_a_preempted_pod_exits_0(tmp_path:
     for pid in rank_pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+HANG_ENTRY = """
+import pathlib, time
+
+def build(rank, world_size):
+    pathlib.Path(__file__).with_name(f"hung{rank}").write_text("")
+    time.sleep(600)  # a collective that never returns, as NCCL's can hang for minutes
+"""
+
+ROUNDS_DRIVER = """
+import json, sys, threading, time
+from pathlib import Path
+from zerotrain.manifest import load_job
+from zerotrain.runtime.job import rank_fork
+from zerotrain.runtime.job.launch import launch, local_plan
+
+
+def fire(hang, stop):
+    while not all((hang.parent / f"hung{r}").exists() for r in (0, 1)):
+        time.sleep(0.05)
+    stop.set()
+
+
+def main(hang, script, out):
+    plan, stop = local_plan(2), threading.Event()
+    threading.Thread(target=fire, args=(hang, stop), daemon=True).start()
+    began = time.monotonic()
+    first = launch(load_job(hang).spec, hang, plan, quiet=True, stop=stop)
+    stopped_s = time.monotonic() - began
+    server = rank_fork.server_pid()
+    second = launch(load_job(script).spec, script, plan, quiet=True)
+    out.write_text(json.dumps({
+        "first": [first.reason.value, first.exit_code, first.message], "stopped_s": stopped_s,
+        "second": [second.reason.value, second.exit_code], "server_kept": rank_fork.server_pid() == server,
+    }))
+
+
+if __name__ == "__main__":  # the fork server imports this module: it must not run it again
+    main(*(Path(a) for a in sys.argv[1:4]))
+"""
+
+
+@pytest.mark.slow
+def test_a_round_stopped_by_the_operator_kills_its_ranks_and_the_next_launches_on_the_same_port(
+    tmp_path: Path,
+) -> None:
+    """In-place restarts: `stop` kills every rank of a hung launch at once (no waiting for a collective timeout),
+    the fork server stays for the next round, and node 0's rendezvous store binds the same port again."""
+    (tmp_path / "zt_hang_entry.py").write_text(HANG_ENTRY)
+    (tmp_path / "rank.py").write_text(RANK_SCRIPT)
+    hang = write_job(tmp_path, {"entrypoint": "zt_hang_entry:build", "nprocPerNode": 2, "replicas": 1})
+    hang = hang.rename(tmp_path / "hang.yaml")
+    script = write_job(tmp_path, {"entrypoint": str(tmp_path / "rank.py"), "args": [str(tmp_path)], "nprocPerNode": 2})
+    driver, out = tmp_path / "driver.py", tmp_path / "out.json"
+    driver.write_text(ROUNDS_DRIVER)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, str(driver), str(hang), str(script), str(out)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=budget(180),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    seen = json.loads(out.read_text())
+    assert seen["first"][:2] == ["stopped", 137], (seen, done.stderr[-3000:])
+    assert seen["stopped_s"] < budget(60), seen  # the sleep was 600 s
+    assert seen["second"] == ["succeeded", 0] and seen["server_kept"], seen
+    assert all(json.loads((tmp_path / f"rank{r}.json").read_text())["sum"] == 3.0 for r in (0, 1))
