@@ -122,4 +122,6 @@ def _refused(error: UserError) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from zerotrain.process_exit import exit_after
+
+    exit_after(main())  # the pod ends as soon as its outcome is written, not after torch's teardown

@@ -72,5 +72,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_CLOSED_PIPE
 
 
+def entry() -> None:
+    """The `zerotrain` command: `main`, then the process ends without torch's teardown where a command imported it
+    (`process_exit`)."""
+    from zerotrain.process_exit import exit_after
+
+    exit_after(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -143,13 +143,15 @@ class Checkpointer:
             problem = checkpoint.agree(self.engine, ready)
             if problem is None and not isinstance(ready, str):
                 loaded = checkpoint.apply(self.engine, ready)
-                self.metrics.observe_load(loaded.step, time.perf_counter() - t0, loaded.bytes_read)
+                seconds = time.perf_counter() - t0
+                self.metrics.observe_load(loaded.step, seconds, loaded.bytes_read)
                 log.warning(
-                    "resumed from %s at step %d (read %d bytes, largest read %d bytes)",
+                    "resumed from %s at step %d (read %d bytes, largest read %d bytes, in %.3f s)",
                     loaded.path,
                     loaded.step,
                     loaded.bytes_read,
                     loaded.largest_read_bytes,
+                    seconds,
                 )
                 return loaded
             log.warning("checkpoint %s refused (%s); falling back to the previous one", path, problem)
