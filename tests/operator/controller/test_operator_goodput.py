@@ -101,3 +101,40 @@ def test_the_progress_runs_at_the_ledgers_training_rate_and_a_restart_does_not_s
     # 60 steps kept in 30 + 30 s of training: the restart and the lost steps do not lower the rate.
     assert st.goodput.seconds.training == 60 and st.progress.steps_per_second == 1.0
     assert st.progress.eta_seconds == 140.0
+
+
+def test_an_in_place_restart_counts_each_second_once() -> None:
+    """The same failure as above, recovered in place: the kept launchers' old rounds report no more, the new round's
+    clock starts with the round (not the launcher process), and at every pass the buckets add up to the wall time."""
+    spec = parse_spec({"image": "i", "entrypoint": "m:f", "replicas": 2, "checkpoint": {"claimName": "ckpt"}})
+
+    def kept(replica: int, gang: int, round_: int, ended: int | None = None, **kw: Any) -> ObservedPod:
+        phase = PodPhase.PENDING if round_ < gang else kw.pop("phase", PodPhase.RUNNING)
+        return pod(replica, gang, phase, alive=True, round=round_, round_ended=ended, **kw)
+
+    def go(previous: ZeroTrainingJobStatus, pods: list[ObservedPod], now: float) -> ZeroTrainingJobStatus:
+        st = compute_status(spec, pods, previous, at(now), Backoff(base_seconds=0), facts=FACTS).status
+        g = st.goodput
+        assert g is not None and abs(sum(g.seconds.model_dump().values()) - g.wall_seconds) < 1e-9, g
+        return ZeroTrainingJobStatus.model_validate(st.to_wire())
+
+    st = go(ZeroTrainingJobStatus(), [], 1)
+    st = go(st, [kept(0, 0, 0), kept(1, 0, 0)], 4)
+    first = GangClock(process_start=at(5), first_step=at(20), reported_at=at(50), uncommitted_seconds=8)
+    st = go(reported(st, first), [kept(0, 0, 0), kept(1, 0, 0)], 51)
+    # Rank 1's round ended at 55 s (its launcher's record); the operator saw it at 57 and kept both pods.
+    ended = kept(1, 0, 0, 0, phase=PodPhase.FAILED, exit_code=137, finished=at(55))
+    st = go(st, [kept(0, 0, 0), ended], 57)
+    assert st.restarts.in_place == 1
+    g = st.goodput
+    assert g is not None and (g.seconds.training, g.seconds.lost, g.seconds.restarting) == (22, 13.5, 1.5)
+    # Moved, stopped, told to start: round 1 starts at 59 s in the same processes, which started at 5 s. A late
+    # report of round 0's clock (its launcher's start) changes nothing.
+    st = go(reported(st, first), [kept(0, 1, 0, 0), kept(1, 1, 0, 0)], 58)
+    assert st.goodput is not None and st.goodput.seconds == g.seconds
+    second = GangClock(process_start=at(59), first_step=at(63), reported_at=at(80))
+    st = go(reported(st, second), [kept(0, 1, 1), kept(1, 1, 1)], 81)
+    g = st.goodput
+    assert g is not None
+    assert (g.seconds.training, g.seconds.lost, g.seconds.restarting) == (39, 13.5, 7.5)
+    assert g.seconds.pending == 5 and g.seconds.starting == 15 and g.wall_seconds == 80
