@@ -64,10 +64,12 @@ def _main(args: argparse.Namespace) -> int:
     from zerotrain.runtime.job.pod_rounds import for_pod
 
     rounds = for_pod(job.spec)
-    if rounds is None:
+    if rounds is None or (first := rounds.first_round()) is None:
+        if rounds is not None:
+            rounds.close()
         outcome = _launch(job.spec, args.config, plan, name)
     else:
-        outcome = _rounds(job.spec, args.config, plan, name, rounds)
+        outcome = _rounds(job.spec, args.config, plan, name, rounds, first)
     write_termination_log(outcome)
     return outcome.exit_code
 
@@ -86,14 +88,15 @@ def _launch(
     return outcome
 
 
-def _rounds(spec: ZeroTrainingJobSpec, config: str, plan: LaunchPlan, name: str, rounds: PodRounds) -> LaunchOutcome:
+def _rounds(
+    spec: ZeroTrainingJobSpec, config: str, plan: LaunchPlan, name: str, rounds: PodRounds, number: int
+) -> LaunchOutcome:
     """Rounds of the pod's ranks, one per gang it belongs to (an in-place restart keeps the pod): each ends with the
     ranks (a failure, the operator's word to stop), is reported on the pod, and the next starts at the operator's
-    word; the last one's outcome is the pod's."""
+    word; the last one's outcome is the pod's. `number`: the first round's."""
     from zerotrain.runtime.job.launch import termination_line
     from zerotrain.runtime.job.pod_rounds import stays
 
-    number = rounds.first_round()
     first = True
     while True:
         if not first:  # the ranks' clock starts with the round, not with this process (`gang_clock`)
@@ -103,7 +106,7 @@ def _rounds(spec: ZeroTrainingJobSpec, config: str, plan: LaunchPlan, name: str,
         if not stays(outcome):
             rounds.close()
             return outcome
-        rounds.report_end(number, outcome, termination_line(outcome))
+        rounds.report_end(number, outcome.exit_code, termination_line(outcome))
         print(f"zerotrain: node {plan.node_rank}: round {number} ended; waiting for the gang's next", file=sys.stderr)
         following = rounds.next_round(number)
         if following is None:

@@ -9,6 +9,7 @@ streams are flushed; only the module teardown and the last garbage collection ar
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import sys
 from typing import NoReturn
@@ -18,10 +19,9 @@ def exit_now(code: int) -> NoReturn:
     """Run the exit handlers, flush stdout and stderr, and end the process with `code`."""
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
-        try:
+        # A reader gone (`| head`), a stream closed: nothing left to say there.
+        with contextlib.suppress(OSError, ValueError):
             stream.flush()
-        except (OSError, ValueError):  # a reader gone (`| head`), a stream closed: nothing left to say there
-            pass
     os._exit(code & 0xFF)
 
 

@@ -210,7 +210,7 @@ def _rejoining(spec: ZeroTrainingJobSpec, d: Decision, kept: list[ObservedPod], 
         return False
     budget = spec.failure_policy.rejoin_timeout_seconds
     restarting = get_condition(d.status, ConditionType.RESTARTING)
-    since = restarting.last_transition_time if restarting is not None else now
+    since = (restarting.last_transition_time if restarting is not None else None) or now
     left = budget - (now - since).total_seconds()
     if left > 0:
         d.requeue_after = min(1.0, left)

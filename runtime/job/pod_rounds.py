@@ -12,6 +12,7 @@ tokens rotate), and from a fresh read after the server says its resourceVersion 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -20,6 +21,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 import kubernetes
 
@@ -32,10 +34,12 @@ from zerotrain.pod_contract import (
     ROUND_EXIT,
 )
 from zerotrain.pod_rounds import RoundEnd, parse_round
-from zerotrain.runtime.job.launch import LaunchOutcome, Outcome
 from zerotrain.runtime.job.status_report import TIMEOUT_SECONDS, _api, _api_url
 from zerotrain.spec import ZeroTrainingJobSpec
 from zerotrain.training_spec import RestartStrategy
+
+if TYPE_CHECKING:  # torch: the launcher has it; a test of the protocol need not
+    from zerotrain.runtime.job.launch import LaunchOutcome
 
 log = logging.getLogger(__name__)
 
@@ -64,44 +68,49 @@ class PodRounds:
         self._word = PodWord(None, None)
         self._seen = threading.Condition()
         self._known = False
+        self._refused: str | None = None
+        """Why the pod cannot be read (the server refused the first read), if it cannot."""
         self._closed = False
         self._terminated = False
+        self._stops: dict[int, threading.Event] = {}
+        self._watching: Any = None
+        """The watch under way (its open HTTP response, urllib3's, is closed by `close`)."""
         self._thread = threading.Thread(target=self._watch, name="zerotrain-pod-watch", daemon=True)
         self._thread.start()
 
     # -- what the pod says --------------------------------------------------------------------------------------
 
-    def first_round(self, timeout: float = 30.0) -> int:
-        """The round this pod was created for (its annotation, else its gang label): the operator's word, once read."""
+    def first_round(self, timeout: float = 30.0) -> int | None:
+        """The round this pod was created for (its annotation, else its gang label), once read; None when the pod
+        cannot be read (its Role lacks the grant, the server is unreachable for `timeout`): then it runs one round
+        and ends with it, as a pod recreated on restart does."""
         with self._seen:
-            self._seen.wait_for(lambda: self._known, timeout)
-            word = self._word
+            self._seen.wait_for(lambda: self._known or self._refused is not None, timeout)
+            word, refused = self._word, self._refused
         found = word.round if word.round is not None else word.gang
         if found is None:
-            raise RuntimeError(f"pod {self.namespace}/{self.pod} carries neither {ROUND_ANNOTATION} nor {LABEL_GANG}")
+            why = refused or f"no {ROUND_ANNOTATION} annotation or {LABEL_GANG} label seen within {timeout:g} s"
+            log.warning("pod %s: cannot follow in-place restarts (%s); it will be recreated on restart", self.pod, why)
         return found
 
     def stop_event(self, round_: int) -> threading.Event:
         """Set once the pod's gang label passes `round_` or it is told to exit: its ranks are to stop."""
         stop = threading.Event()
-
-        def watch() -> None:
-            with self._seen:
-                self._seen.wait_for(lambda: self._closed or stop.is_set() or self._stops(round_))
-            if not self._closed:
+        with self._seen:
+            self._stops = {round_: stop}
+            if self._ends(round_):
                 stop.set()
-
-        threading.Thread(target=watch, name=f"zerotrain-round-{round_}-stop", daemon=True).start()
         return stop
 
-    def _stops(self, round_: int) -> bool:
+    def _ends(self, round_: int) -> bool:
         w = self._word
         return w.exit or (w.gang is not None and w.gang > round_)
 
     def next_round(self, after: int) -> int | None:
         """Wait for word after round `after` ended: the next round's number, or None (told to exit, or SIGTERM: the
         pod is being deleted). SIGTERM is caught here while no rank runs."""
-        previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        main = threading.current_thread() is threading.main_thread()  # a test may wait from another thread
+        previous = signal.signal(signal.SIGTERM, self._on_sigterm) if main else None
         try:
             with self._seen:
                 while True:
@@ -112,19 +121,18 @@ class PodRounds:
                         return w.round
                     self._seen.wait(0.5)  # a signal handler runs between waits
         finally:
-            signal.signal(signal.SIGTERM, previous)
+            if main:
+                signal.signal(signal.SIGTERM, previous)
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         self._terminated = True
 
     # -- what the launcher says ---------------------------------------------------------------------------------
 
-    def report_end(self, round_: int, outcome: LaunchOutcome, line: str) -> None:
-        """Every rank of `round_` stopped: say so on the pod, with the termination message `line`. Retried until
-        the server takes it (the operator waits for it), unless the pod is gone or told to exit."""
-        record = RoundEnd(
-            round=round_, exit_code=outcome.exit_code, message=line, finished_at=datetime.now(timezone.utc)
-        )
+    def report_end(self, round_: int, exit_code: int, line: str) -> None:
+        """Every rank of `round_` stopped, as `exit_code` and the termination message `line` say: say so on the pod.
+        Retried until the server takes it (the operator waits for it), unless the pod is gone or SIGTERM came."""
+        record = RoundEnd(round=round_, exit_code=exit_code, message=line, finished_at=datetime.now(timezone.utc))
         patch = {"metadata": {"annotations": {ROUND_END_ANNOTATION: record.annotation()}}}
         while not self._terminated:
             try:
@@ -146,9 +154,14 @@ class PodRounds:
             time.sleep(RETRY_SECONDS)
 
     def close(self) -> None:
+        """Stop following the pod: the watch's connection is closed now, not when its minute is up."""
         with self._seen:
             self._closed = True
             self._seen.notify_all()
+            response = getattr(self._watching, "_resp", None)  # the client keeps no public handle on it
+        if response is not None:
+            with contextlib.suppress(Exception):
+                response.close()
 
     # -- the watch ----------------------------------------------------------------------------------------------
 
@@ -160,6 +173,9 @@ class PodRounds:
         word = PodWord(parse_round(labels.get(LABEL_GANG)), parse_round(raw), raw == ROUND_EXIT)
         with self._seen:
             self._word, self._known = word, True
+            for round_, stop in self._stops.items():
+                if self._ends(round_):
+                    stop.set()
             self._seen.notify_all()
 
     def _watch(self) -> None:
@@ -169,7 +185,7 @@ class PodRounds:
                 with _api(self.base) as client:
                     api = kubernetes.client.CoreV1Api(client)
                     if version is None:
-                        pod = api.read_namespaced_pod(self.pod, self.namespace, _request_timeout=TIMEOUT_SECONDS)
+                        pod = self._read(api)
                         self._update(pod)
                         version = pod.metadata.resource_version if pod.metadata is not None else None
                     version = self._follow(api, version or "")
@@ -183,9 +199,21 @@ class PodRounds:
                 log.warning("watching pod %s: %s", self.pod, e)
                 time.sleep(RETRY_SECONDS)
 
+    def _read(self, api: kubernetes.client.CoreV1Api) -> kubernetes.client.V1Pod:
+        try:
+            return api.read_namespaced_pod(self.pod, self.namespace, _request_timeout=TIMEOUT_SECONDS)
+        except kubernetes.client.ApiException as e:
+            if e.status in (401, 403, 404) and not self._known:
+                with self._seen:
+                    self._refused = f"reading pod {self.namespace}/{self.pod}: {e.status} {e.reason}"
+                    self._seen.notify_all()
+            raise
+
     def _follow(self, api: kubernetes.client.CoreV1Api, version: str) -> str | None:
         """Stream the pod's changes from `version` for up to WATCH_SECONDS; the newest version seen."""
-        stream = kubernetes.watch.Watch().stream(
+
+        self._watching = kubernetes.watch.Watch()
+        stream = self._watching.stream(
             api.list_namespaced_pod,
             self.namespace,
             field_selector=f"metadata.name={self.pod}",
@@ -210,6 +238,8 @@ class PodRounds:
 def stays(outcome: LaunchOutcome) -> bool:
     """Whether a launcher waits in its pod for the next round after `outcome`: after a rank failure, or its ranks
     stopped for a peer's SIGTERM or by the operator; not when it finished, was refused, or was itself signalled."""
+    from zerotrain.runtime.job.launch import Outcome
+
     if outcome.to_launcher:
         return False
     return outcome.reason in (Outcome.RANK_FAILED, Outcome.STOPPED, Outcome.PREEMPTED)
