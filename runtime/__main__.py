@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from zerotrain.errors import EXIT_BAD_INPUT, UserError
 from zerotrain.hf_config import local_files
-from zerotrain.pod_contract import ROUND_STARTED_ENV
+from zerotrain.pod_contract import GANG_ENV, ROUND_STARTED_ENV
 from zerotrain.runtime.job import rank_fork
 
 if TYPE_CHECKING:  # torch: imported once the fork server is on its way
@@ -75,13 +75,30 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def _launch(
-    spec: ZeroTrainingJobSpec, config: str, plan: LaunchPlan, run_id: str, stop: threading.Event | None = None
+    spec: ZeroTrainingJobSpec,
+    config: str,
+    plan: LaunchPlan,
+    run_id: str,
+    stop: threading.Event | None = None,
+    later: bool = False,
 ) -> LaunchOutcome:
-    """One launch of the pod's ranks (one round), its outcome said on stderr."""
+    """One launch of the pod's ranks (one round), its outcome said on stderr. A `later` round (an in-place restart)
+    waits twice scheduling.startupTimeoutSeconds for its peers: they may be pods the operator is still placing, and
+    its verdict on one that cannot start (a resize, Unschedulable) must come before this pod gives up on it."""
     from zerotrain.runtime.job.launch import launch
 
+    timeout = 2 * spec.scheduling.startup_timeout_seconds if later else None
     with tempfile.TemporaryDirectory(prefix="zerotrain-logs-") as logs:
-        outcome = launch(spec, Path(config), plan, run_id=run_id, log_dir=Path(logs), capture_stdout=False, stop=stop)
+        outcome = launch(
+            spec,
+            Path(config),
+            plan,
+            run_id=run_id,
+            log_dir=Path(logs),
+            capture_stdout=False,
+            stop=stop,
+            rendezvous_timeout=timeout,
+        )
     print(f"zerotrain: node {plan.node_rank}: {outcome.reason.value}: {outcome.message}", file=sys.stderr, flush=True)
     for line in outcome.details:
         print(f"zerotrain: node {plan.node_rank}:   {line}", file=sys.stderr, flush=True)
@@ -101,8 +118,9 @@ def _rounds(
     while True:
         if not first:  # the ranks' clock starts with the round, not with this process (`gang_clock`)
             os.environ[ROUND_STARTED_ENV] = repr(time.time())
+            os.environ[GANG_ENV] = str(number)
             print(f"zerotrain: node {plan.node_rank}: round {number}: starting the ranks again", file=sys.stderr)
-        outcome = _launch(spec, config, plan, f"{name}-{number}", rounds.stop_event(number))
+        outcome = _launch(spec, config, plan, f"{name}-{number}", rounds.stop_event(number), later=not first)
         if not stays(outcome):
             rounds.close()
             return outcome

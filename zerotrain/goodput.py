@@ -96,8 +96,11 @@ def seconds_in(parts: list[tuple[Bucket, float]]) -> GoodputSeconds:
 class GangClock(SpecModel):
     """Rank 0's reading of its gang's clock, sent with each progress report (the operator never writes it)."""
 
+    gang: int | None = Field(default=None, ge=0)
+    """The gang the ranks belong to (status.restarts.total when it began); null outside a job's pods. The operator
+    takes the running gang's clock alone."""
     process_start: datetime
-    """When the pod's launcher process started (the operator ignores a clock that started before its gang)."""
+    """When the pod's launcher process (or its in-place round) started."""
     first_step: datetime | None = None
     """When the gang's first step began; null while it starts."""
     reported_at: datetime
@@ -173,9 +176,15 @@ class GangEnd:
     (the job finished)."""
 
 
-def current_clock(clock: GangClock | None, since: datetime) -> GangClock | None:
-    """The clock if it belongs to the gang running since `since` (a late report of an ended gang does not)."""
-    return clock if clock is not None and clock.process_start >= since else None
+def current_clock(clock: GangClock | None, since: datetime, gang: int | None = None) -> GangClock | None:
+    """The clock if it belongs to the running gang, number `gang`, running since `since` (a late report of an
+    ended gang does not). By number where both are known: the launchers' start, read from /proc, may be a second
+    early, and a recreated gang's start within a second of the last one's end."""
+    if clock is None:
+        return None
+    if clock.gang is not None and gang is not None:
+        return clock if clock.gang == gang else None
+    return clock if clock.process_start >= since else None
 
 
 def open_share(since: datetime, gap: Bucket, clock: GangClock | None) -> tuple[GoodputSeconds, datetime, Bucket]:
@@ -184,13 +193,14 @@ def open_share(since: datetime, gap: Bucket, clock: GangClock | None) -> tuple[G
     start_bucket = Bucket.STARTING if gap == Bucket.PENDING else Bucket.RESTARTING
     if clock is None:
         return GoodputSeconds(), since, gap
-    waited = (gap, (clock.process_start - since).total_seconds())
+    began = max(clock.process_start, since)  # a start read a moment before `since`: that moment is counted there
+    waited = (gap, (began - since).total_seconds())
     if clock.first_step is None:
-        started = (clock.reported_at - clock.process_start).total_seconds()
+        started = (clock.reported_at - began).total_seconds()
         return seconds_in([waited, (start_bucket, started)]), clock.reported_at, start_bucket
     parts = [
         waited,
-        (start_bucket, (clock.first_step - clock.process_start).total_seconds()),
+        (start_bucket, (clock.first_step - began).total_seconds()),
         (Bucket.TRAINING, clock.training_seconds()),
         (Bucket.EVALUATING, clock.evaluating_seconds),
         (Bucket.CHECKPOINTING, clock.checkpointing_seconds),
@@ -203,17 +213,17 @@ def start(created: datetime) -> GoodputStatus:
     return GoodputStatus(at=created, closed_at=created, current=Bucket.PENDING)
 
 
-def account(ledger: GoodputStatus, clock: GangClock | None) -> GoodputStatus:
-    """The ledger with the running gang's newest report folded in (unchanged when there is none)."""
-    share, at, current = open_share(ledger.closed_at, ledger.gap, current_clock(clock, ledger.closed_at))
+def account(ledger: GoodputStatus, clock: GangClock | None, gang: int | None = None) -> GoodputStatus:
+    """The ledger with the running gang's (number `gang`) newest report folded in (unchanged when there is none)."""
+    share, at, current = open_share(ledger.closed_at, ledger.gap, current_clock(clock, ledger.closed_at, gang))
     return _view(ledger, ledger.closed.plus(share), at, current)
 
 
-def close(ledger: GoodputStatus, clock: GangClock | None, end: GangEnd) -> GoodputStatus:
+def close(ledger: GoodputStatus, clock: GangClock | None, end: GangEnd, gang: int | None = None) -> GoodputStatus:
     """The ledger with the running gang closed at `end.at`: its share through its last report; then, for a gang
     that trained, the time to its end (training when it finished or was stopped, lost when it failed) and from its
-    death to `end.at` (where the time after it goes, or lost when nothing follows a failure)."""
-    clock = current_clock(clock, ledger.closed_at)
+    death to `end.at` (where the time after it goes, or lost when nothing follows a failure). `gang`: its number."""
+    clock = current_clock(clock, ledger.closed_at, gang)
     share, at, current = open_share(ledger.closed_at, ledger.gap, clock)
     parts: list[tuple[Bucket, float]] = []
     if clock is not None and clock.first_step is not None:

@@ -28,6 +28,10 @@ RENDEZVOUS_ENV = ("MASTER_ADDR", "MASTER_PORT", "NNODES", "NODE_RANK", "NPROC_PE
 ROUND_ANNOTATION = "zerotrain.dev/round"
 ROUND_END_ANNOTATION = "zerotrain.dev/round-end"
 ROUND_EXIT = "exit"
+# The gang a round of ranks belongs to (status.restarts.total when it began): the pod's gang label at its start
+# (the downward API), then each in-place round's number. Rank 0's clock names it, and the goodput ledger takes the
+# running gang's clock alone: a time comparison cannot tell them apart when the next gang starts within a second.
+GANG_ENV = "ZEROTRAIN_GANG"
 # When the launcher started the round (seconds since the epoch): the start of the ranks' clock (`gang_clock`).
 ROUND_STARTED_ENV = "ZEROTRAIN_ROUND_STARTED"
 

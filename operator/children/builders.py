@@ -64,6 +64,7 @@ FIXED_ENV = frozenset(
         contract.JOB_NAME_ENV,
         contract.NAMESPACE_ENV,
         contract.POD_NAME_ENV,
+        contract.GANG_ENV,
     }
 )
 
@@ -84,6 +85,8 @@ def pod_env(job: JobRef, spec: ZeroTrainingJobSpec, replica: int) -> list[Obj]:
     }
     env: list[Obj] = [{"name": k, "value": v} for k, v in fixed.items()]
     env.append({"name": contract.POD_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
+    gang_label = {"fieldPath": f"metadata.labels['{naming.LABEL_GANG}']"}
+    env.append({"name": contract.GANG_ENV, "valueFrom": {"fieldRef": gang_label}})
     user = [{"name": e.name, "value": e.value} for e in spec.env if e.name not in FIXED_ENV]
     if spec.resources.gpu > 0:
         theirs = {e["name"] for e in user} | pod_template.trainer_env_names(spec.pod_template)

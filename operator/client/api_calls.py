@@ -52,7 +52,7 @@ API_CALLS: frozenset[ApiCall] = frozenset(
     | _calls(VOLCANO_GROUP, "podgroups", "create", "patch")
     # One immutable ConfigMap per gang: created with the gang, the earlier gangs' listed and deleted (pods kept in
     # place keep the one they mount).
-    | _calls("", "configmaps", "list", "create", "delete")
+    | _calls("", "configmaps", "create", "delete")
     # A job labelled kueue.x-k8s.io/queue-name: its LocalQueue must exist before a gang is created (children.kueue).
     | _calls("kueue.x-k8s.io", "localqueues", "get")
     # A gang Kueue holds: its Workload (named as its pod group) says what it waits for.

@@ -129,11 +129,6 @@ class Kube(Transport):
     def delete_config_map(self, namespace: str, name: str) -> None:
         self._delete(path_of("v1", "configmaps", namespace, name))
 
-    def list_job_config_maps(self, namespace: str, job: str) -> list[Obj]:
-        """The job's ConfigMaps (one per gang still mounted by a pod, or not yet deleted)."""
-        listing = self._list(path_of("v1", "configmaps", namespace), {"labelSelector": f"{naming.LABEL_JOB}={job}"})
-        return [c for c in listing.items if (c.get("metadata", {}).get("labels") or {}).get(naming.LABEL_JOB) == job]
-
     def ensure(self, obj: Obj) -> bool:
         """Create `obj` unless it exists (never patched: for immutable objects); True if created."""
         try:

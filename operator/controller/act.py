@@ -68,7 +68,8 @@ class ChildWriter:
             self._on_pool(job, [self._patch_pod(job, n, labels={naming.LABEL_GANG: str(gang)}) for n in d.move_pods])
         created = None
         if d.create_gang:
-            gang_first, pods, created = self._gang_writes(job, spec, sized, gang)
+            kept_since = gang - d.status.restarts.in_place
+            gang_first, pods, created = self._gang_writes(job, spec, sized, gang, kept_since)
             first, then = first + gang_first, then + pods
         self._on_pool(job, first)
         self._on_pool(job, then)
@@ -93,9 +94,10 @@ class ChildWriter:
         return first, [Write("apply", o, self.client.apply) for o in objs if o["kind"] == "RoleBinding"]
 
     def _gang_writes(
-        self, job: builders.JobRef, spec: ZeroTrainingJobSpec, sized: ZeroTrainingJobSpec, gang: int
+        self, job: builders.JobRef, spec: ZeroTrainingJobSpec, sized: ZeroTrainingJobSpec, gang: int, since: int
     ) -> tuple[list[Write], list[Write], tuple[int, int]]:
-        """The gang's ConfigMap (and the previous gang's going), to go with the supporting children; then its pods
+        """The gang's ConfigMap (and the earlier ones going: `since`, the oldest gang whose config pods an
+        in-place restart kept may still have mounted), to go with the supporting children; then its pods
         that do not exist yet, at most max_pod_creates_per_pass of them: a gang larger than that is created over
         several passes, so one job's pass never runs for minutes. Also (pods of the gang that will exist, pods in
         the gang). The pods go after the ServiceAccount (a real server refuses a pod whose account does not exist)
@@ -116,12 +118,17 @@ class ChildWriter:
         # An earlier pass began this gang (its ConfigMap exists and the earlier ones are gone), or it has none.
         if not members:
             first.append(Write("create", config, self.kube.ensure))  # once per gang; a retry keeps the first one
-            if gang > 0:  # the earlier gangs' pods are gone (a gang is created only then): so go their configs
-                first += [
-                    Write("delete", old, lambda o: self.kube.delete_config_map(job.namespace, o["metadata"]["name"]))
-                    for old in self.kube.list_job_config_maps(job.namespace, job.name)
-                    if old["metadata"]["name"] != config["metadata"]["name"]
-                ]
+            # The earlier gangs' pods are gone (a gang is created only then): so go their configs. Pods kept in
+            # place mount the config of the gang they were created in, up to one per in-place restart back; deleted
+            # by name (a listing would be a read on every restart), a config already gone is a 404.
+            first += [
+                Write(
+                    "delete",
+                    {"metadata": {"name": naming.config_map_name(job.name, g)}},
+                    lambda o: self.kube.delete_config_map(job.namespace, o["metadata"]["name"]),
+                )
+                for g in range(max(0, since - 1), gang)
+            ]
         todo = [p for p in gang_pods if p["metadata"]["name"] not in existing]
         limit = self.max_pod_creates_per_pass
         done = len(gang_pods) - len(todo) + min(limit, len(todo))

@@ -56,4 +56,6 @@ def keep(
         st.goodput = ledger
         return
     end = gang_end(was, st, restart_cause, died, now)
-    st.goodput = goodput.close(ledger, st.gang_clock, end) if end else goodput.account(ledger, st.gang_clock)
+    gang = previous.restarts.total if previous is not None else 0  # the gang that ran until this pass
+    clock = st.gang_clock
+    st.goodput = goodput.close(ledger, clock, end, gang) if end else goodput.account(ledger, clock, gang)

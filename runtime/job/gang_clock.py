@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from zerotrain.goodput import Bucket, GangClock, GoodputSeconds, seconds_in
-from zerotrain.pod_contract import LAUNCHER_PID_ENV, ROUND_STARTED_ENV
+from zerotrain.pod_contract import GANG_ENV, LAUNCHER_PID_ENV, ROUND_STARTED_ENV
 from zerotrain.runtime.job.step_split import Phase, StepSplit
 
 _IMPORTED = time.time()
@@ -91,7 +91,9 @@ class Timekeeper:
     def reading(self, now: float | None = None) -> GangClock:
         """The clock as status.gangClock carries it."""
         now = time.time() if now is None else now
+        gang = os.environ.get(GANG_ENV, "")
         return GangClock(
+            gang=int(gang) if gang.isdigit() else None,
             process_start=_at(self.started),
             first_step=None if self.first_step is None else _at(self.first_step),
             reported_at=_at(now),

@@ -283,13 +283,15 @@ def launch(
     capture_stdout: bool = True,
     on_interrupt: Callable[[str], None] | None = None,
     stop: threading.Event | None = None,
+    rendezvous_timeout: int | None = None,
 ) -> LaunchOutcome:
     """Start the plan's local ranks through torch.distributed's elastic launcher and wait for them.
 
     `quiet` silences torch's own log lines (the caller reports the outcome itself). With `log_dir`, each rank's
     stdout and stderr also go to files under it (`<log_dir>/<run>/attempt_0/<local rank>/`), still shown here
     with a `[rankN]:` prefix. `stop`: once set, every rank is killed at once and the launch ends STOPPED (the
-    operator restarts the gang in place: nothing of this round may meet the next).
+    operator restarts the gang in place: nothing of this round may meet the next). `rendezvous_timeout`: how long
+    the launcher waits for its peers, scheduling.startupTimeoutSeconds unless given.
     """
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -308,7 +310,7 @@ def launch(
         run_id=run_id,
         rdzv_backend="static",
         rdzv_endpoint=f"{plan.master_addr}:{plan.master_port}",
-        rdzv_configs={"rank": plan.node_rank, "timeout": spec.scheduling.startup_timeout_seconds},
+        rdzv_configs={"rank": plan.node_rank, "timeout": rendezvous_timeout or spec.scheduling.startup_timeout_seconds},
         max_restarts=0,
         monitor_interval=0.1,
         start_method="spawn",
@@ -330,6 +332,9 @@ def launch(
     ctrl_c = CtrlC(on_interrupt) if on_interrupt is not None else None
     if ctrl_c is not None:
         config.signals_to_handle = "SIGTERM,SIGHUP,SIGQUIT"  # SIGINT is CtrlC's
+    # torch's launcher leaves its handler (it raises SignalException) installed once it returns: a signal after
+    # that, while the stopper closes or a pod reports its round, would end the launcher with a traceback.
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)}
     previous = signal.signal(signal.SIGINT, ctrl_c) if ctrl_c is not None else None
     stopper = Stopper(stop, server if forked else None) if stop is not None else None
     try:
@@ -354,10 +359,12 @@ def launch(
             return LaunchOutcome(128 + int(e.sigval), Outcome.INTERRUPTED, "SIGINT twice: every rank stopped at once")
         return LaunchOutcome(128 + int(e.sigval), Outcome.INTERRUPTED, f"{e.sigval.name}: ranks stopped")
     finally:
-        if stopper is not None:
-            stopper.close()
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
+        if stopper is not None:
+            stopper.close()
     return LaunchOutcome(0, Outcome.SUCCEEDED, f"{plan.nproc_per_node} rank(s) finished")
 
 

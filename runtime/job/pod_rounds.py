@@ -16,8 +16,10 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from types import FrameType
@@ -73,6 +75,10 @@ class PodRounds:
         self._closed = False
         self._terminated = False
         self._stops: dict[int, threading.Event] = {}
+        self._between_rounds = False
+        """No rank runs or is being started: SIGTERM ends the waits, not the process at once."""
+        self._sigterm: signal.Handlers | Callable[[int, FrameType | None], Any] | int | None = None
+        """The SIGTERM handler before `first_round` installed its own, put back by `close`."""
         self._watching: Any = None
         """The watch under way (its open HTTP response, urllib3's, is closed by `close`)."""
         self._thread = threading.Thread(target=self._watch, name="zerotrain-pod-watch", daemon=True)
@@ -84,6 +90,11 @@ class PodRounds:
         """The round this pod was created for (its annotation, else its gang label), once read; None when the pod
         cannot be read (its Role lacks the grant, the server is unreachable for `timeout`): then it runs one round
         and ends with it, as a pod recreated on restart does."""
+        if threading.current_thread() is threading.main_thread():  # a test may follow a pod from another thread
+            # SIGTERM (the pod is being deleted) between rounds ends the waits, then the launcher with the last
+            # round's outcome; while ranks run torch's launcher forwards it to them (`launch` puts this handler back
+            # after); before they start (a rendezvous) it ends the launcher at once, as without rounds.
+            self._sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
         with self._seen:
             self._seen.wait_for(lambda: self._known or self._refused is not None, timeout)
             word, refused = self._word, self._refused
@@ -108,24 +119,23 @@ class PodRounds:
 
     def next_round(self, after: int) -> int | None:
         """Wait for word after round `after` ended: the next round's number, or None (told to exit, or SIGTERM: the
-        pod is being deleted). SIGTERM is caught here while no rank runs."""
-        main = threading.current_thread() is threading.main_thread()  # a test may wait from another thread
-        previous = signal.signal(signal.SIGTERM, self._on_sigterm) if main else None
-        try:
-            with self._seen:
-                while True:
-                    w = self._word
-                    if self._terminated or w.exit:
-                        return None
-                    if w.round is not None and w.round > after and w.gang == w.round:
-                        return w.round
-                    self._seen.wait(0.5)  # a signal handler runs between waits
-        finally:
-            if main:
-                signal.signal(signal.SIGTERM, previous)
+        pod is being deleted)."""
+        self._between_rounds = True
+        with self._seen:
+            while True:
+                w = self._word
+                if self._terminated or w.exit:
+                    return None
+                if w.round is not None and w.round > after and w.gang == w.round:
+                    self._between_rounds = False
+                    return w.round
+                self._seen.wait(0.5)  # a signal handler runs between waits
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         self._terminated = True
+        if not self._between_rounds:  # waiting for its peers, say: end as a pod without rounds would
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
 
     # -- what the launcher says ---------------------------------------------------------------------------------
 
@@ -134,6 +144,7 @@ class PodRounds:
         Retried until the server takes it (the operator waits for it), unless the pod is gone or SIGTERM came."""
         record = RoundEnd(round=round_, exit_code=exit_code, message=line, finished_at=datetime.now(timezone.utc))
         patch = {"metadata": {"annotations": {ROUND_END_ANNOTATION: record.annotation()}}}
+        self._between_rounds = True  # SIGTERM from here on ends the waits, and then the launcher
         while not self._terminated:
             try:
                 with _api(self.base) as client:
@@ -155,13 +166,15 @@ class PodRounds:
 
     def close(self) -> None:
         """Stop following the pod: the watch's connection is closed now, not when its minute is up."""
+        if self._sigterm is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._sigterm)
+            self._sigterm = None
         with self._seen:
             self._closed = True
             self._seen.notify_all()
             response = getattr(self._watching, "_resp", None)  # the client keeps no public handle on it
         if response is not None:
-            with contextlib.suppress(Exception):
-                response.close()
+            _hang_up(response)
 
     # -- the watch ----------------------------------------------------------------------------------------------
 
@@ -196,6 +209,8 @@ class PodRounds:
                     log.warning("watching pod %s: %s", self.pod, e.reason)
                     time.sleep(RETRY_SECONDS)
             except Exception as e:
+                if self._closed:  # `close` hung the stream up
+                    return
                 log.warning("watching pod %s: %s", self.pod, e)
                 time.sleep(RETRY_SECONDS)
 
@@ -233,6 +248,19 @@ class PodRounds:
             if md.name == self.pod and event["type"] in ("ADDED", "MODIFIED"):
                 self._update(pod)
         return version
+
+
+def _hang_up(response: Any) -> None:
+    """End a streamed response that another thread reads from. Closing it would wait for that read (the reader
+    holds its buffer's lock until the server's next event, up to a minute); shutting its socket down ends the read
+    at once, with end of stream."""
+    connection = getattr(response, "_connection", None)  # urllib3's HTTPResponse keeps its connection here
+    sock = getattr(connection, "sock", None)
+    if sock is None:
+        sock = getattr(getattr(getattr(getattr(response, "_fp", None), "fp", None), "raw", None), "_sock", None)
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
 
 
 def stays(outcome: LaunchOutcome) -> bool:

@@ -104,3 +104,14 @@ def test_progress_is_the_steps_done_and_the_time_left_at_the_training_rate() -> 
     assert progress(300, 300, 90.0).eta_seconds == 0.0 and progress(300, 300, 90.0).percent == 100.0
     assert [duration(s) for s in (42, 720, 12_000, 3 * 86_400 + 7200)] == ["42s", "12m", "3h20m", "3d2h"]
 
+
+def test_the_next_gang_is_known_by_its_number_when_it_starts_within_a_second_of_the_last_ones_end() -> None:
+    """A recreated gang's launchers may start 0.3 s after the restart, and /proc puts a launcher's start up to a
+    second early: gang 1's clock then reads as starting before gang 0's end. Its number says whose it is."""
+    ledger = goodput.account(goodput.start(T0), clock(2, 5, 20, gang=0), gang=0)
+    ended = goodput.close(ledger, clock(2, 5, 20, gang=0), GangEnd(Ending.STOPPED, at(30)), gang=0)
+    early = clock(29.8, 31, 45, gang=1)  # read as 0.2 s before the end
+    assert goodput.current_clock(early, ended.closed_at) is None  # by time alone it would be thrown away
+    running = goodput.account(ended, early, gang=1)
+    assert running.seconds.training == 25 + 14 and running.seconds.restarting == pytest.approx(1)
+    assert goodput.account(ended, clock(2, 5, 35, gang=0), gang=1).seconds == ended.seconds  # a late report of gang 0

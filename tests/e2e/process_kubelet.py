@@ -465,5 +465,7 @@ def _field(pod: dict[str, Any], source: dict[str, Any]) -> str:
     md = pod["metadata"]
     known = {"metadata.name": md["name"], "metadata.namespace": md["namespace"], "metadata.uid": md["uid"]}
     known |= {"spec.nodeName": "localhost", "status.podIP": "127.0.0.1", "status.hostIP": "127.0.0.1"}
+    for kind in ("labels", "annotations"):
+        known |= {f"metadata.{kind}['{k}']": v for k, v in (md.get(kind) or {}).items()}
     assert path in known, f"downward API field {path!r} is not emulated by the process kubelet"
     return known[path]

@@ -115,7 +115,12 @@ async def test_a_gang_shrinks_when_a_node_is_lost_and_grows_back_matching_an_uni
     assert status["restarts"]["failures"] == 0 and status["replicas"] == 4 and status["step"] == STEPS
 
     ranks = {g: [p for p in kubelet.gang(g) if p.name.startswith(f"{name}-worker")] for g in range(4)}
-    assert [len(ranks[g]) for g in range(4)] == [4, 3, 3, 4], logs  # gang 1's fourth pod was never placed
+    # Gang 1 is the node loss's in-place restart: it kept gang 0's three living pods (their processes started as
+    # gang 0's) and its new fourth pod was never placed; the resizes recreate every pod.
+    assert [len(ranks[g]) for g in range(4)] == [4, 0, 3, 4], logs
+    assert status["restarts"]["inPlace"] == 1, status["restarts"]
+    again = [p.name for p in ranks[0] if "round 1: starting the ranks again" in p.output()]
+    assert sorted(again) == [f"{name}-worker-{i}" for i in range(3)], logs
     probes = [p for p in kubelet.pods if p.name.startswith(f"{name}-probe")]
     assert [p.gang for p in probes] == ["2"], logs  # the 3-pod gang's probe, placed once capacity returned
     # Growing cost no step: the 3-pod gang committed the step it was in at SIGTERM, and the 4-pod gang began there.

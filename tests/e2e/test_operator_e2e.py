@@ -204,7 +204,8 @@ async def test_failed_rank_restarts_whole_gang(cluster: Cluster, operator: Opera
     second = await wait_pods(kube, ns, "beta", 2, gang=1)
     assert {p["metadata"]["uid"] for p in second}.isdisjoint(p["metadata"]["uid"] for p in first)
     job = await wait_status(kube, ns, "beta", lambda s: s.get("restarts", {}).get("total") == 1)
-    assert job["status"]["restarts"] == {"total": 1, "failures": 1, "byCause": {"Failed": 1}}
+    recreated = {"inPlace": 0, "strategy": "Recreate"}  # no checkpoint claim: every pod is created again
+    assert job["status"]["restarts"] == {"total": 1, "failures": 1, "byCause": {"Failed": 1}, **recreated}
     assert condition(job, "Restarting")["reason"] == "RankFailed"
     for p in second:
         await call(set_pod_phase, kube, ns, p["metadata"]["name"], "Running")
@@ -219,7 +220,8 @@ async def test_eviction_restarts_without_counting(cluster: Cluster, operator: Op
     await call(set_pod_phase, kube, ns, "gamma-worker-0", "Failed", None, "Evicted")
     await wait_pods(kube, ns, "gamma", 2, gang=1)
     job = await wait_status(kube, ns, "gamma", lambda s: s.get("restarts", {}).get("total") == 1)
-    assert job["status"]["restarts"] == {"total": 1, "failures": 0, "byCause": {"Evicted": 1}}
+    recreated = {"inPlace": 0, "strategy": "Recreate"}  # the evicted pod is gone, and there is no checkpoint claim
+    assert job["status"]["restarts"] == {"total": 1, "failures": 0, "byCause": {"Evicted": 1}, **recreated}
     assert job["status"]["phase"] != "Failed"
 
 

@@ -155,7 +155,9 @@ def check_ledger(job: dict[str, Any], first_rank0: str, killed_at: float, steppe
     assert abs(seconds["lost"] - lost) <= 0.1 * lost, (ledger, f"{lost:.2f} s expected: a step took {step_s:.3f} s")
     gap = stepped_at - step_s - killed_at  # to the beginning of the first step rank 0 printed the end of
     assert abs(seconds["restarting"] - gap) <= max(0.1 * gap, 1.0), (ledger, f"{gap:.2f} s from the kill to the step")
-    assert seconds["pending"] > 0 and seconds["starting"] > 0 and seconds["checkpointing"] > 0, ledger
+    # Not pending: the process kubelet starts a pod within a second of its creation, which the API keeps in whole
+    # seconds, and a launcher's start read from /proc may be a second early: pending is often 0 here.
+    assert seconds["starting"] > 0 and seconds["checkpointing"] > 0, ledger
     assert seconds["evaluating"] == 0, ledger
     # Everything else trained: the first gang's steps up to its checkpoint and the second gang's thirty.
     assert seconds["training"] >= (PACED_STEPS - (KILL_AFTER - PACED_INTERVAL)) * step_s * 0.9, ledger
@@ -181,7 +183,9 @@ async def test_a_preempted_pod_saves_its_step_and_the_next_gang_resumes_there(
         # Only pod 1 is signalled; pod 0's rank learns of it through the step's all-reduce and saves too.
         terminated = await asyncio.to_thread(kubelet.terminate, f"{name}-worker-1")
         job = await wait_status(kube, ns, name, lambda s: s.get("restarts", {}).get("total") == 1)
-        assert job["status"]["restarts"] == {"total": 1, "failures": 0, "byCause": {"Preempted": 1}}, job["status"]
+        # Pod 0 lives on (its ranks stopped for pod 1's signal): it is kept, and pod 1 alone is created again.
+        kept = {"inPlace": 1, "strategy": "InPlace"}
+        assert job["status"]["restarts"] == {"total": 1, "failures": 0, "byCause": {"Preempted": 1}, **kept}, job
         saved = job["status"]["lastCheckpoint"]
         job = await wait_status(kube, ns, name, lambda s: s.get("phase") in ("Succeeded", "Failed"), START_S)
         first, second = kubelet.gang(0), kubelet.gang(1)

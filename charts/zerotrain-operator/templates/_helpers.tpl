@@ -108,11 +108,11 @@ when the two differ): no wildcards, no verb or resource it does not use.
 - apiGroups: [""]
   resources: ["services", "serviceaccounts"]
   verbs: ["list", "watch", "create", "patch"]
-# One immutable ConfigMap per gang (the runtime's config): created with the gang, the earlier gangs' listed and
-# deleted (pods kept in place by an in-place restart keep the one they mount).
+# One immutable ConfigMap per gang (the runtime's config): created with the gang, the earlier gangs' deleted by
+# name (pods kept in place by an in-place restart keep the one they mount until a gang is created afresh).
 - apiGroups: [""]
   resources: ["configmaps"]
-  verbs: ["list", "create", "delete"]
+  verbs: ["create", "delete"]
 # A Role and RoleBinding per job that let its ranks patch only that job's status. The operator holds every
 # permission it grants there, so it needs neither `escalate` nor `bind` (the RoleBinding is created once its Role
 # exists: the server checks the Role's rules against the operator's). Watched into the operator's cache.

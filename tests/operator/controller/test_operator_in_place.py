@@ -223,7 +223,6 @@ def test_the_writer_moves_starts_and_creates_beside_kept_pods_with_their_config(
     r.client.patch_pod = record("patch")  # type: ignore[method-assign]
     r.client.create_pod = record("create")  # type: ignore[method-assign]
     r.kube.ensure = record("ensure")  # type: ignore[method-assign]
-    r.kube.list_job_config_maps = lambda ns, job: [{"metadata": {"name": "j-config-0"}}]  # type: ignore[method-assign]
     st = running(1)
     d = Decision(st, create_gang=True, start_pods=["j-worker-0"], move_pods=["j-worker-0"])
     try:
@@ -241,3 +240,21 @@ def test_the_writer_moves_starts_and_creates_beside_kept_pods_with_their_config(
     config = next(v for v in created["spec"]["volumes"] if v["name"] == naming.CONFIG_VOLUME)
     assert config["configMap"]["name"] == "j-config-0"
     assert not [v for v, _, _ in sent if v == "ensure"]  # no ConfigMap of gang 1
+
+
+def test_a_gang_created_afresh_after_in_place_restarts_deletes_every_config_kept_pods_may_mount() -> None:
+    """Gang 3, created afresh after two in-place restarts (gangs 1 and 2 kept gang 0's pods, which mounted
+    j-config-0): the configs of gangs 0 to 2 are deleted by name, with no listing (a read on every restart)."""
+    r = reconciler()
+    deleted: list[str] = []
+    r.client.pods = lambda ns, name: []  # type: ignore[method-assign]
+    r.client.create_pod = lambda pod: None  # type: ignore[method-assign]
+    r.kube.ensure = lambda obj: True  # type: ignore[method-assign]
+    r.kube.delete_config_map = lambda ns, name: deleted.append(name)  # type: ignore[method-assign]
+    st = running(3)
+    st.restarts.in_place = 2
+    try:
+        r.writer.act(JOB, spec(), spec(), Decision(st, create_gang=True), supporting=False)
+    finally:
+        r.close()
+    assert sorted(deleted) == ["j-config-0", "j-config-1", "j-config-2"]
