@@ -129,8 +129,9 @@ def test_bad_records_are_refused_naming_the_record_and_the_fix(
     error = refusal(capsys, [write_jsonl(tmp_path / "c.jsonl", [good])], bare, tmp_path / "o3")
     assert "--tokenizer: " in error and "has no chat template" in error and "--format prompt-completion" in error
 
-    error = refusal(capsys, [write_jsonl(tmp_path / "e.jsonl", conversations())], tok, tmp_path / "o4")
-    assert "--max-skipped: got 0.01, but 1 of 3 records (33.3%) were skipped (1 for empty answer)" in error
+    empty = write_jsonl(tmp_path / "e.jsonl", conversations())
+    error = refusal(capsys, [empty], tok, tmp_path / "o4")
+    assert f"--max-skipped: got 0.01, but 1 of 3 records (33.3%) were skipped (1 for empty answer: {empty}:3)" in error
 
 
 def test_a_prepare_run_again_replaces_the_files_whole(tmp_path: Path) -> None:
@@ -143,3 +144,39 @@ def test_a_prepare_run_again_replaces_the_files_whole(tmp_path: Path) -> None:
     assert json.loads((out / "meta.json").read_text())["format"] == "text"
     assert sorted(p.name for p in out.iterdir()) == ["meta.json", "train.bin", "val.bin"]  # no stale mask or index
     assert np.fromfile(out / "train.bin", dtype="<u2").size + np.fromfile(out / "val.bin", dtype="<u2").size == 41
+
+
+def test_a_malformed_record_is_named_by_its_line_and_nothing_else_is_said(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """JSON Lines and JSON arrays are read here, so a broken record is named by its 1-based line in the file (not a
+    row of a read chunk), in one line, with no output of a library before it; the failed run leaves no --out."""
+    tok = tokenizer(tmp_path / "tok", TAGGED)
+    good = json.dumps(conversations()[0])
+    lines = tmp_path / "lines.jsonl"
+    lines.write_text("\n".join([good] * 20 + ["", '{"messages": [}'] + [good] * 5) + "\n")  # line 22 is broken
+    out = tmp_path / "never"
+    assert prepare([lines], tok, out) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(captured.err.strip().splitlines()) == 1, captured
+    assert f"INPUT: {lines}:22: not valid JSON (Expecting value at column 15); fix that line" in captured.err
+    assert not out.exists()
+
+    array = tmp_path / "array.json"
+    array.write_text("[\n  " + good + ",\n  " + good + ",\n  [1, 2],\n  " + good + "\n]\n")
+    error = refusal(capsys, [array], tok, tmp_path / "o1")
+    assert f"INPUT: {array}:4: a JSON list, not an object; each element of the array is one record" in error
+    array.write_text("[\n  " + good + ",\n  " + good + "\n  " + good + "\n]\n")  # a comma missing on line 3
+    error = refusal(capsys, [array], tok, tmp_path / "o2")
+    assert f"INPUT: {array}:4: expected ',' or ']' between records" in error
+
+
+def test_skipped_records_are_named_by_their_lines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tok = tokenizer(tmp_path / "tok", TAGGED)
+    records = conversations()
+    path = write_jsonl(tmp_path / "chat.jsonl", records[:2] + [records[2]] * 5 + records[:2])
+    assert prepare([path], tok, tmp_path / "out", "--max-skipped", "0.6") == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert f"skipped 5 (5 empty answer: {path}:3, {path}:4, {path}:5 and 2 more)" in said
+    meta = json.loads((tmp_path / "out" / "meta.json").read_text())
+    assert meta["skipped_at"] == {"empty_answer": [f"{path}:{n}" for n in (3, 4, 5)]}

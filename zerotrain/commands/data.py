@@ -50,6 +50,7 @@ from zerotrain.commands.records import (
     RecordFormat,
     RecordSplit,
     RecordWriter,
+    named,
     read_records,
     stats,
     template_digest,
@@ -184,12 +185,15 @@ def expand_inputs(patterns: list[str]) -> list[Path]:
 def staged(out: Path) -> Iterator[Path]:
     """A directory beside `out`'s files to write into; on success its files replace `out`'s (meta.json last, after
     the old one and companion files of another format are removed), on failure it is removed."""
+    made = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(dir=out, prefix=".prepare-"))
     try:
         yield stage
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
+        if made:  # a failed prepare leaves nothing behind: not even the directory it made
+            shutil.rmtree(out, ignore_errors=True)
         raise
     (out / META_FILE).unlink(missing_ok=True)
     for stale in [*out.glob("train.*"), *out.glob("val.*")]:
@@ -258,6 +262,7 @@ def write_records(
         "tokens": {"train": train.written, "val": val.written},
         "records": {"train": train.records, "val": val.records},
         "skipped": {reason.name.lower(): n for reason, n in writer.skipped.items()},
+        "skipped_at": {reason.name.lower(): places for reason, places in writer.skipped_at.items() if places},
         "lengths": stats(train.lengths + val.lengths),
         "tokenizer": str(Path(args.tokenizer).resolve()),
         "tokenizer_digest": tokenizer_digest(Path(args.tokenizer)),
@@ -294,7 +299,13 @@ def summary(out: Path, meta: dict[str, Any], files: int, seconds: float) -> str:
             f"{docs['val']:,} documents) from {files} files, {meta['dtype']}, in {seconds:.1f} s"
         )
     records, skipped = meta["records"], sum(meta["skipped"].values())
-    why = ", ".join(f"{n:,} {k.replace('_', ' ')}" for k, n in meta["skipped"].items() if n) or "none"
+    places = meta.get("skipped_at", {})
+    why = (
+        ", ".join(
+            f"{n:,} {k.replace('_', ' ')}: {named(places.get(k, []), n)}" for k, n in meta["skipped"].items() if n
+        )
+        or "none"
+    )
     return (
         f"wrote {out}: {records['train']:,} train / {records['val']:,} val records ({tokens['train']:,} / "
         f"{tokens['val']:,} tokens) from {files} files, {meta['format']}, {meta['dtype']}; skipped {skipped:,} "

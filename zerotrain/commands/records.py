@@ -1,8 +1,9 @@
 """Instruction records for `zerotrain data prepare --format chat|prompt-completion`: read, rendered, masked.
 
-Records come from JSON Lines, JSON (an array of objects) and Parquet files, read through the `datasets` library one
-at a time (streaming: never a whole file in memory, nothing fetched, nothing cached beside the output). Each becomes
-token ids and a mask of the tokens the loss counts:
+Records come from JSON Lines and JSON (an array of objects) files, read here so that each record is known by its
+line (a malformed one is named by it, and nothing else is said), and Parquet files, read through the `datasets`
+library a row at a time (nothing fetched, nothing cached beside the output). JSON Lines stream line by line; a JSON
+array is one document, read whole. Each record becomes token ids and a mask of the tokens the loss counts:
 
 - `prompt-completion`: a record's `prompt` and `completion` strings, each tokenized without special tokens (as
   torchtune tokenizes each message apart), the end-of-text id after the completion; the completion and that id count
@@ -15,11 +16,13 @@ token ids and a mask of the tokens the loss counts:
   way: the record is skipped and counted).
 
 Records whose answer has no token (an empty completion, no assistant message) are skipped and counted, as are the
-ones a template cannot mask; `prepare` refuses a file set where more than `--max-skipped` of the records were.
+ones a template cannot mask, and the first few of each are named by their lines; `prepare` refuses a file set where
+more than `--max-skipped` of the records were.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Iterator
@@ -31,9 +34,10 @@ from typing import IO, Any
 from zerotrain.data_files import NUMPY_DTYPES, digest_of
 from zerotrain.errors import UserError
 
-BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
-"""The `datasets` builder of each record file kind."""
+RECORD_SUFFIXES = (".jsonl", ".json", ".parquet")
 KNOWN_ROLES = ("system", "user", "assistant", "tool")
+NAMED_SKIPS = 3
+"""How many skipped records of each reason are named by their place (the summary, meta.json, refusals)."""
 
 
 class RecordFormat(str, Enum):
@@ -61,38 +65,102 @@ class Encoded:
     mask: list[int]
 
 
-def _line_numbers(path: Path) -> Iterator[int]:
-    """The numbers of a JSON Lines file's non-blank lines: `datasets` skips the blank ones."""
+def _an_object(value: object, where: str, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise UserError(
+            f"INPUT: {where}: a JSON {type(value).__name__.replace('dict', 'object').replace('str', 'string')}, not an "
+            f'object; {what} is one record, an object such as {{"messages": [...]}}; fix it'
+        )
+    return value
+
+
+def json_lines(path: Path) -> Iterator[tuple[dict[str, Any], str]]:
+    """Each record of a JSON Lines file and its `path:line` (1-based; blank lines are skipped)."""
     with path.open("rb") as f:
-        for number, line in enumerate(f, start=1):
-            if line.strip():
-                yield number
+        for number, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                record = json.loads(raw)
+            except UnicodeDecodeError:
+                raise UserError(f"INPUT: {where}: not UTF-8 text; fix that line (save the file as UTF-8)") from None
+            except json.JSONDecodeError as e:
+                raise UserError(
+                    f"INPUT: {where}: not valid JSON ({e.msg} at column {e.colno}); fix that line (each line of a "
+                    ".jsonl file is one JSON object)"
+                ) from None
+            yield _an_object(record, where, "each line of a .jsonl file"), where
+
+
+def json_array(path: Path) -> Iterator[tuple[dict[str, Any], str]]:
+    """Each record of a JSON file holding one array of records, and the `path:line` its object starts on."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"INPUT: {path}: not UTF-8 text; save it as UTF-8") from None
+    decoder, at, line, counted = json.JSONDecoder(), 0, 1, 0
+
+    def skip(pos: int) -> int:
+        while pos < len(text) and text[pos] in " \t\r\n":
+            pos += 1
+        return pos
+
+    def line_of(pos: int) -> int:
+        nonlocal line, counted
+        line, counted = line + text.count("\n", counted, pos), pos
+        return line
+
+    def broken(pos: int, why: str) -> UserError:
+        return UserError(f"INPUT: {path}:{line_of(pos)}: {why}; fix the file (a .json file holds one array of records)")
+
+    at = skip(at)
+    if not text.startswith("[", at):
+        raise broken(at, "not a JSON array")
+    at = skip(at + 1)
+    first = True
+    while not text.startswith("]", at):
+        if not first:
+            if not text.startswith(",", at):
+                raise broken(at, "expected ',' or ']' between records")
+            at = skip(at + 1)
+        try:
+            record, end = decoder.raw_decode(text, at)
+        except json.JSONDecodeError as e:
+            raise broken(e.pos, f"not valid JSON ({e.msg} at column {e.colno})") from None
+        where = f"{path}:{line_of(at)}"
+        yield _an_object(record, where, "each element of the array"), where
+        at, first = skip(end), False
+    if skip(at + 1) != len(text):
+        raise broken(skip(at + 1), "text after the array's end")
+
+
+def parquet_rows(path: Path) -> Iterator[tuple[dict[str, Any], str]]:
+    """Each row of a Parquet file and `path row N` (0-based, as pandas and pyarrow count them)."""
+    import datasets
+
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    with tempfile.TemporaryDirectory(prefix="zerotrain-records-") as cache:
+        try:
+            rows = datasets.load_dataset(
+                "parquet", data_files=str(path), split="train", streaming=True, cache_dir=cache
+            )
+            for k, record in enumerate(rows):
+                yield dict(record), f"{path} row {k}"
+        except (ValueError, TypeError, OSError) as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise UserError(f"INPUT: {path} cannot be read as Parquet ({first}); fix the file") from None
 
 
 def read_records(path: Path) -> Iterator[tuple[dict[str, Any], str]]:
     """(record, where it is, for messages) of each record of one file, in order."""
-    builder = BUILDERS.get(path.suffix)
-    if builder is None:
+    if path.suffix not in RECORD_SUFFIXES:
         raise UserError(
             f"INPUT: got {str(path)!r}, which is not a record file (.jsonl, .json or .parquet); give records, or "
             "use --format text for plain text"
         )
-    import datasets
-
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    lines = _line_numbers(path) if path.suffix == ".jsonl" else None
-    unit = "row" if builder == "parquet" else "record"
-    with tempfile.TemporaryDirectory(prefix="zerotrain-records-") as cache:
-        try:
-            records = datasets.load_dataset(
-                builder, data_files=str(path), split="train", streaming=True, cache_dir=cache
-            )
-            for k, record in enumerate(records):
-                where = f"{path}:{next(lines)}" if lines is not None else f"{path} {unit} {k}"
-                yield dict(record), where
-        except (ValueError, TypeError, OSError) as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise UserError(f"INPUT: {path} cannot be read as {builder} records ({first}); fix the file") from None
+    readers = {".jsonl": json_lines, ".json": json_array, ".parquet": parquet_rows}
+    yield from readers[path.suffix](path)
 
 
 def _text(record: dict[str, Any], key: str, where: str, fmt: RecordFormat) -> str:
@@ -211,6 +279,12 @@ class Chat:
         return ids, mask
 
 
+def named(places: list[str], count: int) -> str:
+    """The first places of `count` skipped records: 'a.jsonl:3, a.jsonl:9 and 4 more'."""
+    more = count - len(places)
+    return ", ".join(places) + (f" and {more:,} more" if more > 0 else "")
+
+
 def template_digest(chat: Chat | None) -> str | None:
     return digest_of(chat.template.encode()) if chat is not None else None
 
@@ -260,12 +334,16 @@ class RecordWriter:
     splits: dict[str, RecordSplit] = field(default_factory=dict)
     seen: int = 0
     skipped: dict[Skip, int] = field(default_factory=lambda: dict.fromkeys(Skip, 0))
+    skipped_at: dict[Skip, list[str]] = field(default_factory=lambda: {s: [] for s in Skip})
+    """Where the first NAMED_SKIPS of each reason's records are."""
 
     def add(self, record: dict[str, Any], where: str) -> None:
         encoded = self.encoder.encode(record, where)
         self.seen += 1
         if isinstance(encoded, Skip):
             self.skipped[encoded] += 1
+            if len(self.skipped_at[encoded]) < NAMED_SKIPS:
+                self.skipped_at[encoded].append(where)
             return
         if encoded.ids and max(encoded.ids) >= self.limit:
             raise UserError(
@@ -280,7 +358,11 @@ class RecordWriter:
         """Refuse when more than `limit` of the records were skipped, saying how many for which reason."""
         total = sum(self.skipped.values())
         if self.seen and total / self.seen > limit:
-            why = ", ".join(f"{n:,} for {reason.value}" for reason, n in self.skipped.items() if n)
+            why = ", ".join(
+                f"{n:,} for {reason.value}: {named(self.skipped_at[reason], n)}"
+                for reason, n in self.skipped.items()
+                if n
+            )
             raise UserError(
                 f"--max-skipped: got {limit}, but {total:,} of {self.seen:,} records ({total / self.seen:.1%}) were "
                 f"skipped ({why}); fix the records or the tokenizer's chat template, or allow more with --max-skipped"
