@@ -14,6 +14,8 @@ from pathlib import Path
 META_FILE = "meta.json"
 RECORD_FORMATS = ("chat", "prompt-completion")
 """The formats whose files hold records."""
+PAIR_FORMAT = "preference"
+"""The format whose records are preference pairs (records 2k and 2k + 1: pair k's chosen and rejected answers)."""
 SUFFIXES = {"tokens": ".bin", "mask": ".mask", "index": ".idx"}
 """A record split's files, by what they hold: DIR/train.bin, DIR/train.mask, DIR/train.idx."""
 NUMPY_DTYPES = {"uint16": "<u2", "uint32": "<u4"}

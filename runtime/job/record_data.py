@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from zerotrain.data_files import RECORD_FORMATS
+from zerotrain.data_files import PAIR_FORMAT, RECORD_FORMATS
 from zerotrain.runtime.job.data import WindowStream, rank_rows
 from zerotrain.runtime.job.task import ConfigError
 from zerotrain.runtime.job.token_data import DTYPES, META_FILE
@@ -54,7 +54,7 @@ def is_records(path: str) -> bool:
     """Whether `path` is a split of records (meta.json beside it says a record format)."""
     meta = Path(path).expanduser().parent / META_FILE
     try:
-        return json.loads(meta.read_text()).get("format") in RECORD_FORMATS
+        return json.loads(meta.read_text()).get("format") in (*RECORD_FORMATS, PAIR_FORMAT)
     except (OSError, ValueError, AttributeError):
         return False
 
@@ -71,6 +71,12 @@ class RecordFiles:
             raise ConfigError(
                 f"{field}: cannot read {tokens.parent / META_FILE} ({e}); prepare the data again"
             ) from None
+        if self.meta.get("format") == PAIR_FORMAT:
+            raise ConfigError(
+                f"{field}: got {path!r}, prepared with --format preference: pairs of a chosen and a rejected answer, "
+                "which supervised fine-tuning would train on both; prepare the records with --format chat or "
+                "prompt-completion (preference tuning is not yet a training objective)"
+            )
         companions = [tokens.with_suffix(s) for s in (".mask", ".idx")]
         missing = [str(p) for p in [tokens, *companions] if not p.is_file()]
         if missing:

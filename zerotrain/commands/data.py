@@ -8,16 +8,18 @@ every document (--no-eos leaves it out). DIR/train.bin and DIR/val.bin are flat 
 token ids, what `zerotrain.runtime.job.token_data.TokenFiles` reads; DIR/meta.json records the dtype, the
 vocabulary size, the token and document counts, the tokenizer and the EOS id.
 
-`--format chat` and `--format prompt-completion`: inputs are records (JSON Lines, JSON, Parquet, read through
-`datasets`), rendered and masked as `records` says. Each split is three files: `train.bin` (the token ids, records
-one after another), `train.mask` (one byte a token: 1 where the loss counts it, the answers) and `train.idx` (int64:
-where each record starts, and the end), what `zerotrain.runtime.job.record_data` reads, packed or padded to seq_len
-as the job's manifest says. meta.json adds the format, the record counts, what was skipped and why, the longest
-record and the 99th percentile of lengths, and the tokenizer's digest (and its chat template's), which the Hugging
-Face entry point checks against the model's own tokenizer.
+`--format chat` and `--format prompt-completion`: inputs are records (JSON Lines, JSON, Parquet), rendered and
+masked as `records` says; `--format preference`: pairs of a chosen and a rejected answer, each pair two records one
+after the other in one split (`preference_records`), meta.json counting the pairs too. Each split is three files:
+`train.bin` (the token ids, records one after another), `train.mask` (one byte a token: 1 where the loss counts it,
+the answers) and `train.idx` (int64: where each record starts, and the end), what
+`zerotrain.runtime.job.record_data` reads, packed or padded to seq_len as the job's manifest says. meta.json adds
+the format, the record counts, what was skipped and why, the longest record and the 99th percentile of lengths, and
+the tokenizer's digest (and its chat template's), which the Hugging Face entry point checks against the model's own
+tokenizer.
 
 The held-out split is deterministic and needs no count in advance: with stride s = round(1 / val-fraction) (at least
-2), document (or record) i (0-based, in input order) goes to val when i mod s == 1. So 1, 1+s, 1+2s, … are held
+2), document (or record, or pair) i (0-based, in input order) goes to val when i mod s == 1. So 1, 1+s, 1+2s, … are held
 out: ≈ val-fraction of them, at least one whenever there are two or more, never the first, and the same on every
 run. A single text document (one file) is split by its tokens instead: its last val-fraction of tokens are held
 out. --val-fraction 0 holds out nothing. Empty documents are skipped and not counted.
@@ -44,8 +46,10 @@ from rich.console import Console
 from rich.text import Text
 
 from zerotrain.commands.documents import Split, Writer, split_single_document, tokenize
+from zerotrain.commands.preference_records import Preference
 from zerotrain.commands.records import (
     Chat,
+    Encoder,
     PromptCompletion,
     RecordFormat,
     RecordSplit,
@@ -242,7 +246,8 @@ def write_records(
     dtype = choose_dtype(args.dtype, vocab_size)
     eos_id = find_eos(tokenizer, args.tokenizer)
     chat = Chat(Path(args.tokenizer)) if fmt is RecordFormat.CHAT else None
-    encoder = chat if chat is not None else PromptCompletion(tokenizer, eos_id)
+    pairs = Preference(tokenizer, eos_id, Path(args.tokenizer)) if fmt is RecordFormat.PREFERENCE else None
+    encoder: Encoder = chat or pairs or PromptCompletion(tokenizer, eos_id)
     writer = RecordWriter(encoder, DTYPE_LIMITS[dtype], val_stride(args.val_fraction))
     with ExitStack() as files:
         for name in ("train", "val"):
@@ -255,7 +260,7 @@ def write_records(
     train, val = writer.splits["train"], writer.splits["val"]
     if train.records == 0:
         raise UserError(f"INPUT: got {args.inputs}, but they hold no record to train on; give non-empty records")
-    return {
+    meta: dict[str, Any] = {
         "format": fmt.value,
         "dtype": dtype,
         "vocab_size": vocab_size,
@@ -266,9 +271,12 @@ def write_records(
         "lengths": stats(train.lengths + val.lengths),
         "tokenizer": str(Path(args.tokenizer).resolve()),
         "tokenizer_digest": tokenizer_digest(Path(args.tokenizer)),
-        "chat_template_digest": template_digest(chat),
+        "chat_template_digest": template_digest(chat or (pairs.chat if pairs is not None else None)),
         "eos_id": eos_id,
     }
+    if pairs is not None:  # records 2k and 2k + 1 are pair k's chosen and rejected answers
+        meta["pairs"] = {"train": train.records // 2, "val": val.records // 2}
+    return meta
 
 
 def prepare(args: argparse.Namespace) -> int:
@@ -298,7 +306,8 @@ def summary(out: Path, meta: dict[str, Any], files: int, seconds: float) -> str:
             f"wrote {out}: {tokens['train']:,} train / {tokens['val']:,} val tokens ({docs['train']:,} / "
             f"{docs['val']:,} documents) from {files} files, {meta['dtype']}, in {seconds:.1f} s"
         )
-    records, skipped = meta["records"], sum(meta["skipped"].values())
+    records, skipped = meta.get("pairs") or meta["records"], sum(meta["skipped"].values())
+    unit = "pairs" if "pairs" in meta else "records"
     places = meta.get("skipped_at", {})
     why = (
         ", ".join(
@@ -307,7 +316,7 @@ def summary(out: Path, meta: dict[str, Any], files: int, seconds: float) -> str:
         or "none"
     )
     return (
-        f"wrote {out}: {records['train']:,} train / {records['val']:,} val records ({tokens['train']:,} / "
+        f"wrote {out}: {records['train']:,} train / {records['val']:,} val {unit} ({tokens['train']:,} / "
         f"{tokens['val']:,} tokens) from {files} files, {meta['format']}, {meta['dtype']}; skipped {skipped:,} "
         f"({why}); longest record {meta['lengths']['longest']:,} tokens, 99% within {meta['lengths']['p99']:,}; in "
         f"{seconds:.1f} s"

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from zerotrain.data_files import NUMPY_DTYPES, digest_of
 from zerotrain.errors import UserError
@@ -46,6 +46,8 @@ class RecordFormat(str, Enum):
     TEXT = "text"
     CHAT = "chat"
     PROMPT_COMPLETION = "prompt-completion"
+    PREFERENCE = "preference"
+    """Pairs of a chosen and a rejected answer to one prompt (`preference_records`)."""
 
 
 class Skip(str, Enum):
@@ -55,6 +57,8 @@ class Skip(str, Enum):
     """Nothing the loss would count: an empty completion, or no assistant message with content."""
     UNMASKABLE = "answers the template cannot mark"
     """The chat template renders earlier turns differently once later ones follow, and marks no answers itself."""
+    IDENTICAL_ANSWERS = "the same chosen and rejected answer"
+    """A preference pair that prefers nothing."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,30 @@ class Encoded:
 
     ids: list[int]
     mask: list[int]
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A preference record's two answers, each after the prompt (`preference_records`)."""
+
+    chosen: Encoded
+    rejected: Encoded
+
+
+def looks_like(record: dict[str, Any]) -> RecordFormat | None:
+    """The format a record's fields say it has, if any."""
+    if "chosen" in record and "rejected" in record:
+        return RecordFormat.PREFERENCE
+    if "messages" in record:
+        return RecordFormat.CHAT
+    if "prompt" in record and "completion" in record:
+        return RecordFormat.PROMPT_COMPLETION
+    return None
+
+
+def _hint(record: dict[str, Any], fmt: RecordFormat) -> str:
+    other = looks_like(record)
+    return "" if other is None or other is fmt else f"; it looks like --format {other.value}"
 
 
 def _an_object(value: object, where: str, what: str) -> dict[str, Any]:
@@ -169,8 +197,8 @@ def _text(record: dict[str, Any], key: str, where: str, fmt: RecordFormat) -> st
         found = "is missing" if value is None else f"is {type(value).__name__}, not a string"
         fields = "'prompt' and 'completion'" if fmt is RecordFormat.PROMPT_COMPLETION else "'messages'"
         raise UserError(
-            f"INPUT: {where}: field {key!r} {found} (--format {fmt.value} reads {fields}); fix the record, or give "
-            "the --format its records have"
+            f"INPUT: {where}: field {key!r} {found} (--format {fmt.value} reads {fields}){_hint(record, fmt)}; fix the "
+            "record, or give the --format its records have"
         )
     return value
 
@@ -229,18 +257,37 @@ class Chat:
         if not isinstance(messages, list) or not messages:
             found = "is missing" if messages is None else "is not a non-empty list"
             raise UserError(
-                f"INPUT: {where}: field 'messages' {found} (--format chat reads a list of {{role, content}}); fix "
-                "the record, or give the --format its records have"
+                f"INPUT: {where}: field 'messages' {found} (--format chat reads a list of {{role, content}})"
+                f"{_hint(record, RecordFormat.CHAT)}; fix the record, or give the --format its records have"
             )
+        return self.messages(messages, where, "messages")
+
+    def messages(self, messages: list[Any], where: str, name: str) -> list[dict[str, str]]:
+        """Field `name`'s messages, checked: each {role, content}, a role the template knows."""
         for i, m in enumerate(messages):
             if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-                raise UserError(f"INPUT: {where}: messages[{i}] is not {{role: str, content: str}}; fix the record")
+                raise UserError(f"INPUT: {where}: {name}[{i}] is not {{role: str, content: str}}; fix the record")
             if m["role"] not in KNOWN_ROLES and m["role"] not in self.template:
                 raise UserError(
-                    f"INPUT: {where}: messages[{i}].role got {m['role']!r}, which the tokenizer's chat template does "
+                    f"INPUT: {where}: {name}[{i}].role got {m['role']!r}, which the tokenizer's chat template does "
                     f"not know; use one of {', '.join(KNOWN_ROLES)}"
                 )
         return [{"role": m["role"], "content": m["content"]} for m in messages]
+
+    def after_prompt(self, prompt: list[dict[str, str]], answer: list[dict[str, str]], where: str) -> Encoded | None:
+        """The prompt and the answer rendered together, the answer's tokens marked: those after the prompt's own
+        rendering with the generation prompt (None when that rendering is not where the whole begins)."""
+        try:
+            before = self._render(prompt, add_generation_prompt=True) if prompt else []
+            ids = self._render(prompt + answer)
+        except Exception as e:  # jinja's TemplateError and whatever the template raises itself
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise UserError(
+                f"INPUT: {where}: the tokenizer's chat template refuses these messages ({first}); fix the record"
+            ) from None
+        if ids[: len(before)] != before or len(ids) == len(before):
+            return None
+        return Encoded(ids, [0] * len(before) + [1] * (len(ids) - len(before)))
 
     def encode(self, record: dict[str, Any], where: str) -> Encoded | Skip:
         messages = self._messages(record, where)
@@ -323,11 +370,17 @@ class RecordSplit:
         self.lengths.append(len(encoded.ids))
 
 
+class Encoder(Protocol):
+    """What encodes one record: a sequence, a preference pair, or why it is skipped."""
+
+    def encode(self, record: dict[str, Any], where: str) -> Encoded | Pair | Skip: ...
+
+
 @dataclass
 class RecordWriter:
     """Encodes records into the splits: record i held out when i mod stride == 1, as documents are."""
 
-    encoder: PromptCompletion | Chat
+    encoder: Encoder
     limit: int
     """Token ids must be below this (the dtype's range)."""
     stride: int | None
@@ -337,6 +390,9 @@ class RecordWriter:
     skipped_at: dict[Skip, list[str]] = field(default_factory=lambda: {s: [] for s in Skip})
     """Where the first NAMED_SKIPS of each reason's records are."""
 
+    kept: int = 0
+    """Records (or pairs) written so far: which split the next goes to."""
+
     def add(self, record: dict[str, Any], where: str) -> None:
         encoded = self.encoder.encode(record, where)
         self.seen += 1
@@ -345,14 +401,17 @@ class RecordWriter:
             if len(self.skipped_at[encoded]) < NAMED_SKIPS:
                 self.skipped_at[encoded].append(where)
             return
-        if encoded.ids and max(encoded.ids) >= self.limit:
-            raise UserError(
-                f"--dtype: {where} has token id {max(encoded.ids)}, beyond the dtype's range (< {self.limit:,}); use "
-                "--dtype uint32"
-            )
-        kept = sum(s.records for s in self.splits.values())
-        held_out = self.stride is not None and kept % self.stride == 1
-        self.splits["val" if held_out else "train"].add(encoded)
+        sequences = [encoded.chosen, encoded.rejected] if isinstance(encoded, Pair) else [encoded]
+        for one in sequences:
+            if one.ids and max(one.ids) >= self.limit:
+                raise UserError(
+                    f"--dtype: {where} has token id {max(one.ids)}, beyond the dtype's range (< {self.limit:,}); use "
+                    "--dtype uint32"
+                )
+        held_out = self.stride is not None and self.kept % self.stride == 1
+        for one in sequences:  # a pair's two answers go to one split, one after the other
+            self.splits["val" if held_out else "train"].add(one)
+        self.kept += 1
 
     def check_skipped(self, limit: float) -> None:
         """Refuse when more than `limit` of the records were skipped, saying how many for which reason."""
