@@ -290,9 +290,11 @@ def test_start_up_holds_the_engines_share_plus_one_unit_where_an_ordinary_build_
     whole = run_ranks(start_up_bytes, 4, False)
     for got in run_ranks(start_up_bytes, 4, True):
         # Beyond what the engine keeps for training (its shard of the model states, its fixed buffers): the unit
-        # being gathered whole with this rank's slices of it, the previous unit's gather buffer where gloo's
-        # thread lets go of it late, and the one parameter whose init is being replayed; never the whole model.
-        assert got["peak"] <= got["built"] + 2 * got["unit"] + got["param"], got
+        # being gathered whole, this rank's slices of it (a quarter unit), the previous unit's gather buffer where
+        # gloo's thread lets go of it late, and the one parameter whose init is being replayed; never the whole
+        # model. (Bounded by two units alone it failed once in four runs here: 16 kB over, when the late buffer
+        # and the slices were held at once.)
+        assert got["peak"] <= got["built"] + 2 * got["unit"] + got["unit"] // 4 + got["param"], got
         assert got["peak"] < got["built"] + got["model"] / 2
     for got in whole:
         assert got["peak"] >= got["built"] + got["model"] / 2  # the ordinary build held the whole model at once
