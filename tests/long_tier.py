@@ -32,6 +32,8 @@ LONG: tuple[str, ...] = (
     "tests/bench/test_bench_checkpoint.py::test_both_modes_save_and_the_figures_are_written",
     # 90 s
     "tests/bench/test_bench_lora.py::test_a_tiny_run_of_zerotrain_and_fsdp2_with_adapters",
+    # 50 s: one trial of each restart strategy (the killed-rank e2e covers both in make test)
+    "tests/bench/test_bench_in_place.py::test_one_trial_of_each_strategy_names_every_part",
     # 38 s
     "tests/bench/test_bench_operator_scale.py::test_operator_scale_prints_the_operator_and_the_plain_client_figures",
     # 19 s
