@@ -1,4 +1,4 @@
-"""Numbers as people and Kubernetes write them: 7.5e9, 7.5B, 80GB, 80Gi (quantity), 500m."""
+"""Numbers as people and Kubernetes write them (7.5e9, 7.5B, 80GB, 80Gi, 500m), and bytes written for people."""
 
 from __future__ import annotations
 
@@ -56,3 +56,11 @@ def parse_count(text: str) -> int | None:
     """'7.5e9', '7.5B', '1.3b', '64' -> an integer; None if it is not a number."""
     value = _parse(text, _COUNT, case_sensitive_milli=False)
     return None if value is None else round(value)
+
+
+def format_bytes(n: float) -> str:
+    """Decimal units, as the ZeRO paper counts (GB = 1e9 bytes)."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:.0f} B"

@@ -8,7 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from zerotrain.plan.model_states import format_bytes
+from zerotrain.quantity import format_bytes
 
 # Each zerotrain stage against the systems that shard the same states (and stage 3 against plain DDP too).
 PEERS = {

@@ -14,10 +14,10 @@ from gpu_check_config import SIZES, GptSize, Size
 from gpu_check_records import Checks
 from gpu_check_train import adamw, batches, device_of, init_group, make_task, teardown
 
-from zerotrain.plan.model_states import format_bytes
 from zerotrain.plan.peak import peak_plan
 from zerotrain.plan.transformer import activation_peak
 from zerotrain.pod_contract import SINGLE_RANK_COLLECTIVES_ENV as SINGLE_RANK_ENV
+from zerotrain.quantity import format_bytes
 from zerotrain.runtime import ZeroConfig, ZeroEngine
 from zerotrain.runtime.zero.memory import buffer_plan
 from zerotrain.spec import ModelShape

@@ -27,8 +27,8 @@ from gpu_check_records import SKIPPED, Checks
 from gpu_check_train import device_of, init_group, teardown
 
 from zerotrain.plan.device import device_terms
-from zerotrain.plan.model_states import format_bytes
 from zerotrain.pod_contract import SINGLE_RANK_COLLECTIVES_ENV
+from zerotrain.quantity import format_bytes
 
 TOLERANCE = 0.25
 """How far above its planned figure a measured term may be before the check fails."""

@@ -34,7 +34,7 @@ import torch.multiprocessing as mp
 from rich.console import Console
 from rich.table import Table
 
-from zerotrain.plan.model_states import format_bytes
+from zerotrain.quantity import format_bytes
 from zerotrain.runtime.job.launch import free_port
 
 GPT = "zerotrain.runtime.examples.gpt:build"

@@ -34,8 +34,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from zerotrain.plan.inputs import peak_input
-from zerotrain.plan.model_states import format_bytes
 from zerotrain.plan.peak import peak_plan
+from zerotrain.quantity import format_bytes
 from zerotrain.runtime.job.launch import free_port
 from zerotrain.runtime.zero.live_bytes import LiveBytes
 from zerotrain.spec import ZeroTrainingJobSpec

@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.table import Table
 from torch import nn
 
-from zerotrain.plan.model_states import format_bytes
+from zerotrain.quantity import format_bytes
 from zerotrain.runtime.job.launch import free_port
 
 

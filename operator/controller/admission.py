@@ -22,8 +22,9 @@ from zerotrain.plan.inputs import (
     more_ranks,
     plan_input,
 )
-from zerotrain.plan.model_states import MemoryPlan, PlanInput, format_bytes, min_data_parallel
+from zerotrain.plan.model_states import MemoryPlan, PlanInput, min_data_parallel
 from zerotrain.plan.stage_choice import NoStageFits, StageChoice, resolve_stage
+from zerotrain.quantity import format_bytes
 from zerotrain.spec import ZeroTrainingJobSpec
 from zerotrain.zero_config import AutoStage, Stage
 

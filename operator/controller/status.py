@@ -20,7 +20,8 @@ from zerotrain.operator.controller.conditions import (
 )
 from zerotrain.operator.controller.observe import Disruption, ObservedPod, PodPhase
 from zerotrain.operator.controller.straggler_condition import set_straggler
-from zerotrain.plan.model_states import MemoryPlan, format_bytes
+from zerotrain.plan.model_states import MemoryPlan
+from zerotrain.quantity import format_bytes
 from zerotrain.spec import ZeroTrainingJobSpec
 from zerotrain.training_spec import RestartStrategy
 from zerotrain.zero_config import Stage

@@ -30,7 +30,7 @@ from zerotrain import elastic, weights_layout
 from zerotrain.errors import UserError
 from zerotrain.lora_config import LoraSpec
 from zerotrain.plan.inputs import declared_parameters
-from zerotrain.plan.model_states import format_bytes
+from zerotrain.quantity import format_bytes
 from zerotrain.runtime.checkpoints import base
 from zerotrain.runtime.checkpoints.checkpointer import Checkpointer, CheckpointPolicy, Resume, has_own
 from zerotrain.runtime.construction.materialize import ConstructedValues

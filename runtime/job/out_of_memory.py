@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from zerotrain.plan.model_states import format_bytes
 from zerotrain.pod_contract import RANK_MEMORY_LIMIT_ENV
+from zerotrain.quantity import format_bytes
 from zerotrain.runtime.job.process_memory import status_bytes
 from zerotrain.runtime.rank_phase import RankPhase
 

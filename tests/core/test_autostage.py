@@ -13,9 +13,10 @@ from zerotrain.cli import main
 from zerotrain.manifest import load_job
 from zerotrain.operator.controller.admission import admit
 from zerotrain.plan.inputs import at_stage, memory_plan
-from zerotrain.plan.model_states import DEFAULT_HEADROOM, format_bytes
+from zerotrain.plan.model_states import DEFAULT_HEADROOM
 from zerotrain.plan.process_baseline import baseline_bytes
 from zerotrain.plan.stage_choice import NoStageFits, choose_stage, local_rank_memory, resolve_stage
+from zerotrain.quantity import format_bytes
 from zerotrain.spec import ZeroTrainingJobSpec
 from zerotrain.zero_config import AutoStage, Stage
 

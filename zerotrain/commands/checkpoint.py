@@ -19,7 +19,7 @@ from rich.text import Text
 
 from zerotrain.commands import runtime_calls as rt
 from zerotrain.commands.tables import Rows, print_rows
-from zerotrain.plan.model_states import format_bytes
+from zerotrain.quantity import format_bytes
 
 INSPECT = """List every checkpoint under a checkpoint root (or one checkpoint): step, samples, world size, stage, bytes
 per rank, and whether it is complete (committed, every digest verified)."""

@@ -20,7 +20,7 @@ from rich.text import Text
 from zerotrain.commands import runtime_calls as rt
 from zerotrain.errors import UserError
 from zerotrain.local_paths import load_job
-from zerotrain.plan.model_states import format_bytes
+from zerotrain.quantity import format_bytes
 from zerotrain.spec import ZeroTrainingJobSpec
 
 

@@ -17,10 +17,10 @@ from zerotrain.local_paths import load_job
 from zerotrain.plan import JobPlan, host, plan_job
 from zerotrain.plan.device import device_terms
 from zerotrain.plan.inputs import declared_parameters, plan_input
-from zerotrain.plan.model_states import MemoryPlan, PlanInput, StagePlan, format_bytes, plan
+from zerotrain.plan.model_states import MemoryPlan, PlanInput, StagePlan, plan
 from zerotrain.plan.stage_choice import resolve_stage
 from zerotrain.plan.start_up import describe
-from zerotrain.quantity import parse_bytes, parse_count
+from zerotrain.quantity import format_bytes, parse_bytes, parse_count
 from zerotrain.spec import ZeroTrainingJobSpec
 
 # CLI flag of each PlanInput field, so errors name what the user typed.

@@ -17,7 +17,7 @@ from rich.text import Text
 from zerotrain.commands import runtime_calls as rt
 from zerotrain.commands.tables import Rows, print_rows
 from zerotrain.goodput import GoodputSeconds, summary_line
-from zerotrain.plan.model_states import format_bytes
+from zerotrain.quantity import format_bytes
 
 
 def throughput(record: dict[str, Any]) -> str:

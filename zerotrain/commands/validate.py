@@ -17,8 +17,9 @@ from zerotrain.hf_config import HF_ENTRYPOINT
 from zerotrain.local_paths import load_document
 from zerotrain.manifest import parse_job
 from zerotrain.plan import JobPlan, host, plan_job
-from zerotrain.plan.model_states import MemoryPlan, format_bytes
+from zerotrain.plan.model_states import MemoryPlan
 from zerotrain.plan.start_up import describe
+from zerotrain.quantity import format_bytes
 from zerotrain.spec import ZeroTrainingJobSpec
 from zerotrain.training_spec import RestartStrategy
 from zerotrain.weights_layout import layout

@@ -14,7 +14,7 @@ from rich.text import Text
 
 from zerotrain.goodput import Bucket, GoodputSeconds, progress, summary_line
 from zerotrain.monitoring.top_sources import Sample
-from zerotrain.plan.model_states import format_bytes
+from zerotrain.quantity import format_bytes
 
 # The phases of `zerotrain_step_phase_seconds_total`, shown as data / compute / collective wait / the rest.
 SHOWN_PHASES = {"data_wait": "data", "compute": "compute", "collective_wait": "wait"}

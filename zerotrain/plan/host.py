@@ -18,10 +18,10 @@ import math
 
 from zerotrain._model import SpecModel
 from zerotrain.plan.inputs import at_stage, declared_parameters, host_bytes_per_pod, lowest_stage, memory_plan
-from zerotrain.plan.model_states import DEFAULT_HEADROOM, format_bytes
+from zerotrain.plan.model_states import DEFAULT_HEADROOM
 from zerotrain.plan.process_baseline import ProcessKind, baseline_bytes, process_kind
 from zerotrain.plan.start_up import start_up_plan
-from zerotrain.quantity import parse_bytes
+from zerotrain.quantity import format_bytes, parse_bytes
 from zerotrain.spec import ZeroTrainingJobSpec
 from zerotrain.zero_config import AutoStage, Stage
 

@@ -20,6 +20,7 @@ import math
 from pydantic import Field
 
 from zerotrain._model import SpecModel
+from zerotrain.quantity import format_bytes
 from zerotrain.zero_config import Stage
 
 DEFAULT_HEADROOM = 0.2
@@ -285,11 +286,3 @@ def _recommend(p: PlanInput, stages: list[StagePlan], usable: int, lowest: Stage
         f"no stage fits: even stage 3 needs {format_bytes(last.required_bytes)} per device, more than "
         f"{budget}; {hint}, or use devices with more memory"
     )
-
-
-def format_bytes(n: float) -> str:
-    """Decimal units, as the ZeRO paper counts (GB = 1e9 bytes)."""
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n:.0f} B"

@@ -25,8 +25,9 @@ from zerotrain.plan.inputs import (
     more_ranks,
     plan_input,
 )
-from zerotrain.plan.model_states import DEFAULT_HEADROOM, StagePlan, format_bytes, min_data_parallel
+from zerotrain.plan.model_states import DEFAULT_HEADROOM, StagePlan, min_data_parallel
 from zerotrain.plan.process_baseline import baseline_bytes
+from zerotrain.quantity import format_bytes
 from zerotrain.spec import ZeroTrainingJobSpec
 from zerotrain.zero_config import AutoStage, Stage
 

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 from zerotrain._model import SpecModel
 from zerotrain.plan.inputs import declared_parameters, model_units, peak_input, plan_input
-from zerotrain.plan.model_states import format_bytes, stage_bytes
+from zerotrain.plan.model_states import stage_bytes
 from zerotrain.plan.peak import padded_elements, peak_plan
+from zerotrain.quantity import format_bytes
 from zerotrain.spec import ZeroTrainingJobSpec
 from zerotrain.zero_config import Precision, Stage
 
