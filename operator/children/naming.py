@@ -5,10 +5,14 @@ from __future__ import annotations
 import re
 
 from zerotrain import pod_contract as contract
+
+# The client's labels (it finds a job's objects by them), named here too for the builders.
+from zerotrain.operator.client.selectors import CHILD_SELECTOR as CHILD_SELECTOR
+from zerotrain.operator.client.selectors import LABEL_JOB as LABEL_JOB
+from zerotrain.operator.client.selectors import LABEL_MANAGED_BY as LABEL_MANAGED_BY
+from zerotrain.operator.client.selectors import MANAGER as MANAGER
 from zerotrain.spec import GROUP
 
-LABEL_JOB = f"{GROUP}/job"
-"""Every child carries the job's name under this label (the Service selects pods by it)."""
 LABEL_REPLICA = f"{GROUP}/replica-index"
 """A pod's NODE_RANK."""
 LABEL_GANG = f"{GROUP}/gang"
@@ -16,10 +20,6 @@ LABEL_GANG = f"{GROUP}/gang"
 LABEL_PROBE = f"{GROUP}/capacity-probe"
 """On a pod that only holds a place an elastic gang could grow into (it runs nothing): the scheduler placing it is
 how the operator learns capacity returned. Its value is the probe's index."""
-LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
-MANAGER = "zerotrain-operator"
-CHILD_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGER},{LABEL_JOB}"
-"""Every child of any job: what the operator's watches and the namespace relist select (filtered by the server)."""
 
 CONFIG_KEY = contract.CONFIG_KEY
 CONFIG_DIR = contract.CONFIG_DIR

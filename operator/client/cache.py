@@ -22,7 +22,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from zerotrain.operator.children import naming
+from zerotrain.operator.client import selectors
 from zerotrain.operator.client.kube import Listing
 from zerotrain.operator.objects import Key, Obj
 
@@ -64,7 +64,7 @@ def _key(obj: Obj) -> Key:
 def job_of(pod: Obj) -> Key | None:
     """The job a pod belongs to (its job label), or None for a pod that is not one of ours."""
     md = pod.get("metadata") or {}
-    job = (md.get("labels") or {}).get(naming.LABEL_JOB)
+    job = (md.get("labels") or {}).get(selectors.LABEL_JOB)
     return (md.get("namespace", ""), job) if job else None
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import urllib3
 
-from zerotrain.operator.children import naming
+from zerotrain.operator.client import selectors
 from zerotrain.operator.client.api_calls import PLURALS
 from zerotrain.operator.client.field_owners import upgrade_ops
 from zerotrain.operator.client.transport import KubeError as KubeError
@@ -93,7 +93,7 @@ class Kube(Transport):
 
     def list_owned(self, kind: tuple[str, str], namespace: str | None) -> Listing:
         """Every object of (apiVersion, plural) `kind` the operator made in `namespace` (all: None)."""
-        return self._list(path_of(kind[0], kind[1], namespace), {"labelSelector": naming.CHILD_SELECTOR})
+        return self._list(path_of(kind[0], kind[1], namespace), {"labelSelector": selectors.CHILD_SELECTOR})
 
     def get_job(self, namespace: str, name: str) -> Obj | None:
         return self._get_or_none(path_of(f"{GROUP}/{VERSION}", PLURAL, namespace, name))
@@ -109,9 +109,9 @@ class Kube(Transport):
     # -- children --------------------------------------------------------------------------------------------
 
     def list_job_pods(self, namespace: str, job: str) -> Listing:
-        listing = self._list(path_of("v1", "pods", namespace), {"labelSelector": f"{naming.LABEL_JOB}={job}"})
+        listing = self._list(path_of("v1", "pods", namespace), {"labelSelector": f"{selectors.LABEL_JOB}={job}"})
         # Belt and braces: a server that ignores the selector must not hand us another job's pods.
-        mine = [p for p in listing.items if (p.get("metadata", {}).get("labels") or {}).get(naming.LABEL_JOB) == job]
+        mine = [p for p in listing.items if (p.get("metadata", {}).get("labels") or {}).get(selectors.LABEL_JOB) == job]
         return Listing(mine, listing.resource_version)
 
     def create(self, obj: Obj) -> Obj:

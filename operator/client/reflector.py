@@ -24,7 +24,7 @@ from typing import Protocol
 
 import urllib3
 
-from zerotrain.operator.children import naming
+from zerotrain.operator.client import selectors
 from zerotrain.operator.client.api_calls import CACHED_CHILDREN
 from zerotrain.operator.client.cache import Key, ObjectCache, job_of
 from zerotrain.operator.client.kube import Kube, KubeError, Listing, Obj, path_of
@@ -183,7 +183,7 @@ class Reflector:
     def _follow(self) -> int:
         """Apply the watch's events from the version last seen, kept per event (a stream cut midway resumes after
         its last event, not from where it began); returns how many came, bookmarks included."""
-        query = {"labelSelector": naming.CHILD_SELECTOR}
+        query = {"labelSelector": selectors.CHILD_SELECTOR}
         if self._version is not None:
             query["resourceVersion"] = self._version
         path = path_of(*self.kind, self.namespace)

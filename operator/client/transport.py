@@ -22,8 +22,7 @@ import kubernetes
 import urllib3
 
 from zerotrain import __version__
-from zerotrain.operator.children import naming
-from zerotrain.operator.client import connection
+from zerotrain.operator.client import connection, selectors
 from zerotrain.operator.client.connection import ConnectionSource
 from zerotrain.operator.client.rate_limit import RequestBudget
 from zerotrain.operator.objects import Obj
@@ -111,7 +110,7 @@ class Transport:
         self._api = kubernetes.client.ApiClient(config)
         self._mu = threading.Lock()
         self._watches: set[urllib3.BaseHTTPResponse] = set()
-        self.set_user_agent(f"{naming.MANAGER}/{__version__}")
+        self.set_user_agent(f"{selectors.MANAGER}/{__version__}")
 
     @property
     def user_agent(self) -> str:
