@@ -18,13 +18,12 @@ import torch
 
 from zerotrain import hf_config
 from zerotrain.errors import UserError
-from zerotrain.plan.inputs import declared_parameters
 from zerotrain.runtime.job import evaluation as evaluation_module
+from zerotrain.runtime.job.spec_bindings import check_model_parameters
 from zerotrain.runtime.job.task import (
     ConfigError,
     TrainingTask,
     check_arguments,
-    check_declared_parameters,
     check_task,
     is_script,
     load_entrypoint,
@@ -61,12 +60,7 @@ def check_entrypoint(spec: ZeroTrainingJobSpec, build: bool = True, world_size: 
             f"entry point: {spec.entrypoint} imports and takes its arguments; its model cannot be built on the meta "
             f"device ({reason}), so each rank checks Ψ and the units"
         )
-    try:
-        declared = declared_parameters(spec)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    lora = spec.model.lora is not None
-    check_declared_parameters(task.model, declared, lora_adapters.adapter_names(task.model) if lora else ())
+    check_model_parameters(spec, task.model)
     units = list(spec.zero.unit_modules) or list(task.unit_modules)
     check_unit_classes(task.model, units)
     _check_counted(spec, task)
@@ -79,7 +73,7 @@ def check_entrypoint(spec: ZeroTrainingJobSpec, build: bool = True, world_size: 
     trains = sum(p.numel() for p in task.model.parameters() if p.requires_grad)
     held = sum(1 for m in task.model.modules() if type(m).__name__ in set(units))
     share = f"{trains / count:.2%}: LoRA's adapters and modules to save"
-    trained = f", {trains:,} of them trained ({share})" if lora else ""
+    trained = f", {trains:,} of them trained ({share})" if spec.model.lora is not None else ""
     return (
         f"entry point: {spec.entrypoint} builds a model of {count:,} parameters{trained}, {held} unit(s) of "
         f"{', '.join(units) or '(none: one unit, the whole model)'} (built on the meta device)"

@@ -29,7 +29,6 @@ import torch.distributed as dist
 from zerotrain import elastic, weights_layout
 from zerotrain.errors import UserError
 from zerotrain.lora_config import LoraSpec
-from zerotrain.plan.inputs import declared_parameters
 from zerotrain.quantity import format_bytes
 from zerotrain.runtime.checkpoints import base
 from zerotrain.runtime.checkpoints.checkpointer import Checkpointer, CheckpointPolicy, Resume, has_own
@@ -38,13 +37,12 @@ from zerotrain.runtime.construction.partitioned import build_partitioned
 from zerotrain.runtime.construction.pretrained import Matched, PretrainedValues, load_buffers, match
 from zerotrain.runtime.construction.weight_files import WeightStore, open_weights
 from zerotrain.runtime.job.elastic_batches import SlotBatches
-from zerotrain.runtime.job.spec_bindings import optimizer_factory
+from zerotrain.runtime.job.spec_bindings import check_model_parameters, optimizer_factory
 from zerotrain.runtime.job.task import (
     ConfigError,
     TrainingTask,
     build_task,
     check_arguments,
-    check_declared_parameters,
     check_task,
     load_entrypoint,
 )
@@ -168,12 +166,7 @@ def make_engine(
 ) -> ZeroEngine:
     """ZeroConfig from spec.zero, unit modules defaulting to the task's, optimizer from spec.training; the units'
     values from `source` (a partitioned construction's, pretrained weights), else the model's own."""
-    try:
-        declared = declared_parameters(spec)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    lora = spec.model.lora is not None
-    check_declared_parameters(task.model, declared, lora_adapters.adapter_names(task.model) if lora else ())
+    check_model_parameters(spec, task.model)
     zero = spec.zero
     if not zero.unit_modules and task.unit_modules:
         zero = zero.model_copy(update={"unit_modules": list(task.unit_modules)})

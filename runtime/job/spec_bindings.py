@@ -1,13 +1,18 @@
-"""What the manifest's spec turns into for the engine: the rank's device and the optimizer factory. The engine
-(`zero/`) knows neither the spec nor its types; the job side reads the spec and hands it these."""
+"""What the manifest's spec turns into for the engine: the rank's device and the optimizer factory; and the one
+check of the model against the spec's declared Ψ. The engine (`zero/`) knows neither the spec nor its types; the
+job side reads the spec and hands it these."""
 
 from __future__ import annotations
 
 import os
 
 import torch
+from torch import nn
 
 from zerotrain.errors import ConfigError
+from zerotrain.plan.inputs import declared_parameters
+from zerotrain.runtime.job.task import check_declared_parameters
+from zerotrain.runtime.models import lora as lora_adapters
 from zerotrain.runtime.zero.optimizer import OptimizerFactory
 from zerotrain.spec import OptimizerName, OptimizerSpec, ZeroTrainingJobSpec
 
@@ -46,3 +51,14 @@ def optimizer_factory(opt: OptimizerSpec) -> OptimizerFactory:
     if opt.name == OptimizerName.SGD:
         return lambda groups: torch.optim.SGD(groups, lr=opt.lr, momentum=opt.momentum, weight_decay=opt.weight_decay)
     raise ConfigError(f"spec.training.optimizer.name: got {opt.name!r}; use one of {[o.value for o in OptimizerName]}")
+
+
+def check_model_parameters(spec: ZeroTrainingJobSpec, model: nn.Module) -> None:
+    """The model's parameters against the Ψ the manifest declares (spec.model, or its architecture block), LoRA's
+    adapters not counted: the launcher's entry check and each rank's start run this one check."""
+    try:
+        declared = declared_parameters(spec)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    adapters = lora_adapters.adapter_names(model) if spec.model.lora is not None else ()
+    check_declared_parameters(model, declared, adapters)
