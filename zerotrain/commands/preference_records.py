@@ -21,7 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from zerotrain.commands.records import Chat, Encoded, Pair, PromptCompletion, RecordFormat, Skip, looks_like
+from zerotrain.commands.records import Chat, Encoded, Pair, PromptCompletion, RecordFormat, Skip, format_hint
 from zerotrain.errors import UserError
 
 
@@ -32,11 +32,8 @@ class Preference:
     def __init__(self, tokenizer: Any, eos_id: int | None, tokenizer_path: Path) -> None:
         self.plain = PromptCompletion(tokenizer, eos_id)
         self.tokenizer_path = tokenizer_path
-        self._chat: Chat | None = None
-
-    @property
-    def chat(self) -> Chat | None:
-        return self._chat
+        self.chat: Chat | None = None
+        """The tokenizer's chat template, loaded at the first conversational record."""
 
     def encode(self, record: dict[str, Any], where: str) -> Pair | Skip:
         chosen, rejected = (record.get(k) for k in ("chosen", "rejected"))
@@ -44,7 +41,8 @@ class Preference:
             missing = " and ".join(repr(k) for k in ("chosen", "rejected") if record.get(k) is None)
             raise UserError(
                 f"INPUT: {where}: field {missing} is missing (--format preference reads 'chosen' and 'rejected', "
-                f"with 'prompt'){_other_format(record)}; fix the record, or give the --format its records have"
+                f"with 'prompt'){format_hint(record, RecordFormat.PREFERENCE)}; fix the record, or give the --format "
+                "its records have"
             )
         if isinstance(chosen, str) and isinstance(rejected, str):
             return self._plain(record, chosen, rejected, where)
@@ -68,9 +66,9 @@ class Preference:
         return Pair(one, other)
 
     def _conversation(self, record: dict[str, Any], chosen: list[Any], rejected: list[Any], where: str) -> Pair | Skip:
-        if self._chat is None:
-            self._chat = Chat(self.tokenizer_path)
-        chat = self._chat
+        if self.chat is None:
+            self.chat = Chat(self.tokenizer_path)
+        chat = self.chat
         given = record.get("prompt")
         if given is None:  # TRL's implicit prompt: the messages both conversations begin with
             shared = 0
@@ -94,8 +92,3 @@ class Preference:
         if encoded[0] is None or encoded[1] is None:
             return Skip.UNMASKABLE
         return Pair(encoded[0], encoded[1])
-
-
-def _other_format(record: dict[str, Any]) -> str:
-    fmt = looks_like(record)
-    return "" if fmt is None or fmt is RecordFormat.PREFERENCE else f"; it looks like --format {fmt.value}"

@@ -88,7 +88,8 @@ def looks_like(record: dict[str, Any]) -> RecordFormat | None:
     return None
 
 
-def _hint(record: dict[str, Any], fmt: RecordFormat) -> str:
+def format_hint(record: dict[str, Any], fmt: RecordFormat) -> str:
+    """'; it looks like --format X' where a record read as `fmt` has another format's fields, else ''."""
     other = looks_like(record)
     return "" if other is None or other is fmt else f"; it looks like --format {other.value}"
 
@@ -197,8 +198,8 @@ def _text(record: dict[str, Any], key: str, where: str, fmt: RecordFormat) -> st
         found = "is missing" if value is None else f"is {type(value).__name__}, not a string"
         fields = "'prompt' and 'completion'" if fmt is RecordFormat.PROMPT_COMPLETION else "'messages'"
         raise UserError(
-            f"INPUT: {where}: field {key!r} {found} (--format {fmt.value} reads {fields}){_hint(record, fmt)}; fix the "
-            "record, or give the --format its records have"
+            f"INPUT: {where}: field {key!r} {found} (--format {fmt.value} reads {fields}){format_hint(record, fmt)}; "
+            "fix the record, or give the --format its records have"
         )
     return value
 
@@ -258,7 +259,7 @@ class Chat:
             found = "is missing" if messages is None else "is not a non-empty list"
             raise UserError(
                 f"INPUT: {where}: field 'messages' {found} (--format chat reads a list of {{role, content}})"
-                f"{_hint(record, RecordFormat.CHAT)}; fix the record, or give the --format its records have"
+                f"{format_hint(record, RecordFormat.CHAT)}; fix the record, or give the --format its records have"
             )
         return self.messages(messages, where, "messages")
 
