@@ -166,6 +166,10 @@ def test_a_malformed_record_is_named_by_its_line_and_nothing_else_is_said(
     array.write_text("[\n  " + good + ",\n  " + good + ",\n  [1, 2],\n  " + good + "\n]\n")
     error = refusal(capsys, [array], tok, tmp_path / "o1")
     assert f"INPUT: {array}:4: a JSON list, not an object; each element of the array is one record" in error
+    nothing = write_jsonl(tmp_path / "null.jsonl", [conversations()[0]])
+    nothing.write_text(nothing.read_text() + "null\n")
+    error = refusal(capsys, [nothing], tok, tmp_path / "o3")
+    assert f"INPUT: {nothing}:2: a JSON null, not an object; each line of a .jsonl file is one record" in error
     array.write_text("[\n  " + good + ",\n  " + good + "\n  " + good + "\n]\n")  # a comma missing on line 3
     error = refusal(capsys, [array], tok, tmp_path / "o2")
     assert f"INPUT: {array}:4: expected ',' or ']' between records" in error

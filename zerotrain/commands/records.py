@@ -94,11 +94,16 @@ def format_hint(record: dict[str, Any], fmt: RecordFormat) -> str:
     return "" if other is None or other is fmt else f"; it looks like --format {other.value}"
 
 
+JSON_KINDS = {str: "string", type(None): "null", bool: "boolean"}
+"""JSON's names for what Python calls otherwise (a list, an int, a float keep theirs)."""
+
+
 def _an_object(value: object, where: str, what: str) -> dict[str, Any]:
     if not isinstance(value, dict):
+        kind = JSON_KINDS.get(type(value), type(value).__name__)
         raise UserError(
-            f"INPUT: {where}: a JSON {type(value).__name__.replace('dict', 'object').replace('str', 'string')}, not an "
-            f'object; {what} is one record, an object such as {{"messages": [...]}}; fix it'
+            f"INPUT: {where}: a JSON {kind}, not an object; {what} is one record, an object such as "
+            '{"messages": [...]}; fix it'
         )
     return value
 
