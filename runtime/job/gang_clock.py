@@ -49,6 +49,9 @@ class Timekeeper:
 
     def __init__(self, started: float | None = None) -> None:
         self.started = launcher_start() if started is None else started
+        gang = os.environ.get(GANG_ENV, "")
+        self.gang = int(gang) if gang.isdigit() else None
+        """The gang this rank belongs to (the pod's gang label, or its in-place round), fixed for its life."""
         self.first_step: float | None = None
         self.evaluating = self.checkpointing = 0.0
         self._trained_at_end: dict[int, float] = {}
@@ -91,9 +94,8 @@ class Timekeeper:
     def reading(self, now: float | None = None) -> GangClock:
         """The clock as status.gangClock carries it."""
         now = time.time() if now is None else now
-        gang = os.environ.get(GANG_ENV, "")
         return GangClock(
-            gang=int(gang) if gang.isdigit() else None,
+            gang=self.gang,
             process_start=_at(self.started),
             first_step=None if self.first_step is None else _at(self.first_step),
             reported_at=_at(now),
